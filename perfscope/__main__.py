@@ -1,0 +1,3 @@
+from perfscope.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""The `perfscope` command line: one thin module per command in this package.
+
+Each module ``perfscope/cli/<name>.py`` exposes ``NAME`` (the command), ``ORDER`` (its place in
+``--help``) and ``command`` (a typer-style function). This file finds them, builds the app and maps
+:class:`perfscope.errors.PerfscopeError` to its exit code in one place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from perfscope import __version__
+from perfscope.errors import EXIT_INPUT, EXIT_INTERRUPTED, PerfscopeError
+
+app = typer.Typer(
+    name="perfscope",
+    help=(
+        "Find and fix decode bottlenecks in live LLM inference servers.\n\n"
+        "trace: profile a server over SSH  ->  diagnose: where each decode step's time goes  ->  "
+        "fix: patch the bottleneck safely  ->  bench / compare: prove it."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"perfscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """perfscope"""
+
+
+def _register() -> None:
+    mods = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(mod, "command") and hasattr(mod, "NAME"):
+            mods.append(mod)
+    for mod in sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME)):
+        app.command(mod.NAME, help=mod.command.__doc__)(mod.command)
+
+
+_register()
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run a command, turn errors into one line and an exit code."""
+    cmd = typer.main.get_command(app)
+    try:
+        rv = cmd.main(args=argv, prog_name="perfscope", standalone_mode=False)
+    except PerfscopeError as e:
+        err_console.print(f"[bold red]perfscope: error:[/] {escape(str(e))}", markup=True, highlight=False)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("perfscope: interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        err_console.print("perfscope: interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code if e.exit_code else EXIT_INPUT)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)

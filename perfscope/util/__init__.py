@@ -1,0 +1,1 @@
+"""Small shared helpers: atomic files, hashes, progress. Nothing LLM-specific lives here."""
