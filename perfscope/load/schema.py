@@ -1,8 +1,7 @@
-"""The typed shape of a Kineto chrome trace, as far as perfscope reads it.
+"""The typed shape of one Kineto chrome-trace event, as far as perfscope reads it.
 
-msgspec decodes only these fields and skips the rest of each event without building it, which is
-what makes loading fast and small. Shape/dtype arguments stay raw JSON (``msgspec.Raw``) and are
-decoded only for the few ops a report shows.
+msgspec decodes only these fields and skips the rest without building it. Shape/dtype arguments
+stay raw JSON (``msgspec.Raw``) and are decoded only for the few ops a report shows.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import Any, Union
 import msgspec
 
 
-class Args(msgspec.Struct, gc=False, omit_defaults=True):
+class Args(msgspec.Struct, gc=False):
     correlation: Union[int, None] = None
     external_id: Union[int, None] = msgspec.field(default=None, name="External id")
     stream: Union[int, None] = None
@@ -26,7 +25,7 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     python_parent: Union[int, None] = msgspec.field(default=None, name="Python parent id")
 
 
-class Event(msgspec.Struct, gc=False, omit_defaults=True):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
@@ -35,21 +34,26 @@ class Event(msgspec.Struct, gc=False, omit_defaults=True):
     ts: float = 0.0
     dur: float = 0.0
     args: Union[Args, None] = None
-    id: Union[int, str, None] = None
 
 
-class TraceFile(msgspec.Struct, gc=False):
-    traceEvents: list[Event] = []
+class Top(msgspec.Struct, gc=False):
+    """The file's top level: events stay raw slices of the buffer, decoded one by one."""
+
+    traceEvents: Union[list[msgspec.Raw], None] = None
     deviceProperties: Any = None
     distributedInfo: Any = None
-    schemaVersion: Any = None
-    displayTimeUnit: Any = None
     with_stack: Any = None
     record_shapes: Any = None
-    traceName: Any = None
     roctracer_version: Any = None
     hip_runtime_version: Any = None
     cuda_runtime_version: Any = None
+    traceName: Any = None
+    # present in PyTorch execution traces (not Kineto): used to refuse them clearly
+    nodes: Any = None
+    schema: Any = None
 
 
-DECODER = msgspec.json.Decoder(TraceFile)
+TOP = msgspec.json.Decoder(Top)
+EVENT = msgspec.json.Decoder(Event)
+# Lax fallback for traces whose events break the typed schema (strings for numbers, ...).
+ANY_EVENT = msgspec.json.Decoder()

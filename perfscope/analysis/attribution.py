@@ -1,0 +1,176 @@
+"""Who launched a kernel: the runtime call, the CPU op chain with dtypes/shapes, the Python line.
+
+Eager kernels carry the External id of the innermost CPU op (``aten::copy_``); the ops around it
+(``aten::to > aten::_to_copy > aten::copy_``) and the Python frames around the launch are found by
+time containment on the launching thread. Graph-replayed kernels have none of this: they are
+attributed by name and launch geometry, or by a graph-capture trace (see ``capture_map``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import msgspec
+
+from perfscope.analysis.steps import is_graph_launch
+from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace
+
+# frames that are plumbing, not the line a user wants to see
+_PLUMBING = ("torch/", "<built-in", "nn.Module:", "contextlib.py", "functools.py", "threading.py",
+             "typing.py", "<frozen", "abc.py", "site-packages/torch/", "_compile.py", "eval_frame.py",
+             "profiler.py", "_ops.py", "triton/runtime", "dist-packages/torch/")
+
+
+@dataclass
+class Attribution:
+    launcher: Optional[str] = None  # cudaLaunchKernel / cudaGraphLaunch / ...
+    graph_replay: bool = False
+    op_chain: list[str] = field(default_factory=list)  # outermost -> innermost
+    input_types: Optional[list] = None
+    input_dims: Optional[list] = None
+    concrete_inputs: Optional[list] = None
+    source: Optional[str] = None  # "path/file.py(123): fn"
+    stack: list[str] = field(default_factory=list)  # innermost first, plumbing removed
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _raw(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        b = bytes(value)
+    except TypeError:
+        return value
+    if not b:
+        return None
+    try:
+        return msgspec.json.decode(b)
+    except msgspec.DecodeError:
+        return None
+
+
+def _innermost(sorted_items: list, starts: list[float], ts: float, accept=None):
+    """The latest-starting interval that contains ts (nested intervals sorted by start)."""
+    i = bisect.bisect_right(starts, ts) - 1
+    scanned = 0
+    while i >= 0 and scanned < 20000:
+        it = sorted_items[i]
+        if it.ts <= ts <= it.ts + it.dur and (accept is None or accept(it)):
+            return i
+        i -= 1
+        scanned += 1
+    return -1
+
+
+class Attributor:
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.by_corr: dict[int, Launch] = {l.corr: l for l in trace.launches if l.corr is not None}
+        self._ops_by_ext: Optional[dict[int, CpuOp]] = None
+        self._ops_by_tid: Optional[dict[Any, tuple[list[CpuOp], list[float]]]] = None
+        self._frames_by_tid: Optional[dict[Any, tuple[list[PyFrame], list[float]]]] = None
+        self._frame_by_id: Optional[dict[int, PyFrame]] = None
+
+    def _index_ops(self):
+        if self._ops_by_ext is None:
+            self._ops_by_ext = {}
+            by_tid: dict[Any, list[CpuOp]] = {}
+            for o in self.trace.cpu_ops:
+                if o.ext is not None:
+                    self._ops_by_ext.setdefault(o.ext, o)
+                by_tid.setdefault((o.pid, o.tid), []).append(o)
+            self._ops_by_tid = {}
+            for key, ops in by_tid.items():
+                ops.sort(key=lambda o: (o.ts, -o.dur))
+                self._ops_by_tid[key] = (ops, [o.ts for o in ops])
+
+    def _index_frames(self):
+        if self._frames_by_tid is None:
+            by_tid: dict[Any, list[PyFrame]] = {}
+            self._frame_by_id = {}
+            for f in self.trace.frames:
+                by_tid.setdefault((f.pid, f.tid), []).append(f)
+                if f.id is not None:
+                    self._frame_by_id[f.id] = f
+            self._frames_by_tid = {}
+            for key, fr in by_tid.items():
+                fr.sort(key=lambda f: (f.ts, -f.dur))
+                self._frames_by_tid[key] = (fr, [f.ts for f in fr])
+
+    def launch_of(self, k: Kernel) -> Optional[Launch]:
+        return self.by_corr.get(k.corr)
+
+    def attribute(self, k: Kernel) -> Attribution:
+        a = Attribution()
+        launch = self.launch_of(k)
+        if launch is not None:
+            a.launcher = launch.name
+            a.graph_replay = is_graph_launch(launch.name)
+        if a.graph_replay:
+            return a
+        self._index_ops()
+        ext = k.ext if k.ext is not None else (launch.ext if launch is not None else None)
+        op = self._ops_by_ext.get(ext) if ext is not None else None
+        where = launch if launch is not None else op
+        if op is not None:
+            a.input_types = _raw(op.input_type)
+            a.input_dims = _raw(op.input_dims)
+            a.concrete_inputs = _raw(op.concrete)
+            a.op_chain = self._op_chain(op)
+        elif launch is not None:
+            a.op_chain = self._op_chain_at(launch)
+        if where is not None and self.trace.frames:
+            a.stack = self._py_stack(where.pid, where.tid, where.ts)
+            a.source = a.stack[0] if a.stack else None
+        return a
+
+    def _op_chain(self, op: CpuOp) -> list[str]:
+        chain = self._enclosing_ops(op.pid, op.tid, op.ts + min(op.dur, 1e-3))
+        if not chain or chain[-1] != op.name:
+            chain.append(op.name)
+        return chain[-4:]
+
+    def _op_chain_at(self, launch: Launch) -> list[str]:
+        self._index_ops()
+        return self._enclosing_ops(launch.pid, launch.tid, launch.ts)[-4:]
+
+    def _enclosing_ops(self, pid, tid, ts) -> list[str]:
+        entry = self._ops_by_tid.get((pid, tid))
+        if not entry:
+            return []
+        ops, starts = entry
+        out: list[str] = []
+        i = _innermost(ops, starts, ts)
+        guard = 0
+        while i >= 0 and guard < 64:
+            o = ops[i]
+            out.append(o.name)
+            # the next enclosing op starts before this one and ends after ts
+            i = _innermost(ops, starts, o.ts - 1e-6, accept=lambda x, o=o: x.ts + x.dur >= o.ts + o.dur)
+            guard += 1
+        return list(reversed(out))
+
+    def _py_stack(self, pid, tid, ts) -> list[str]:
+        self._index_frames()
+        entry = self._frames_by_tid.get((pid, tid))
+        if not entry:
+            return []
+        frames, starts = entry
+        i = _innermost(frames, starts, ts)
+        if i < 0:
+            return []
+        f = frames[i]
+        out = []
+        guard = 0
+        while f is not None and guard < 200:
+            if not any(p in f.name for p in _PLUMBING):
+                out.append(f.name)
+                if len(out) >= 6:
+                    break
+            f = self._frame_by_id.get(f.parent) if f.parent is not None else None
+            guard += 1
+        return out

