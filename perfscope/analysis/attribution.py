@@ -53,9 +53,12 @@ def _raw(value: Any) -> Any:
         return None
 
 
-def _innermost(sorted_items: list, starts: list[float], ts: float, accept=None):
-    """The latest-starting interval that contains ts (nested intervals sorted by start)."""
+def _innermost(sorted_items: list, starts: list[float], ts: float, accept=None, below: int | None = None):
+    """The latest-starting interval that contains ts (nested intervals sorted by start), searching
+    only indices below ``below`` when given."""
     i = bisect.bisect_right(starts, ts) - 1
+    if below is not None:
+        i = min(i, below - 1)
     scanned = 0
     while i >= 0 and scanned < 20000:
         it = sorted_items[i]
@@ -150,7 +153,7 @@ class Attributor:
             o = ops[i]
             out.append(o.name)
             # the next enclosing op starts before this one and ends after ts
-            i = _innermost(ops, starts, o.ts - 1e-6, accept=lambda x, o=o: x.ts + x.dur >= o.ts + o.dur)
+            i = _innermost(ops, starts, o.ts, below=i, accept=lambda x, o=o: x.ts + x.dur >= o.ts + o.dur)
             guard += 1
         return list(reversed(out))
 

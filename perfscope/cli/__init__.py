@@ -11,13 +11,12 @@ import importlib
 import pkgutil
 import sys
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from perfscope import __version__
-from perfscope.errors import EXIT_INPUT, EXIT_INTERRUPTED, PerfscopeError
+from perfscope.errors import EXIT_INTERRUPTED, PerfscopeError
 
 app = typer.Typer(
     name="perfscope",
@@ -64,24 +63,18 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run a command, turn errors into one line and an exit code."""
-    cmd = typer.main.get_command(app)
+    """Console-script entry point: run a command, turn errors into one line and an exit code.
+
+    Usage errors are typer's (exit 2); a PerfscopeError prints one line and exits with its code;
+    a command that wants another code raises ``typer.Exit(code)``.
+    """
     try:
-        rv = cmd.main(args=argv, prog_name="perfscope", standalone_mode=False)
+        app(args=argv, prog_name="perfscope", standalone_mode=True)
     except PerfscopeError as e:
         err_console.print(f"[bold red]perfscope: error:[/] {escape(str(e))}", markup=True, highlight=False)
         sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err_console.print("perfscope: interrupted")
-        sys.exit(EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         err_console.print("perfscope: interrupted")
         sys.exit(EXIT_INTERRUPTED)
-    except click.exceptions.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code if e.exit_code else EXIT_INPUT)
     except BrokenPipeError:
         sys.exit(0)
-    sys.exit(rv if isinstance(rv, int) else 0)

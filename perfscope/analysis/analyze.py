@@ -1,0 +1,172 @@
+"""Analyse one trace: a list of passes, each a function of the same shape, run in order.
+
+Each pass reads the :class:`State` (the trace and what earlier passes found) and adds its part.
+The result is a :class:`RankAnalysis`: plain data, no events.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from perfscope.analysis.attribution import Attributor
+from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.metrics import StepMetrics, step_metrics
+from perfscope.analysis.names import short_name
+from perfscope.analysis.ops import Op, top_ops
+from perfscope.analysis.result import RankAnalysis
+from perfscope.analysis.rules import RuleContext, run_rules
+from perfscope.analysis.steps import Step, StepSet, find_steps
+from perfscope.load.model import Trace
+
+TIMELINE_MAX_KERNELS = 6000
+
+
+@dataclass
+class State:
+    trace: Trace
+    config: dict
+    file: str = ""
+    rank: Optional[int] = None
+    stage: Optional[str] = None
+    stepset: Optional[StepSet] = None
+    phase: str = "unknown"
+    steps: list[Step] = field(default_factory=list)  # analysed steps (primary phase, with GPU work)
+    metrics: list[StepMetrics] = field(default_factory=list)
+    step_ms: float = 0.0
+    kernel_ms_per_step: float = 0.0
+    buckets_ms: dict = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+    attributor: Optional[Attributor] = None
+    findings: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    out: dict = field(default_factory=dict)
+
+
+def pass_steps(st: State) -> None:
+    st.stepset = find_steps(st.trace)
+    st.phase = st.stepset.primary_phase
+    st.steps = [s for s in st.stepset.steps if s.phase == st.phase and s.kernels] or \
+               [s for s in st.stepset.steps if s.phase == st.phase]
+    if not st.trace.kernels:
+        st.notes.append("no GPU kernels in this trace: analysed on its CPU ops only")
+
+
+def pass_metrics(st: State) -> None:
+    st.metrics = [step_metrics(st.trace, s) for s in st.steps]
+    gpu = [m.gpu_ms for m in st.metrics if m.kernels]
+    st.step_ms = statistics.median(gpu) if gpu else (statistics.median([m.cpu_ms for m in st.metrics])
+                                                    if st.metrics else 0.0)
+    n = max(len(st.metrics), 1)
+    st.kernel_ms_per_step = sum(m.kernel_ms for m in st.metrics) / n
+    st.buckets_ms = {b: sum(m.buckets[b] for m in st.metrics) / n for b in BUCKETS}
+    phases = defaultdict(list)
+    for s in st.stepset.steps:
+        phases[s.phase].append(s.gpu_us / 1e3 if s.kernels else s.cpu_us / 1e3)
+    st.out["phases"] = [{"phase": p, "count": len(v), "median_ms": round(statistics.median(v), 4)}
+                        for p, v in phases.items()]
+    idle = [m.idle_ms for m in st.metrics if m.kernels]
+    cpu = [m.cpu_ms for m in st.metrics]
+    st.out["steps"] = {
+        "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
+        "method": st.stepset.method, "how": st.stepset.note,
+        "mean_ms": round(statistics.fmean(gpu), 4) if gpu else None,
+        "min_ms": round(min(gpu), 4) if gpu else None, "max_ms": round(max(gpu), 4) if gpu else None,
+        "cpu_median_ms": round(statistics.median(cpu), 4) if cpu else None,
+        "idle_median_ms": round(statistics.median(idle), 4) if idle else None,
+        "launches_per_step": statistics.median([m.launches for m in st.metrics]) if st.metrics else 0,
+        "graph_launches_per_step": statistics.median([m.graph_launches for m in st.metrics]) if st.metrics else 0,
+    }
+    if st.out["steps"]["cpu_median_ms"] and gpu and st.out["steps"]["cpu_median_ms"] > 1.5 * st.step_ms:
+        st.notes.append(f"CPU step ranges ({st.out['steps']['cpu_median_ms']:.1f} ms) are much longer than the "
+                        f"GPU work they launch ({st.step_ms:.1f} ms): profiler overhead or host-side waits")
+
+
+def pass_buckets(st: State) -> None:
+    total = st.kernel_ms_per_step or 1e-12
+    st.out["buckets"] = {b: {"ms_per_step": round(ms, 4), "share": round(ms / total, 4)}
+                         for b, ms in st.buckets_ms.items()}
+    sub = defaultdict(float)
+    kern = st.trace.kernels
+    for s in st.steps:
+        for i in s.kernels:
+            k = kern[i]
+            b, sb = classify(k.name, k.kind)
+            sub[f"{b}/{sb}"] += k.dur
+    n = max(len(st.steps), 1)
+    st.out["sub_buckets"] = {k: {"ms_per_step": round(v / n / 1e3, 4), "share": round(v / n / 1e3 / total, 4)}
+                             for k, v in sorted(sub.items(), key=lambda kv: -kv[1])}
+
+
+def pass_ops(st: State) -> None:
+    st.attributor = Attributor(st.trace)
+    st.ops = top_ops(st.trace, st.steps, st.attributor)
+
+
+def pass_findings(st: State) -> None:
+    ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
+                      step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
+                      ops=st.ops, attributor=st.attributor, config=st.config)
+    st.findings = run_rules(ctx) if st.trace.kernels else []
+
+
+def pass_timeline(st: State) -> None:
+    """The kernels of the step whose time is the median: what the report draws."""
+    with_k = [(m, s) for m, s in zip(st.metrics, st.steps) if s.kernels]
+    if not with_k:
+        st.out["timeline"] = {}
+        return
+    m, s = min(with_k, key=lambda ms: abs(ms[0].gpu_ms - st.step_ms))
+    kern = st.trace.kernels
+    t0 = s.gpu_start
+    rows = []
+    for i in s.kernels[:TIMELINE_MAX_KERNELS]:
+        k = kern[i]
+        rows.append([k.stream, round((k.ts - t0) / 1e3, 5), round(k.dur / 1e3, 5), short_name(k.name),
+                     classify(k.name, k.kind)[0]])
+    st.out["timeline"] = {"step": s.index, "label": s.label, "gpu_ms": round(m.gpu_ms, 4),
+                          "truncated": len(s.kernels) > TIMELINE_MAX_KERNELS, "kernels": rows}
+
+
+def pass_cpu_ops(st: State) -> None:
+    """Top CPU ops by total time in the analysed window (the whole analysis for CPU-only traces)."""
+    if st.steps:
+        lo = min(s.cpu_start for s in st.steps)
+        hi = max(s.cpu_end for s in st.steps)
+    else:
+        lo, hi = float("-inf"), float("inf")
+    tot: Counter = Counter()
+    cnt: Counter = Counter()
+    for o in st.trace.cpu_ops:
+        if lo <= o.ts <= hi:
+            tot[o.name] += o.dur
+            cnt[o.name] += 1
+    n = max(len(st.steps), 1)
+    st.out["cpu_ops"] = [{"name": k, "ms_per_step": round(v / n / 1e3, 4), "count_per_step": cnt[k] / n}
+                         for k, v in tot.most_common(15)]
+
+
+PASSES: tuple[Callable[[State], None], ...] = (
+    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_timeline, pass_cpu_ops,
+)
+
+
+def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional[int] = None,
+                  stage: Optional[str] = None) -> RankAnalysis:
+    st = State(trace=trace, config=dict(config or {}), file=trace.meta.path, rank=rank, stage=stage)
+    for p in PASSES:
+        p(st)
+    kernel_total = sum(k.dur for k in trace.kernels if k.kind == "kernel") / 1e3
+    gpu_total = sum(k.dur for k in trace.kernels) / 1e3
+    idle = st.out["steps"].get("idle_median_ms") or 0.0
+    return RankAnalysis(
+        file=st.file, rank=rank if rank is not None else trace.meta.rank, stage=stage, meta=trace.meta.to_dict(),
+        steps=st.out["steps"], phases=st.out["phases"], buckets=st.out["buckets"],
+        sub_buckets=st.out["sub_buckets"], kernel_ms_total=round(kernel_total, 4), gpu_ms_total=round(gpu_total, 4),
+        kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
+        ops=[o.to_dict() for o in st.ops], findings=[f.to_dict() for f in st.findings],
+        per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
+        notes=st.notes,
+    )

@@ -1,0 +1,24 @@
+"""The rule registry: every known decode bottleneck, one class each, stable ids."""
+
+from __future__ import annotations
+
+from perfscope.analysis.rules.base import Finding, Rule, RuleContext
+from perfscope.analysis.rules.eager_decode import EagerDecode
+from perfscope.analysis.rules.fp8_kv_cast import Fp8KvCast
+from perfscope.analysis.rules.nccl_allreduce import NcclAllReduce
+from perfscope.analysis.rules.warmup import WarmupInWindow
+
+RULES: tuple[Rule, ...] = (Fp8KvCast(), EagerDecode(), NcclAllReduce(), WarmupInWindow())
+
+
+def run_rules(ctx: RuleContext) -> list[Finding]:
+    found = [f for f in (r.check(ctx) for r in RULES) if f is not None]
+    found.sort(key=lambda f: -f.ms_per_step)
+    return found
+
+
+def rule_ids() -> list[str]:
+    return [r.id for r in RULES]
+
+
+__all__ = ["Finding", "Rule", "RuleContext", "RULES", "run_rules", "rule_ids"]

@@ -1,0 +1,93 @@
+"""What a rule is, what it sees, and what it reports.
+
+A rule is one unit with a stable id and a fixed doc (what it finds, why it is slow, the evidence it
+reads, the fix, known false positives), and one method, ``check(ctx) -> Finding | None``. Rules are
+pure: they read the :class:`RuleContext` and return a finding or nothing. docs/rules.md is generated
+from these docs (``perfscope rules --markdown``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+if TYPE_CHECKING:
+    from perfscope.analysis.attribution import Attributor
+    from perfscope.analysis.metrics import StepMetrics
+    from perfscope.analysis.ops import Op
+    from perfscope.analysis.steps import Step, StepSet
+    from perfscope.load.model import Trace
+
+CONFIDENCE = ("low", "medium", "high")
+
+
+@dataclass
+class Finding:
+    id: str
+    title: str
+    summary: str  # one sentence a user can act on
+    ms_per_step: float
+    share: float  # of the analysed steps' kernel time
+    confidence: str
+    fix: Optional[str] = None  # id of the fix module that addresses it
+    remedy: str = ""  # what to do when there is no fix module (or in addition)
+    predicted_step_ms_after_fix: Optional[float] = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fix_command(self) -> Optional[str]:
+        return f"perfscope fix {self.fix} --apply" if self.fix else None
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["fix_command"] = self.fix_command
+        return d
+
+
+@dataclass
+class RuleContext:
+    trace: "Trace"
+    stepset: "StepSet"
+    steps: list["Step"]  # the analysed (primary-phase) steps
+    metrics: list["StepMetrics"]
+    phase: str
+    step_ms: float  # median GPU time of the analysed steps
+    kernel_ms_per_step: float
+    buckets_ms: dict[str, float]  # per step
+    ops: list["Op"]
+    attributor: "Attributor"
+    config: dict = field(default_factory=dict)  # the server's config (server_info) when known
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    def config_value(self, *keys: str, default=None):
+        for k in keys:
+            if k in self.config and self.config[k] is not None:
+                return self.config[k]
+        return default
+
+
+class Rule:
+    id: ClassVar[str]
+    title: ClassVar[str]
+    fix: ClassVar[Optional[str]] = None
+    what: ClassVar[str]
+    why: ClassVar[str]
+    evidence: ClassVar[str]
+    remedy: ClassVar[str]
+    false_positives: ClassVar[str]
+
+    def check(self, ctx: RuleContext) -> Optional[Finding]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def finding(self, **kw) -> Finding:
+        kw.setdefault("fix", self.fix)
+        kw.setdefault("remedy", self.remedy)
+        return Finding(id=self.id, title=self.title, **kw)
+
+    @classmethod
+    def doc(cls) -> dict:
+        return {"id": cls.id, "title": cls.title, "fix": cls.fix, "what": cls.what, "why": cls.why,
+                "evidence": cls.evidence, "remedy": cls.remedy, "false_positives": cls.false_positives}

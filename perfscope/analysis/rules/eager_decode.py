@@ -1,0 +1,53 @@
+"""eager-decode: decode runs eagerly, one launch per kernel, and the GPU waits on the CPU."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from perfscope.analysis.rules.base import Finding, Rule, RuleContext
+
+
+class EagerDecode(Rule):
+    id = "eager-decode"
+    title = "Eager (launch-bound) decode: no CUDA graph"
+    fix = None
+    what = ("Decode steps launch hundreds of kernels one by one (no `cudaGraphLaunch`) and the GPU sits "
+            "idle between them while the CPU issues the next launch.")
+    why = ("At decode batch sizes most kernels run for a few microseconds, less than the CPU needs to "
+           "launch one; the step is bound by Python and launch overhead, not by the GPU.")
+    evidence = "Kernel launches per step, graph launches per step, GPU idle time inside the step, median kernel time."
+    remedy = ("Run decode under CUDA graphs: drop `--disable-cuda-graph`, raise `--cuda-graph-max-bs` above "
+              "the running batch size (SGLang falls back to eager above it).")
+    false_positives = ("Profiling inflates eager steps (the profiler's own per-launch overhead); the "
+                       "predicted time assumes the idle time goes away, which graphs deliver only if the "
+                       "batch fits the captured sizes.")
+
+    MIN_LAUNCHES = 100
+    MIN_IDLE_SHARE = 0.20
+
+    def check(self, ctx: RuleContext) -> Optional[Finding]:
+        if not ctx.metrics or ctx.phase != "decode":
+            return None
+        launches = statistics.median(m.launches for m in ctx.metrics)
+        graphs = statistics.median(m.graph_launches for m in ctx.metrics)
+        idle = statistics.median(m.idle_ms for m in ctx.metrics)
+        if graphs > 0 or launches < self.MIN_LAUNCHES or ctx.step_ms <= 0:
+            return None
+        idle_share = idle / ctx.step_ms
+        if idle_share < self.MIN_IDLE_SHARE:
+            return None
+        kern = ctx.trace.kernels
+        durs = sorted(kern[i].dur for s in ctx.steps for i in s.kernels)
+        med_us = durs[len(durs) // 2] if durs else 0.0
+        predicted = max(ctx.step_ms - idle, 0.0)
+        summary = (f"Decode runs eagerly: {launches:.0f} kernel launches per step and no CUDA graph; the GPU "
+                   f"idles {idle:.1f} of {ctx.step_ms:.1f} ms per step ({idle_share:.0%}) waiting for launches.")
+        return self.finding(
+            summary=summary, ms_per_step=idle, share=idle / max(ctx.kernel_ms_per_step, 1e-9),
+            confidence="high" if idle_share > 0.4 else "medium", predicted_step_ms_after_fix=predicted,
+            evidence={"launches_per_step": launches, "graph_launches_per_step": graphs,
+                      "idle_ms_per_step": round(idle, 3), "idle_share": round(idle_share, 3),
+                      "median_kernel_us": round(med_us, 2),
+                      "disable_cuda_graph": ctx.config_value("disable_cuda_graph"),
+                      "cuda_graph_max_bs": ctx.config_value("cuda_graph_max_bs")})

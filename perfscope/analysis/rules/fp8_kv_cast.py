@@ -1,0 +1,157 @@
+"""fp8-kv-cast: the whole FP8 KV pool cast to BF16 on every layer of every decode step."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from typing import Optional
+
+from perfscope.analysis.buckets import classify
+from perfscope.analysis.rules.base import Finding, Rule, RuleContext
+
+_EPT = re.compile(r"elementwise_kernel(?:_manual_unroll)?<\d+, (\d+)")  # elementwise_kernel<NT, VT, ...>
+MLA_LATENT = 576  # kv_lora_rank 512 + qk_rope_head_dim 64 (DeepSeek V2/V3/R1, Kimi K2, GLM-4.5 MLA)
+FP8_TYPES = ("Float8_e4m3fn", "Float8_e4m3fnuz", "Float8_e5m2", "Float8_e5m2fnuz")
+
+
+def elements_per_thread(name: str) -> int:
+    """Elements one thread of a torch elementwise copy kernel handles (unrolled: 4)."""
+    m = _EPT.search(name)
+    return int(m.group(1)) if m else 4
+
+
+def latent_dim(config: dict) -> int:
+    r, p = config.get("kv_lora_rank"), config.get("qk_rope_head_dim")
+    if isinstance(r, int) and isinstance(p, int) and r + p > 0:
+        return r + p
+    return MLA_LATENT
+
+
+class Fp8KvCast(Rule):
+    id = "fp8-kv-cast"
+    title = "Whole FP8 KV pool cast to BF16 on every layer"
+    fix = "fp8-kv-cast"
+    what = ("A dtype-converting copy kernel (torch `direct_copy_kernel_cuda` with `LoadWithCast`) runs "
+            "once per layer per decode step over a tensor as large as the KV pool: SGLang's FlashInfer "
+            "MLA (and fa3) backend calls `get_key_buffer(layer_id).to(q.dtype)` on the FP8 pool.")
+    why = ("Each cast reads the whole pool (1 byte/element) and writes a BF16 copy (2 bytes/element), "
+           "whatever the batch's context length: with a 495k-token pool of 576-byte latents that is "
+           "~0.86 GB of traffic per layer, 60 times per step, at ~1 TB/s for this unvectorised kernel.")
+    evidence = ("Eager traces: the CPU op chain `aten::to > aten::_to_copy > aten::copy_` with an FP8 "
+                "input type and Input Dims [tokens, 1, 576]. Graph traces (no CPU ops): the kernel name "
+                "and its grid x block x elements-per-thread, which give the elements cast; pool tokens = "
+                "elements / 576. Casts per step, ms per step and share of kernel time.")
+    remedy = ("`perfscope fix fp8-kv-cast --apply`: on SM90 with FlashInfer >= 0.6.14, give FP8 to "
+              "`plan()` and read the pool directly (native); elsewhere cast only the pages the batch reads.")
+    false_positives = ("A model that really keeps a BF16 copy of a large FP8 tensor per layer for another "
+                       "reason; casts of activations are excluded by size (the cast must be repeated per "
+                       "step and cover >= 1M elements) and by share (>= 10% of kernel time).")
+
+    MIN_SHARE = 0.05
+    MIN_ELEMENTS = 1 << 20
+
+    @staticmethod
+    def gathered_first(kernels, idx: list[int]) -> float:
+        """Share of the casts whose previous kernel on the same stream is a gather/index kernel: the
+        signature of casting only the referenced pages (the fix), not the pool."""
+        hits = 0
+        sample = idx[:120]
+        for i in sample:
+            k = kernels[i]
+            j = i - 1
+            while j >= 0 and i - j < 64 and kernels[j].stream != k.stream:
+                j -= 1
+            if j >= 0 and kernels[j].stream == k.stream and classify(kernels[j].name, kernels[j].kind)[1] == "gather":
+                hits += 1
+        return hits / len(sample) if sample else 0.0
+
+    def check(self, ctx: RuleContext) -> Optional[Finding]:
+        if not ctx.steps or ctx.kernel_ms_per_step <= 0:
+            return None
+        kern = ctx.trace.kernels
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for s in ctx.steps:
+            for i in s.kernels:
+                k = kern[i]
+                if k.kind == "kernel" and "direct_copy_kernel" in k.name and classify(k.name, k.kind)[1] == "cast":
+                    groups[(k.name, k.grid, k.block)].append(i)
+        if not groups:
+            return None
+        # the largest group by time is the pool cast candidate
+        key, idx = max(groups.items(), key=lambda kv: sum(kern[i].dur for i in kv[1]))
+        name, grid, block = key
+        n = ctx.n_steps
+        casts_per_step = len(idx) / n
+        ms_per_step = sum(kern[i].dur for i in idx) / n / 1e3
+        share = ms_per_step / ctx.kernel_ms_per_step
+        latent = latent_dim(ctx.config)
+
+        attr = ctx.attributor.attribute(kern[idx[0]])
+        src_type = dst_type = None
+        dims = None
+        if attr.input_types and attr.input_dims:
+            types = [t for t in attr.input_types if isinstance(t, str)]
+            # aten::copy_(self=dst, src): the FP8 tensor is the one with an FP8 dtype
+            for t, d in zip(attr.input_types, attr.input_dims):
+                if isinstance(t, str) and any(f in t for f in FP8_TYPES) and isinstance(d, list) and d:
+                    src_type, dims = t, d
+            dst = [t for t in types if src_type is None or t != src_type]
+            dst_type = dst[0] if dst else None
+        elements = None
+        if dims and all(isinstance(x, int) for x in dims):
+            elements = math.prod(dims)
+            tokens = math.prod(dims[:-1])
+            latent = dims[-1]
+            source = "cpu-op shapes"
+        elif grid and block:
+            elements = math.prod(grid) * math.prod(block) * elements_per_thread(name)
+            tokens = round(elements / latent)
+            source = "kernel launch geometry"
+        else:
+            return None
+        if casts_per_step < 2 or elements < self.MIN_ELEMENTS or share < self.MIN_SHARE:
+            return None
+        if attr.input_types and src_type is None:
+            return None  # the recorded dtypes say this is not an FP8 cast
+        gathered = self.gathered_first(kern, idx)
+        if gathered > 0.5:
+            return None  # each cast reads a freshly gathered tensor: only the referenced pages
+
+        kv_dtype = str(ctx.config_value("kv_cache_dtype", default="") or "")
+        pool_cfg = ctx.config_value("max_total_num_tokens")
+        confidence = "high" if src_type else ("high" if "fp8" in kv_dtype else "medium")
+        bytes_per_cast = elements * 3  # read 1 B (fp8) + write 2 B (bf16)
+        avg_us = sum(kern[i].dur for i in idx) / len(idx)
+        evidence = {
+            "pool_tokens": int(tokens),
+            "casts_per_step": round(casts_per_step, 2),
+            "elements_per_cast": int(elements),
+            "latent_dim": int(latent),
+            "bytes_per_cast": int(bytes_per_cast),
+            "avg_cast_us": round(avg_us, 2),
+            "achieved_gb_s": round(bytes_per_cast / (avg_us * 1e3), 1) if avg_us > 0 else None,
+            "sized_from": source,
+            "kernel": name,
+            "grid": list(grid) if grid else None,
+            "block": list(block) if block else None,
+            "src_dtype": src_type,
+            "dst_dtype": dst_type or ("BFloat16" if "BFloat16" in name else None),
+            "input_dims": dims,
+            "op_chain": attr.op_chain or None,
+            "source": attr.source,
+            "graph_replay": attr.graph_replay,
+            "preceded_by_gather": round(gathered, 3),
+            "kv_cache_dtype": kv_dtype or None,
+            "max_total_num_tokens": pool_cfg,
+        }
+        if isinstance(pool_cfg, int) and pool_cfg > 0:
+            evidence["pool_fraction_cast"] = round(tokens / pool_cfg, 3)
+        # Fixed: the casts disappear (native) or shrink to the pages the batch reads (pages).
+        predicted = max(ctx.step_ms - ms_per_step, 0.0)
+        where = f" at {attr.source}" if attr.source else ""
+        summary = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
+                   f"{where}: {ms_per_step:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
+                   f"fixed, the step should take ~{predicted:.1f} ms.")
+        return self.finding(summary=summary, ms_per_step=ms_per_step, share=share, confidence=confidence,
+                            predicted_step_ms_after_fix=predicted, evidence=evidence)

@@ -1,0 +1,365 @@
+"""What ``perfscope trace`` needs from the machine the inference server runs on, over SSH
+(:class:`SSHHost`) or on this machine (:class:`LocalHost`, for ``--url``): run a command, make a
+folder, list / check / hash / fetch trace files, find the server's python, read nvidia-smi."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
+from perfscope.util.files import sha256_file
+
+TRACE_SUFFIXES = (".trace.json.gz",)
+
+# The python program that reports versions; run with the server's interpreter.
+_VERSIONS_PY = r"""
+import json, sys, platform
+out = {"python": platform.python_version(), "executable": sys.executable}
+try:
+    from importlib.metadata import version, PackageNotFoundError
+except Exception:
+    version = None
+for key, dists in (("sglang", ["sglang"]), ("vllm", ["vllm"]),
+                   ("flashinfer", ["flashinfer-python", "flashinfer"]), ("torch", ["torch"]),
+                   ("transformers", ["transformers"]), ("sgl_kernel", ["sgl-kernel"]),
+                   ("triton", ["triton", "pytorch-triton"])):
+    for d in dists:
+        try:
+            out[key] = version(d)
+            break
+        except Exception:
+            pass
+try:
+    import torch
+    out["cuda"] = torch.version.cuda
+    out["hip"] = getattr(torch.version, "hip", None)
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+
+_GZIP_CHECK_PY = r"""
+import sys, zlib
+bad = []
+for p in sys.argv[1:]:
+    try:
+        d = zlib.decompressobj(31)
+        with open(p, "rb") as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                d.decompress(b, 0)
+                while d.unconsumed_tail:
+                    d.decompress(d.unconsumed_tail, 0)
+        if not d.eof:
+            bad.append(p)
+    except Exception:
+        bad.append(p)
+print("\n".join(bad))
+"""
+
+NVSMI_FIELDS = [
+    ("index", "index", int),
+    ("name", "name", str),
+    ("uuid", "uuid", str),
+    ("driver_version", "driver_version", str),
+    ("memory.total", "memory_total_mib", float),
+    ("clocks.sm", "clocks_sm_mhz", float),
+    ("clocks.mem", "clocks_mem_mhz", float),
+    ("clocks.max.sm", "clocks_max_sm_mhz", float),
+    ("clocks.max.mem", "clocks_max_mem_mhz", float),
+    ("power.limit", "power_limit_w", float),
+    ("temperature.gpu", "temperature_c", float),
+    ("utilization.gpu", "utilization_pct", float),
+]
+
+
+def gzip_intact_local(path: str | os.PathLike) -> bool:
+    """True if the whole gzip stream decompresses and ends with its trailer (CRC and size checked
+    by zlib). Streams the file; memory stays small."""
+    try:
+        d = zlib.decompressobj(31)
+        with open(path, "rb") as f:
+            while b := f.read(1 << 20):
+                d.decompress(b, 0)
+                while d.unconsumed_tail:
+                    d.decompress(d.unconsumed_tail, 0)
+        return d.eof
+    except (zlib.error, OSError, EOFError, gzip.BadGzipFile):
+        return False
+
+
+@dataclass
+class RemoteFile:
+    name: str
+    path: str
+    size: int
+    mtime: float
+
+
+def parse_nvidia_smi(text: str) -> list[dict]:
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(NVSMI_FIELDS):
+            continue
+        g = {}
+        for (_, key, typ), val in zip(NVSMI_FIELDS, parts):
+            if val in ("", "[N/A]", "N/A", "[Not Supported]"):
+                g[key] = None
+                continue
+            try:
+                g[key] = typ(val)
+            except ValueError:
+                g[key] = val
+        gpus.append(g)
+    return gpus
+
+
+def _listen_pid(ss_out: str, port: int) -> int | None:
+    """The pid of the process listening on ``port`` from ``ss -ltnpH`` output."""
+    for line in ss_out.splitlines():
+        cols = line.split()
+        if len(cols) < 4 or not re.search(rf"[:\]]{port}$", cols[3]):
+            continue
+        m = re.search(r"pid=(\d+)", line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+class HostIO:
+    """Base: everything is built on ``run`` plus a few file operations."""
+
+    label: str = "local"
+
+    def run(self, argv: Sequence[str], timeout: float = 60.0) -> CommandResult:
+        raise NotImplementedError
+
+    # folders and files ------------------------------------------------------------------------
+    def mkdtemp(self, base: str, prefix: str = "perfscope-trace.") -> str:
+        r = self.run(["mktemp", "-d", "-p", base, prefix + "XXXXXXXX"])
+        path = r.stdout.strip()
+        if not r.ok or not path.startswith("/"):
+            raise RemoteError(f"cannot make a folder under {base} on {self.label}: "
+                              f"{(r.stderr.strip() or 'mktemp failed').splitlines()[-1][:200]}")
+        return path
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.run(["chmod", format(mode, "o"), "--", path])
+
+    def list_traces(self, folder: str) -> list[RemoteFile]:
+        raise NotImplementedError
+
+    def gzip_bad(self, paths: list[str]) -> list[str] | None:
+        """The paths whose gzip stream is not complete, checked on the host; None if the host
+        has neither gzip nor python3 (the local check after download still runs)."""
+        if not paths:
+            return []
+        r = self.run(["python3", "-c", _GZIP_CHECK_PY, *paths], timeout=300)
+        if r.ok:
+            return [p for p in r.stdout.splitlines() if p]
+        bad = []
+        for p in paths:
+            r = self.run(["gzip", "-t", "--", p], timeout=300)
+            if r.rc in (126, 127):
+                return None
+            if not r.ok:
+                bad.append(p)
+        return bad
+
+    def sha256(self, path: str) -> str:
+        raise NotImplementedError
+
+    def fetch(self, path: str, local: Path, expected_sha256: str,
+              progress: Callable[[int, int], None] | None = None) -> str:
+        raise NotImplementedError
+
+    def remove(self, paths: list[str], folder: str | None) -> None:
+        raise NotImplementedError
+
+    # the server's environment ---------------------------------------------------------------
+    def server_process(self, port: int) -> dict:
+        """{pid, uid, argv0, exe, venv} of the process listening on ``port``, as far as visible."""
+        info: dict = {}
+        r = self.run(["ss", "-ltnpH", f"sport = :{port}"], timeout=20)
+        pid = _listen_pid(r.stdout, port) if r.ok else None
+        if pid is None:
+            # no ss, or no permission to see the owner: look for a launcher naming the port
+            r = self.run(["sh", "-c", 'for p in /proc/[0-9]*; do c=$(tr "\\0" " " < "$p/cmdline" 2>/dev/null) || continue; '
+                          'case "$c" in *"--port $1"*|*"--port=$1"*) echo "${p#/proc/} $c";; esac; done', "sh", str(port)],
+                         timeout=20)
+            cands = [ln.split(" ", 1) for ln in r.stdout.splitlines() if ln.strip()]
+            cands = [c for c in cands if re.search(r"python|sglang|vllm", c[-1])]
+            if cands:
+                pid = int(min(cands, key=lambda c: int(c[0]))[0])
+        if pid is None:
+            return info
+        info["pid"] = pid
+        r = self.run(["sh", "-c", 'readlink "/proc/$1/exe"; stat -c %u "/proc/$1"; tr "\\0" "\\n" < "/proc/$1/cmdline" | head -n 1; '
+                      'tr "\\0" "\\n" < "/proc/$1/environ" 2>/dev/null | grep -E "^(VIRTUAL_ENV|CONDA_PREFIX)=" || true',
+                      "sh", str(pid)], timeout=20)
+        lines = r.stdout.splitlines()
+        if len(lines) >= 3:
+            info["exe"] = lines[0] or None
+            info["uid"] = int(lines[1]) if lines[1].isdigit() else None
+            info["argv0"] = lines[2] or None
+            for ln in lines[3:]:
+                k, _, v = ln.partition("=")
+                info[k.lower()] = v
+        return info
+
+    def python_candidates(self, proc: dict) -> list[str]:
+        """Interpreters to ask for versions, best first: the server's own argv[0] (keeps its venv),
+        its VIRTUAL_ENV / CONDA_PREFIX, /proc/PID/exe, then python3."""
+        out = []
+        a0 = proc.get("argv0")
+        if a0 and a0.startswith("/") and "python" in os.path.basename(a0):
+            out.append(a0)
+        for k in ("virtual_env", "conda_prefix"):
+            if proc.get(k):
+                out.append(proc[k].rstrip("/") + "/bin/python")
+        if proc.get("pid"):
+            out.append(f"/proc/{proc['pid']}/exe")
+        if proc.get("exe"):
+            out.append(proc["exe"])
+        out.append("python3")
+        seen, res = set(), []
+        for p in out:
+            if p not in seen:
+                seen.add(p)
+                res.append(p)
+        return res
+
+    def python_versions(self, candidates: list[str], want: str = "sglang") -> dict:
+        """Versions from the first interpreter that has ``want`` installed (else the first that runs)."""
+        first: dict | None = None
+        for py in candidates:
+            r = self.run([py, "-c", _VERSIONS_PY], timeout=60)
+            if not r.ok:
+                continue
+            try:
+                v = json.loads(r.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                continue
+            v["interpreter"] = py
+            if v.get(want):
+                return v
+            first = first or v
+        return first or {}
+
+    def nvidia_smi(self) -> list[dict]:
+        q = ",".join(f for f, _, _ in NVSMI_FIELDS)
+        r = self.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"], timeout=30)
+        return parse_nvidia_smi(r.stdout) if r.ok else []
+
+    def close(self) -> None:
+        pass
+
+
+class SSHHost(HostIO):
+    def __init__(self, session: SSHSession):
+        self.s = session
+        self.label = session.target.label
+
+    def run(self, argv, timeout=60.0):
+        return self.s.run(argv, timeout=timeout)
+
+    def list_traces(self, folder):
+        out = []
+        for e in self.s.listdir(folder):
+            if e.filename.endswith(TRACE_SUFFIXES) and stat.S_ISREG(e.st_mode or 0):
+                out.append(RemoteFile(e.filename, f"{folder.rstrip('/')}/{e.filename}", e.st_size or 0, e.st_mtime or 0))
+        return sorted(out, key=lambda f: f.name)
+
+    def sha256(self, path):
+        return self.s.sha256(path)
+
+    def fetch(self, path, local, expected_sha256, progress=None):
+        return self.s.download(path, local, expected_sha256=expected_sha256, progress=progress)
+
+    def remove(self, paths, folder):
+        self.s.remove(paths, folder)
+
+    def close(self):
+        self.s.close()
+
+
+class LocalHost(HostIO):
+    """The server runs on this machine (``--url``): its files are read in place."""
+
+    label = "localhost"
+
+    def run(self, argv, timeout=60.0):
+        try:
+            p = subprocess.run(list(argv), capture_output=True, timeout=timeout)
+        except FileNotFoundError:
+            return CommandResult(quote_argv(argv), 127, "", f"{argv[0]}: not found")
+        except subprocess.TimeoutExpired:
+            raise RemoteError(f"local command timed out after {timeout:g}s: {quote_argv(argv)[:120]}") from None
+        return CommandResult(quote_argv(argv), p.returncode, p.stdout.decode("utf-8", "replace"),
+                             p.stderr.decode("utf-8", "replace"))
+
+    def list_traces(self, folder):
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            raise RemoteError(f"{folder} does not exist") from None
+        out = []
+        for e in entries:
+            if e.name.endswith(TRACE_SUFFIXES) and e.is_file():
+                st = e.stat()
+                out.append(RemoteFile(e.name, e.path, st.st_size, st.st_mtime))
+        return sorted(out, key=lambda f: f.name)
+
+    def gzip_bad(self, paths):
+        return [p for p in paths if not gzip_intact_local(p)]
+
+    def sha256(self, path):
+        return sha256_file(path)
+
+    def fetch(self, path, local, expected_sha256, progress=None):
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.part")
+        total = os.path.getsize(path)
+        done = 0
+        try:
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                while b := src.read(1 << 20):
+                    dst.write(b)
+                    done += len(b)
+                    if progress:
+                        progress(done, total)
+                dst.flush()
+                os.fsync(dst.fileno())
+            digest = sha256_file(tmp)
+            if expected_sha256 and digest != expected_sha256:
+                raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
+            os.replace(tmp, local)
+            return digest
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def remove(self, paths, folder):
+        for p in paths:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        if folder:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass

@@ -1,0 +1,77 @@
+"""`perfscope diagnose`: where each decode step's time goes, and what to do about it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from perfscope.errors import GateFailed, InputError
+
+NAME = "diagnose"
+ORDER = 20
+
+
+def _load_config(path: Optional[Path]) -> dict:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: unreadable server config ({e})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: server config must be a JSON object (SGLang's /server_info)")
+    return data
+
+
+def gate(findings: list[dict], fail_on: Optional[str]) -> None:
+    """Raise GateFailed (exit 1) when a finding named in ``fail_on`` (or any, with 'any') was found."""
+    if not fail_on:
+        return
+    wanted = {x.strip() for x in fail_on.split(",") if x.strip()}
+    hit = [f["id"] for f in findings if "any" in wanted or f["id"] in wanted]
+    if hit:
+        raise GateFailed(f"gated finding(s) present: {', '.join(sorted(set(hit)))}")
+
+
+def command(
+    paths: List[Path] = typer.Argument(..., help="Trace files (.json/.json.gz), SGLang profile folders (one file "
+                                                 "per rank) or perfscope run folders (run.json + traces/)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout instead of tables."),
+    config: Optional[Path] = typer.Option(None, "--config", help="The server's config as JSON (SGLang /server_info); "
+                                                                 "run folders carry it already."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="IDS",
+                                          help="Exit 1 when one of these finding ids (comma-separated, or 'any') "
+                                               "is found: gate a CI job on it."),
+    top: int = typer.Option(10, "--top", help="How many ops to list."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
+) -> int:
+    """Parse traces fast and show where each decode step's time goes: steps and their median time,
+    GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with
+    their launching op, shapes and source line, per-rank tables, and findings matched to known
+    bottlenecks with the fix that addresses each and the predicted step time once fixed.
+
+    Exit codes: 0 ok, 1 a --fail-on finding was found, 2 unusable input."""
+    from perfscope.analysis.diagnose import diagnose
+    from perfscope.report import jsonout, terminal
+
+    err = Console(stderr=True)
+    cfg = _load_config(config)
+    if json_out or not err.is_terminal:
+        d = diagnose(paths, cfg, workers=workers)
+    else:
+        with Progress(TextColumn("analysing traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as prog:
+            task = prog.add_task("analyse", total=None)
+            d = diagnose(paths, cfg, workers=workers,
+                         on_done=lambda done, total: prog.update(task, completed=done, total=total))
+    if json_out:
+        jsonout.emit(d.to_dict())
+    else:
+        terminal.render(d, Console(), top=top)
+    gate(d.primary.findings, fail_on)
+    return 0

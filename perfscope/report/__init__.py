@@ -1,0 +1,1 @@
+"""Renderers: one per output format, each reads a Diagnosis (plain data) and nothing else."""
