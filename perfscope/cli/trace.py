@@ -1,0 +1,197 @@
+"""`perfscope trace`: profile a live server over SSH (or a local URL) into a run folder."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+from urllib.parse import urlparse, urlunparse
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from perfscope.errors import InputError
+
+NAME = "trace"
+ORDER = 10
+
+_SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    """argv for run.json: values of secret-looking options dropped, URL credentials removed.
+    (``--api-key-env`` names a variable, not a secret, and is kept.)"""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            out.append("***")
+            skip = False
+            continue
+        m = _SECRET_OPT.match(a)
+        if m and not a.lower().startswith("--api-key-env"):
+            if m.group(2) == "=":
+                out.append(a.split("=", 1)[0] + "=***")
+            else:
+                out.append(a)
+                skip = True
+            continue
+        if "://" in a and "@" in a:
+            u = urlparse(a)
+            if u.username or u.password:
+                a = urlunparse(u._replace(netloc=u.hostname + (f":{u.port}" if u.port else "")))
+        out.append(a)
+    return out
+
+
+def _is_local(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    if host in ("localhost", "") or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _canonical_argv() -> list[str]:
+    """What was run, rebuilt from the parsed options (so it is the same from a shell or a test,
+    and holds no secret: the API key is only ever named by --api-key-env)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    argv = ["perfscope", NAME]
+    if ctx is None:
+        return argv
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if v is None or v == p.default or (isinstance(v, (list, tuple)) and not v):
+            continue
+        flag = max(p.opts, key=len)
+        if isinstance(v, bool):
+            argv.append(flag)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                argv += [flag, str(x)]
+        else:
+            argv += [flag, str(v)]
+    return argv
+
+
+def command(
+    host: List[str] = typer.Option([], "--host", "-H", metavar="[USER@]HOST[:SSHPORT]",
+                                   help="Server host reached over SSH; repeat for several hosts (traced in parallel, "
+                                        "one subfolder each). ~/.ssh/config aliases work."),
+    url: Optional[str] = typer.Option(None, "--url", help="Server URL reachable without SSH (http://127.0.0.1:30000); "
+                                                          "the server must write its traces on this machine."),
+    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="SSH user (default: from HOST, ~/.ssh/config, or you)."),
+    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", help="SSH port (default 22)."),
+    identity: Optional[Path] = typer.Option(None, "--identity", "-i", help="Private key file (default: ssh-agent and ~/.ssh keys)."),
+    jump: Optional[str] = typer.Option(None, "--jump", "-J", metavar="[USER@]HOST[:PORT][,...]", help="Jump host(s), like ssh -J."),
+    known_hosts: Optional[Path] = typer.Option(None, "--known-hosts", help="known_hosts file to check host keys against "
+                                                                         "(default ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts)."),
+    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key",
+                                             help="Record the key of a host never seen before (OpenSSH accept-new). "
+                                                  "A changed key is refused regardless."),
+    port: int = typer.Option(30000, "--port", help="The server's HTTP port, on the host's loopback."),
+    engine: str = typer.Option("sglang", "--engine", help="sglang or vllm."),
+    profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="vLLM: the server's torch profiler directory "
+                                                                          "(where it writes traces)."),
+    remote_dir: str = typer.Option("/tmp", "--remote-dir", help="SGLang: where on the host to make the fresh trace "
+                                                                "folder (in a container: a mounted path)."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Forward steps to profile (num_steps; per stage with SGLang 0.4.7+)."),
+    concurrency: int = typer.Option(1, "--concurrency", min=1, help="Parallel request streams while profiling."),
+    input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
+    output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos)."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
+    connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", metavar="VAR",
+                                              help="Environment variable holding the server's API key "
+                                                   "(sent as Bearer; never printed or stored)."),
+    keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
+) -> int:
+    """Profile a live SGLang (or vLLM) server and bring its traces home: reads the server's config,
+    arms /start_profile with a fresh folder on the host, drives decode load while it records, waits
+    for every rank's complete trace, copies them back over SFTP with a sha256 check, and writes a
+    run folder (run.json + traces/) for `perfscope diagnose`. The HTTP API is reached through the
+    SSH connection (a loopback port forward); nothing is opened to the network. The profiler is
+    stopped on any failure or Ctrl-C.
+
+    Exit codes: 0 ok, 2 bad option, 3 host / SSH / server failure."""
+    from perfscope.capture import rundir
+    from perfscope.capture.ssh import parse_target
+    from perfscope.capture.trace import Endpoint, TraceOptions, trace
+
+    err = Console(stderr=True, highlight=False)
+    if bool(host) == bool(url):
+        raise InputError("give --host HOST (over SSH) or --url URL (no SSH), not both or neither")
+    engine = engine.lower()
+    if engine not in ("sglang", "vllm"):
+        raise InputError(f"--engine {engine}: expected sglang or vllm")
+    if engine == "vllm" and not profile_dir:
+        raise InputError("--engine vllm needs --profile-dir (the server's torch profiler directory)")
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise InputError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
+    if url:
+        u = urlparse(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise InputError(f"--url {url!r}: expected http://HOST:PORT")
+        if u.username or u.password:
+            raise InputError("--url must not carry credentials; use --api-key-env")
+        if not _is_local(url):
+            err.print(f"[yellow]note:[/] {u.hostname} is not this machine: the traces must appear in "
+                      f"{remote_dir} here (shared storage), else use --host")
+        endpoints = [Endpoint(url=url)]
+    else:
+        endpoints = [
+            Endpoint(target=parse_target(
+                h, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None, jump=jump,
+                known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new_host_key,
+                timeout=connect_timeout,
+            ))
+            for h in host
+        ]
+    if out is None:
+        out = Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"--out {out} exists and is not empty: pick a new folder")
+    if output_len < 2:
+        raise InputError("--output-len must be at least 2 (decode steps need generated tokens)")
+    opts = TraceOptions(
+        port=port, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
+        output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
+        profile_dir=profile_dir, keep_remote=keep_remote,
+    )
+    argv = scrub_argv(_canonical_argv())
+    log = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
+        results = trace(endpoints, opts, out, command=argv, log=log, progress=prog)
+    info = rundir.read_run(out)
+    summary = {
+        "run_dir": str(out),
+        "hosts": info.hosts,
+        "files": [{"path": f.rel, "bytes": f.bytes, "sha256": f.sha256, "rank": f.rank, "stage": f.stage}
+                  for f in info.files],
+        "timings": {r.label: r.timings for r in results} if len(results) > 1 else results[0].timings,
+    }
+    if json_out:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        t = summary["timings"] if len(results) == 1 else {}
+        extra = ""
+        if t.get("ttft_ms") is not None and t.get("tpot_ms") is not None:
+            extra = f"  (under the profiler: TTFT {t['ttft_ms']:.1f} ms, TPOT {t['tpot_ms']:.2f} ms)"
+        Console().print(f"run folder: {out}  {len(info.files)} trace file(s){extra}\nnext: perfscope diagnose {out}",
+                        markup=False, highlight=False)
+    return 0
