@@ -1,0 +1,269 @@
+"""A small MLA decoder with random weights: N layers of two BF16 projections + MLA attention.
+
+Per layer (absorbed MLA, as DeepSeek runs decode): ``h = rmsnorm(x)``; one GEMM makes the query
+(``heads x (512 latent + 64 rope)``) and the new token's KV (512 latent + 64 rope); attention reads
+the paged FP8 pool; a second GEMM maps ``heads x 512`` back to the hidden size. Tokens are greedy
+(or sampled with a fixed seed); no tokenizer, no real model: the point is the step time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+import torch
+
+from .kv_pool import MLATokenToKVPool, TokenToKVPoolAllocator
+from .mla_attention import flashinfer_mla_available
+
+
+@dataclass
+class ModelConfig:
+    num_hidden_layers: int = 4
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+    vocab_size: int = 1024
+
+    @property
+    def scaling(self) -> float:
+        return 1.0 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * (self.kv_lora_rank + self.qk_rope_head_dim)
+
+    @property
+    def in_proj_out(self) -> int:
+        return self.q_dim + self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def o_proj_in(self) -> int:
+        return self.num_attention_heads * self.kv_lora_rank
+
+    def weight_bytes_per_layer(self, elem: int = 2) -> int:
+        return (self.hidden_size * self.in_proj_out + self.o_proj_in * self.hidden_size) * elem
+
+
+class ForwardMode(Enum):
+    EXTEND = 1
+    DECODE = 2
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+    def is_extend(self) -> bool:
+        return self is ForwardMode.EXTEND
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [T]
+    out_cache_loc: torch.Tensor  # [T] pool rows written by this forward
+    qo_indptr: torch.Tensor  # [bs+1] int32
+    kv_indptr: torch.Tensor  # [bs+1] int32
+    kv_indices: torch.Tensor  # [sum kv] int32: pool rows each request reads
+    kv_lens: torch.Tensor  # [bs] int32
+    extend_num_tokens: int = 0
+    last_token_index: Optional[torch.Tensor] = None  # [bs] row of each request's last token
+
+
+@dataclass
+class AttnLayer:
+    """What the backend reads from SGLang's RadixAttention."""
+
+    layer_id: int
+    tp_q_head_num: int
+    tp_k_head_num: int
+    head_dim: int  # 576
+    v_head_dim: int  # 512 (the latent: absorbed MLA)
+    scaling: float
+    logit_cap: float = 0.0
+
+
+@dataclass
+class _LayerWeights:
+    w_in: torch.Tensor
+    w_out: torch.Tensor
+    norm: torch.Tensor
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelConfig, *, max_total_tokens: int, device: str = "cpu",
+                 kv_strategy: str = "source", flashinfer_backend: str = "auto", use_flashinfer: Optional[bool] = None,
+                 seed: int = 0, fill_pool: bool = True):
+        from .kv_variants import backend_class
+
+        self.model_config = cfg
+        self.device = torch.device(device)
+        self.dtype = torch.bfloat16
+        self.kv_cache_dtype = torch.float8_e4m3fn
+        self.flashinfer_backend = flashinfer_backend
+        self.use_flashinfer = flashinfer_mla_available(self.device) if use_flashinfer is None else use_flashinfer
+        self.max_total_num_tokens = max_total_tokens
+        self.token_to_kv_pool = MLATokenToKVPool(max_total_tokens, cfg.num_hidden_layers, cfg.kv_lora_rank,
+                                                 cfg.qk_rope_head_dim, self.kv_cache_dtype, self.device,
+                                                 fill=fill_pool)
+        self.allocator = TokenToKVPoolAllocator(max_total_tokens)
+        self.kv_strategy = kv_strategy
+        self.attn_backend = backend_class(kv_strategy)(self)
+        g = torch.Generator(device="cpu").manual_seed(seed)
+
+        def rnd(*shape, fan_in):
+            return (torch.randn(*shape, generator=g) / math.sqrt(fan_in)).to(self.dtype).to(self.device)
+
+        H = cfg.hidden_size
+        self.embed = rnd(cfg.vocab_size, H, fan_in=1)
+        self.layers: list[_LayerWeights] = []
+        self.attn_layers: list[AttnLayer] = []
+        for i in range(cfg.num_hidden_layers):
+            self.layers.append(_LayerWeights(
+                w_in=rnd(H, cfg.in_proj_out, fan_in=H),
+                w_out=rnd(cfg.o_proj_in, H, fan_in=cfg.o_proj_in),
+                norm=torch.ones(H, dtype=self.dtype, device=self.device),
+            ))
+            self.attn_layers.append(AttnLayer(i, cfg.num_attention_heads, 1,
+                                              cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.kv_lora_rank,
+                                              cfg.scaling))
+        self.final_norm = torch.ones(H, dtype=self.dtype, device=self.device)
+        self.lm_head = rnd(H, cfg.vocab_size, fan_in=H)
+
+    # ------------------------------------------------------------------------------- forward
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run one forward; returns the logits of each request's last token ``[bs, vocab]``."""
+        cfg = self.model_config
+        nh, L, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        x = self.embed[fb.input_ids]
+        be = self.attn_backend
+        for lw, layer in zip(self.layers, self.attn_layers):
+            h = _rmsnorm(x, lw.norm)
+            qkv = h @ lw.w_in  # BF16 GEMM 1
+            q = qkv[:, : nh * L]
+            q_rope = qkv[:, nh * L: nh * (L + R)]
+            k = qkv[:, nh * (L + R): nh * (L + R) + L].unsqueeze(1)
+            k_rope = qkv[:, nh * (L + R) + L:].unsqueeze(1)
+            if fb.forward_mode.is_decode():
+                o = be.forward_decode(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
+            else:
+                o = be.forward_extend(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
+            x = x + o @ lw.w_out  # BF16 GEMM 2
+        if fb.last_token_index is not None:
+            x = x[fb.last_token_index]
+        return _rmsnorm(x, self.final_norm) @ self.lm_head
+
+    def build_batch(self, mode: ForwardMode, input_ids: list[list[int]], slots: list[list[int]],
+                    new_slots: list[list[int]]) -> ForwardBatch:
+        """``input_ids[i]`` the tokens this forward feeds for request i, ``slots[i]`` every pool row
+        request i reads (its whole context, the new tokens included), ``new_slots[i]`` those it writes."""
+        dev = self.device
+        bs = len(input_ids)
+        qo, kvp = [0], [0]
+        for ids, s in zip(input_ids, slots):
+            qo.append(qo[-1] + len(ids))
+            kvp.append(kvp[-1] + len(s))
+        flat_ids = [t for ids in input_ids for t in ids]
+        flat_kv = [r for s in slots for r in s]
+        flat_new = [r for s in new_slots for r in s]
+        i32 = torch.int32
+        last = None if mode.is_decode() else torch.tensor([qo[i + 1] - 1 for i in range(bs)], device=dev)
+        return ForwardBatch(
+            forward_mode=mode, batch_size=bs,
+            input_ids=torch.tensor(flat_ids, dtype=torch.long, device=dev),
+            out_cache_loc=torch.tensor(flat_new, dtype=torch.long, device=dev),
+            qo_indptr=torch.tensor(qo, dtype=i32, device=dev),
+            kv_indptr=torch.tensor(kvp, dtype=i32, device=dev),
+            kv_indices=torch.tensor(flat_kv, dtype=i32, device=dev),
+            kv_lens=torch.tensor([len(s) for s in slots], dtype=i32, device=dev),
+            extend_num_tokens=len(flat_ids),
+            last_token_index=last,
+        )
+
+    def run_batch(self, fb: ForwardBatch) -> torch.Tensor:
+        self.attn_backend.init_forward_metadata(fb)
+        return self.forward(fb)
+
+
+class CudaGraphRunner:
+    """Capture the decode forward once per batch size; replay it with fresh inputs.
+
+    The attention plan runs outside the graph (as in SGLang): each captured size owns a wrapper
+    built with fixed buffers, re-planned before every replay. The KV cast, when the source does it,
+    is inside the graph and replays every step, as it does in SGLang.
+    """
+
+    def __init__(self, runner: ModelRunner, max_bs: int, max_context: int):
+        self.r = runner
+        self.max_bs = max_bs
+        self.max_context = max_context
+        self.batch_sizes = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 256) if b <= max_bs]
+        if not self.batch_sizes or self.batch_sizes[-1] != max_bs:
+            self.batch_sizes.append(max_bs)
+        self.graphs: dict[int, tuple] = {}
+        self._capture_all()
+
+    def _capture_all(self) -> None:
+        from .mla_attention import make_mla_wrapper
+
+        r, dev = self.r, self.r.device
+        be = r.attn_backend
+        cap = self.max_bs * self.max_context
+        self.ws = be.workspace_buffer
+        pool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.batch_sizes):
+            qo = torch.arange(bs + 1, dtype=torch.int32, device=dev)
+            kvp = torch.arange(bs + 1, dtype=torch.int32, device=dev)
+            kvi = torch.zeros(cap, dtype=torch.int32, device=dev)
+            kvl = torch.ones(bs, dtype=torch.int32, device=dev)
+            wrapper = make_mla_wrapper(self.ws, use_flashinfer=r.use_flashinfer, backend=r.flashinfer_backend,
+                                       use_cuda_graph=True, qo_indptr=qo, kv_indptr=kvp, kv_indices=kvi,
+                                       kv_len_arr=kvl, max_kv_len=self.max_context)
+            fb = ForwardBatch(ForwardMode.DECODE, bs, torch.zeros(bs, dtype=torch.long, device=dev),
+                              torch.zeros(bs, dtype=torch.long, device=dev), qo, kvp, kvi, kvl)
+            be.init_forward_metadata(fb, decode_wrapper=wrapper)
+            for _ in range(2):  # warm up (JIT, allocator) outside the graph
+                r.forward(fb)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = r.forward(fb)
+            self.graphs[bs] = (g, fb, wrapper, out)
+        torch.cuda.synchronize()
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return (fb.forward_mode.is_decode() and fb.batch_size <= self.max_bs
+                and int(fb.kv_lens.max()) <= self.max_context)
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        bs = next(b for b in self.batch_sizes if b >= fb.batch_size)
+        g, sfb, wrapper, out = self.graphs[bs]
+        n, pad = fb.batch_size, bs - fb.batch_size
+        sfb.input_ids.zero_()
+        sfb.input_ids[:n].copy_(fb.input_ids)
+        sfb.out_cache_loc.zero_()  # padded requests write slot 0, the dummy slot
+        sfb.out_cache_loc[:n].copy_(fb.out_cache_loc)
+        kv_lens = torch.cat([fb.kv_lens, torch.ones(pad, dtype=torch.int32, device=fb.kv_lens.device)])
+        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=fb.kv_lens.device)
+        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+        kv_indices = torch.cat([fb.kv_indices, torch.zeros(pad, dtype=torch.int32, device=fb.kv_lens.device)])
+        sfb.kv_indices[: kv_indices.numel()].copy_(kv_indices)
+        self.r.attn_backend.init_forward_metadata(
+            ForwardBatch(ForwardMode.DECODE, bs, sfb.input_ids, sfb.out_cache_loc, sfb.qo_indptr, kv_indptr,
+                         sfb.kv_indices[: kv_indices.numel()], kv_lens),
+            decode_wrapper=wrapper,
+        )
+        self.r.attn_backend.forward_metadata.kv_indices = sfb.kv_indices  # the captured tensor
+        g.replay()
+        return out[:n]

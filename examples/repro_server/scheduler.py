@@ -1,0 +1,313 @@
+"""The scheduler thread: batches requests, runs forwards, and drives the torch profiler the way
+SGLang's scheduler does (``scheduler_components/profiler_manager.py``, 0.5.x, non-v2 path).
+
+One thread owns the model. HTTP threads hand it requests and control messages (profile
+start/stop) through queues; it processes control messages between forwards, like SGLang's
+``process_input_requests``. Each forward is one profiler step, wrapped in a
+``record_function("step[DECODE bs=N]")`` / ``step[EXTEND bs=N toks=T]`` annotation.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .model import CudaGraphRunner, ForwardMode, ModelRunner
+
+log = logging.getLogger("repro_server")
+
+
+@dataclass
+class Req:
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    out: "queue.Queue" = field(default_factory=queue.Queue)  # (kind, payload) items
+    output_ids: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    finished: bool = False
+    created: float = field(default_factory=time.time)
+    cancelled: bool = False
+
+
+class ProfileError(Exception):
+    pass
+
+
+class ProfilerManager:
+    """SGLang's non-stage and by-stage profiling, reduced to the torch profiler (CPU/GPU)."""
+
+    def __init__(self, device: torch.device, tp_rank: int = 0):
+        self.device = device
+        self.tp_rank = tp_rank
+        self.torch_profiler: Optional[torch.profiler.profile] = None
+        self.in_progress = False
+        self.armed = False
+        self.by_stage = False
+        self.forward_ct = 0
+        self.target_forward_ct: Optional[int] = None
+        self.prefill_ct = self.decode_ct = 0
+        self.target_stage_ct: Optional[int] = None
+        self.current_stage: Optional[ForwardMode] = None
+        self.files: list[str] = []
+
+    # ------------------------------------------------------------------ control (scheduler thread)
+    def init(self, req: dict) -> str:
+        if self.in_progress or self.armed:
+            raise ProfileError("Profiling is already in progress. Call /stop_profile first.")
+        output_dir = req.get("output_dir") or os.getenv("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        acts = req.get("activities") or ["CPU", "GPU"]
+        unknown = [a for a in acts if a not in ("CPU", "GPU", "MEM", "CUDA_PROFILER", "RPD")]
+        if unknown:
+            raise ProfileError(f"unknown profiler activities: {unknown}")
+        self.output_dir = Path(output_dir).expanduser()
+        self.activities = acts
+        self.with_stack = req.get("with_stack") is not False
+        self.record_shapes = req.get("record_shapes") is not False  # SGLANG_PROFILE_RECORD_SHAPES default
+        self.profile_id = req.get("profile_id") or str(time.time())
+        self.prefix = req.get("profile_prefix") or ""
+        self.by_stage = bool(req.get("profile_by_stage"))
+        num_steps = req.get("num_steps")
+        num_steps = int(num_steps) if num_steps else None
+        if self.by_stage:
+            self.prefill_ct = self.decode_ct = 0
+            self.target_stage_ct = num_steps
+            self.armed = True  # starts at the first forward of each stage
+        else:
+            self.target_forward_ct = self.forward_ct + num_steps if num_steps else None  # exactly num_steps forwards
+            self._start()
+        return "Succeeded"
+
+    def _start(self, stage: Optional[ForwardMode] = None) -> None:
+        acts = []
+        if "CPU" in self.activities:
+            acts.append(torch.profiler.ProfilerActivity.CPU)
+        if "GPU" in self.activities and self.device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        if not acts:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+        self.torch_profiler = torch.profiler.profile(activities=acts, with_stack=self.with_stack,
+                                                     record_shapes=self.record_shapes)
+        self.torch_profiler.start()
+        self.current_stage = stage
+        self.in_progress = True
+        log.info("Profiling starts%s. Traces will be saved to: %s (with profile id: %s)",
+                 f" for {stage.name}" if stage else "", self.output_dir, self.profile_id)
+
+    def stop(self, stage: Optional[ForwardMode] = None) -> str:
+        if not self.in_progress:
+            if self.armed:  # armed by stage, nothing captured yet: disarm
+                self.armed = False
+                return "Succeeded."
+            raise ProfileError("Profiling is not in progress. Call /start_profile first.")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        prefix = self.prefix + "-" if self.prefix else ""
+        suffix = f"-{stage.name}" if stage else ""
+        name = prefix + "-".join([self.profile_id, f"TP-{self.tp_rank}"]) + suffix + ".trace.json.gz"
+        self.torch_profiler.stop()
+        path = self.output_dir / name
+        # write under a temporary name, then rename: a reader never sees a half-written trace name
+        tmp = self.output_dir / (".tmp-" + name)
+        self.torch_profiler.export_chrome_trace(str(tmp))
+        os.replace(tmp, path)
+        self.files.append(str(path))
+        log.info("Profiling done. Traces are saved to: %s", path)
+        self.torch_profiler = None
+        gc.collect()
+        self.in_progress = False
+        self.current_stage = None
+        self.target_forward_ct = None
+        return "Succeeded."
+
+    def stop_all(self) -> str:
+        self.armed = False
+        return self.stop(self.current_stage if self.by_stage else None)
+
+    # ------------------------------------------------------------------ per forward
+    def before_forward(self, mode: ForwardMode) -> None:
+        """SGLang's ``_profile_batch_predicate``: called before each batch runs."""
+        if self.by_stage and (self.armed or self.in_progress):
+            if mode.is_extend():
+                if self.in_progress and self.current_stage is ForwardMode.DECODE:
+                    return
+                if self.prefill_ct == 0 and not self.in_progress:
+                    self._start(ForwardMode.EXTEND)
+                self.prefill_ct += 1
+                if self.target_stage_ct and self.prefill_ct > self.target_stage_ct and self.in_progress:
+                    self.stop(ForwardMode.EXTEND)
+            else:
+                if self.decode_ct == 0:
+                    if self.in_progress:
+                        self.stop(ForwardMode.EXTEND)
+                    self._start(ForwardMode.DECODE)
+                self.decode_ct += 1
+                if self.target_stage_ct and self.decode_ct > self.target_stage_ct and self.in_progress:
+                    self.stop(ForwardMode.DECODE)
+                    self.armed = False
+            return
+        if self.in_progress and self.target_forward_ct and self.target_forward_ct <= self.forward_ct:
+            self.stop()
+
+    def after_forward(self) -> None:
+        # Like SGLang, steps are counted here and marked by the step[...] annotation; the torch
+        # profiler's own step() is not called, so the trace has no ProfilerStep#N events.
+        self.forward_ct += 1
+
+
+class Scheduler:
+    EOS_ID = 0
+
+    def __init__(self, runner: ModelRunner, *, max_running_requests: int = 64, cuda_graph: bool = False,
+                 cuda_graph_max_bs: int = 16, max_context: int = 8192, seed: int = 0):
+        self.runner = runner
+        self.max_running = max_running_requests
+        self.waiting: "queue.Queue[Req]" = queue.Queue()
+        self.control: "queue.Queue[tuple[str, dict, Future]]" = queue.Queue()
+        self.running: list[Req] = []
+        self.profiler = ProfilerManager(runner.device)
+        self.graph_runner: Optional[CudaGraphRunner] = None
+        if cuda_graph:
+            if runner.device.type != "cuda":
+                raise ValueError("--cuda-graph needs --device cuda")
+            self.graph_runner = CudaGraphRunner(runner, cuda_graph_max_bs, max_context)
+        self.gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.step_times: list[tuple[str, int, float]] = []  # (mode, bs, seconds), last 1000
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self.error: Optional[BaseException] = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ API for HTTP threads
+    def submit(self, req: Req) -> None:
+        self.waiting.put(req)
+        self._wake.set()
+
+    def call(self, kind: str, payload: dict, timeout: float = 600.0):
+        fut: Future = Future()
+        self.control.put((kind, payload, fut))
+        self._wake.set()
+        return fut.result(timeout=timeout)
+
+    # ------------------------------------------------------------------ loop
+    def _process_control(self) -> None:
+        while True:
+            try:
+                kind, payload, fut = self.control.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if kind == "start_profile":
+                    fut.set_result(self.profiler.init(payload))
+                elif kind == "stop_profile":
+                    fut.set_result(self.profiler.stop_all())
+                else:
+                    fut.set_exception(ValueError(f"unknown control {kind}"))
+            except BaseException as e:  # noqa: BLE001 - handed back to the HTTP thread
+                fut.set_exception(e)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._process_control()
+                batch_new = self._admit()
+                if batch_new:
+                    self._run(ForwardMode.EXTEND, batch_new)
+                elif self.running:
+                    self._run(ForwardMode.DECODE, list(self.running))
+                else:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+            log.exception("scheduler died")
+            for r in self.running:
+                r.out.put(("error", f"scheduler error: {e}"))
+
+    def _admit(self) -> list[Req]:
+        new: list[Req] = []
+        while len(self.running) + len(new) < self.max_running:
+            try:
+                req = self.waiting.get_nowait()
+            except queue.Empty:
+                break
+            slots = self.runner.allocator.alloc(len(req.input_ids) + req.max_new_tokens)
+            if slots is None:
+                req.out.put(("error", "KV pool is full (max_total_num_tokens too small for this request)"))
+                continue
+            req.slots = slots
+            new.append(req)
+        return new
+
+    def _run(self, mode: ForwardMode, reqs: list[Req]) -> None:
+        reqs = [r for r in reqs if not r.cancelled] or reqs
+        if mode.is_extend():
+            ids = [r.input_ids for r in reqs]
+            ctx = [r.slots[: len(r.input_ids)] for r in reqs]
+            new = ctx
+            tag = f"step[EXTEND bs={len(reqs)} toks={sum(len(i) for i in ids)}]"
+        else:
+            ids = [[r.output_ids[-1]] for r in reqs]
+            ctx = [r.slots[: len(r.input_ids) + len(r.output_ids)] for r in reqs]
+            new = [[c[-1]] for c in ctx]
+            tag = f"step[DECODE bs={len(reqs)}]"
+        fb = self.runner.build_batch(mode, ids, ctx, new)
+        self.profiler.before_forward(mode)
+        t0 = time.perf_counter()
+        with torch.profiler.record_function(tag):
+            if self.graph_runner is not None and self.graph_runner.can_run(fb):
+                logits = self.graph_runner.replay(fb)
+            else:
+                logits = self.runner.run_batch(fb)
+            next_ids = self._sample(logits, reqs)
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        self.profiler.after_forward()
+        self.step_times.append((mode.name, len(reqs), dt))
+        del self.step_times[:-1000]
+        if mode.is_extend():
+            self.running.extend(reqs)
+        for r, t in zip(reqs, next_ids):
+            r.output_ids.append(int(t))
+            done = len(r.output_ids) >= r.max_new_tokens or (not r.ignore_eos and int(t) == self.EOS_ID)
+            reason = None
+            if done or r.cancelled:
+                r.finished = True
+                reason = "length" if len(r.output_ids) >= r.max_new_tokens else "stop"
+            r.out.put(("token", (int(t), reason)))  # one message per token: the frame knows if it is the last
+        finished = [r for r in self.running if r.finished]
+        if finished:
+            self.running = [r for r in self.running if not r.finished]
+            for r in finished:
+                self.runner.allocator.free(r.slots)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+        greedy = logits.argmax(-1).tolist()
+        out = []
+        for i, r in enumerate(reqs):
+            if r.temperature and r.temperature > 0:
+                p = torch.softmax(logits[i].float().cpu() / r.temperature, -1)
+                out.append(int(torch.multinomial(p, 1, generator=self.gen)))
+            else:
+                out.append(int(greedy[i]))
+        return out
