@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.cpu_ops import leaf_ops_as_kernels
 from perfscope.analysis.metrics import StepMetrics, step_metrics
 from perfscope.analysis.names import short_name
 from perfscope.analysis.ops import Op, top_ops
@@ -42,16 +43,20 @@ class State:
     attributor: Optional[Attributor] = None
     findings: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    cpu_only: bool = False
     out: dict = field(default_factory=dict)
 
 
 def pass_steps(st: State) -> None:
+    if not st.trace.kernels and st.trace.cpu_ops:
+        st.trace = replace(st.trace, kernels=leaf_ops_as_kernels(st.trace))
+        st.cpu_only = True
     st.stepset = find_steps(st.trace)
     st.phase = st.stepset.primary_phase
     st.steps = [s for s in st.stepset.steps if s.phase == st.phase and s.kernels] or \
                [s for s in st.stepset.steps if s.phase == st.phase]
-    if not st.trace.kernels:
-        st.notes.append("no GPU kernels in this trace: analysed on its CPU ops only")
+    if st.cpu_only:
+        st.notes.append("no GPU kernels in this trace: analysed on its CPU ops (leaf ops stand in for kernels)")
 
 
 def pass_metrics(st: State) -> None:
@@ -72,6 +77,7 @@ def pass_metrics(st: State) -> None:
     st.out["steps"] = {
         "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
         "method": st.stepset.method, "how": st.stepset.note,
+        "analysed_on": "cpu-ops" if st.cpu_only else "gpu-kernels",
         "mean_ms": round(statistics.fmean(gpu), 4) if gpu else None,
         "min_ms": round(min(gpu), 4) if gpu else None, "max_ms": round(max(gpu), 4) if gpu else None,
         "cpu_median_ms": round(statistics.median(cpu), 4) if cpu else None,

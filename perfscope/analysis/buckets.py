@@ -16,6 +16,16 @@ BUCKETS = ("copy", "gemm", "attention", "communication", "moe", "sampling", "ele
 
 # (bucket, sub-bucket, regex searched in the raw kernel name, case-insensitive)
 TABLE: tuple[tuple[str, str, str], ...] = (
+    # leaf CPU ops, for traces with no GPU kernels (analysed on their CPU ops, e.g. a CPU server);
+    # anchored on op names (`aten::mm`), which no GPU kernel name matches
+    ("copy", "copy", r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|stack)$"),
+    ("copy", "gather", r"^aten::(index|index_select|gather|take|embedding|index_put_?)$"),
+    ("copy", "fill", r"^aten::(fill_|zero_|zeros|empty|empty_strided|empty_like|full)$"),
+    ("gemm", "gemm", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|einsum)$"),
+    ("attention", "attention", r"^aten::_?scaled_dot_product|^aten::_flash_attention"),
+    ("sampling", "sampling", r"^aten::(sort|topk|argmax|multinomial|argsort)$"),
+    ("communication", "cpu", r"^(c10d|gloo|nccl):|^record_param_comms$"),
+    ("elementwise", "cpu-op", r"^aten::"),
     # communication: NCCL/RCCL first (the "nccl" sub-bucket is what the all-reduce rule reads)
     ("communication", "nccl", r"^ncclDevKernel|^ncclKernel|\bnccl|^rccl|msccl"),
     ("communication", "custom", r"cross_device_reduce|multimem_all_reduce|allreduce_fusion|"

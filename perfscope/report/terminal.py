@@ -31,12 +31,16 @@ def header(d: Diagnosis) -> Panel:
     p = d.primary
     m = p.meta
     s = p.steps
+    cpu = s.get("analysed_on") == "cpu-ops"
+    unit = "CPU ops" if cpu else "GPU work"
+    gpu = m.get("device_name") or ("no GPU activity" if cpu else "unknown GPU")
     lines = [
-        f"[bold]{escape(str(m.get('device_name') or 'unknown GPU'))}[/] (sm {m.get('compute_capability') or '?'})"
+        f"[bold]{escape(str(gpu))}[/]" + (f" (sm {m['compute_capability']})" if m.get("compute_capability") else "") +
         f"  {len(d.ranks)} trace file(s)" + (f", world size {m.get('world_size')}" if m.get("world_size") else ""),
         f"steps: [bold]{s.get('count', 0)} {s.get('phase')}[/] found by {escape(str(s.get('how') or s.get('method')))}",
-        f"median step (GPU work): [bold]{_fmt_ms(s.get('median_ms'))} ms[/]"
-        f"   kernel time/step {_fmt_ms(p.kernel_ms_per_step)} ms   GPU idle in step {_fmt_ms(p.idle_ms_per_step)} ms",
+        f"median step ({unit}): [bold]{_fmt_ms(s.get('median_ms'))} ms[/]"
+        f"   {'op' if cpu else 'kernel'} time/step {_fmt_ms(p.kernel_ms_per_step)} ms"
+        f"   {'idle' if cpu else 'GPU idle'} in step {_fmt_ms(p.idle_ms_per_step)} ms",
     ]
     other = [ph for ph in p.phases if ph["phase"] != s.get("phase")]
     if other:
@@ -49,7 +53,8 @@ def header(d: Diagnosis) -> Panel:
 
 
 def bucket_table(p: RankAnalysis) -> Table:
-    t = Table(title="GPU kernel time per step, by bucket", title_justify="left")
+    what = "CPU op" if p.steps.get("analysed_on") == "cpu-ops" else "GPU kernel"
+    t = Table(title=f"{what} time per step, by bucket", title_justify="left")
     t.add_column("bucket")
     t.add_column("ms/step", justify="right")
     t.add_column("share", justify="right")

@@ -21,6 +21,13 @@ def elements_per_thread(name: str) -> int:
     return int(m.group(1)) if m else 4
 
 
+def is_cast_candidate(k) -> bool:
+    """A torch dtype-converting copy kernel; in CPU-only traces, the leaf copy op (dtypes checked later)."""
+    if k.kind == "kernel":
+        return "direct_copy_kernel" in k.name and classify(k.name, k.kind)[1] == "cast"
+    return k.kind == "cpu" and k.name in ("aten::copy_", "aten::_to_copy")
+
+
 def latent_dim(config: dict) -> int:
     r, p = config.get("kv_lora_rank"), config.get("qk_rope_head_dim")
     if isinstance(r, int) and isinstance(p, int) and r + p > 0:
@@ -74,7 +81,7 @@ class Fp8KvCast(Rule):
         for s in ctx.steps:
             for i in s.kernels:
                 k = kern[i]
-                if k.kind == "kernel" and "direct_copy_kernel" in k.name and classify(k.name, k.kind)[1] == "cast":
+                if is_cast_candidate(k):
                     groups[(k.name, k.grid, k.block)].append(i)
         if not groups:
             return None
@@ -87,7 +94,8 @@ class Fp8KvCast(Rule):
         share = ms_per_step / ctx.kernel_ms_per_step
         latent = latent_dim(ctx.config)
 
-        attr = ctx.attributor.attribute(kern[idx[0]])
+        k0 = kern[idx[0]]
+        attr = ctx.attributor.attribute(k0)
         src_type = dst_type = None
         dims = None
         if attr.input_types and attr.input_dims:
@@ -112,8 +120,8 @@ class Fp8KvCast(Rule):
             return None
         if casts_per_step < 2 or elements < self.MIN_ELEMENTS or share < self.MIN_SHARE:
             return None
-        if attr.input_types and src_type is None:
-            return None  # the recorded dtypes say this is not an FP8 cast
+        if (attr.input_types or k0.kind == "cpu") and src_type is None:
+            return None  # the recorded dtypes say this is not an FP8 cast (or there are none to say it is)
         gathered = self.gathered_first(kern, idx)
         if gathered > 0.5:
             return None  # each cast reads a freshly gathered tensor: only the referenced pages
