@@ -59,12 +59,9 @@ def _is_local(url: str) -> bool:
         return False
 
 
-def _canonical_argv() -> list[str]:
+def _canonical_argv(ctx) -> list[str]:
     """What was run, rebuilt from the parsed options (so it is the same from a shell or a test,
     and holds no secret: the API key is only ever named by --api-key-env)."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
     argv = ["perfscope", NAME]
     if ctx is None:
         return argv
@@ -84,6 +81,7 @@ def _canonical_argv() -> list[str]:
 
 
 def command(
+    ctx: typer.Context,
     host: List[str] = typer.Option([], "--host", "-H", metavar="[USER@]HOST[:SSHPORT]",
                                    help="Server host reached over SSH; repeat for several hosts (traced in parallel, "
                                         "one subfolder each). ~/.ssh/config aliases work."),
@@ -172,7 +170,7 @@ def command(
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote,
     )
-    argv = scrub_argv(_canonical_argv())
+    argv = scrub_argv(_canonical_argv(ctx))
     log = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
