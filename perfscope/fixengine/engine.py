@@ -1,0 +1,414 @@
+"""Check, apply and revert a fix on a host, safely.
+
+* check: find the target, detect its variant, choose the strategy, compute the patch and its
+  unified diff; nothing is written.
+* apply: the same, then keep a byte-exact backup and a manifest (sha256 before / after) in the
+  state folder on the host, refuse if the file changed since the check, write the patched file
+  atomically and read it back. Applying twice is ``AlreadyApplied``.
+* revert: verify the backup's sha256 against the manifest, refuse if the current file is neither
+  the patched nor the original one (unless ``force``), restore byte for byte.
+
+State lives on the host, in ``$XDG_STATE_HOME/perfscope/fixes`` (default
+``~/.local/state/perfscope/fixes``) or ``--state-dir``: ``<fix-id>/<sha256(path)[:16]>/``
+holds ``manifest.json`` and ``original-<sha256>.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from perfscope import __version__
+from perfscope.errors import InputError, PerfscopeError
+from perfscope.fixengine.edit import unified_diff
+from perfscope.fixengine.host import FixHost, join
+from perfscope.fixengine.model import (
+    AlreadyApplied,
+    Applied,
+    Checked,
+    Environment,
+    Failed,
+    FixModule,
+    Outcome,
+    Refused,
+    Reverted,
+    Skipped,
+    TargetSpec,
+)
+from perfscope.util.files import sha256_bytes
+
+
+@dataclass
+class FixRequest:
+    strategy: str = "auto"
+    target_file: Optional[str] = None
+    sglang_root: Optional[str] = None
+    target: Optional[str] = None  # target name, e.g. sglang-fa3
+    python: Optional[str] = None
+    server_url: Optional[str] = None  # reachable from here (local, or an SSH forward)
+    port: int = 30000  # the server's port on the host, to find its process
+    state_dir: Optional[str] = None
+    force: bool = False
+    expect_sha256: Optional[str] = None
+    overrides: dict = field(default_factory=dict)  # Environment field -> value from options
+
+
+@dataclass
+class Report:
+    fix: str
+    outcome: Outcome
+    env: Optional[Environment] = None
+    target: Optional[str] = None
+    path: Optional[str] = None
+    variant: Optional[str] = None
+    strategy: Optional[str] = None
+    strategy_reason: str = ""
+    rejected: dict = field(default_factory=dict)
+    diff: str = ""
+    sha256_before: Optional[str] = None
+    sha256_after: Optional[str] = None
+    anchors: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    manifest: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "fix": self.fix, **self.outcome.to_dict(), "target": self.target, "path": self.path,
+            "variant": self.variant, "strategy": self.strategy, "strategy_reason": self.strategy_reason,
+            "rejected_strategies": self.rejected, "sha256_before": self.sha256_before,
+            "sha256_after": self.sha256_after, "anchors": self.anchors, "notes": self.notes,
+            "manifest": self.manifest, "diff": self.diff,
+            "environment": self.env.to_dict() if self.env else None, **self.extra,
+        }
+
+
+# ----------------------------------------------------------------------------- environment
+
+_SGLANG_ROOT_PY = (
+    "import importlib.util, json\n"
+    "s = importlib.util.find_spec('sglang')\n"
+    "print(json.dumps(list(s.submodule_search_locations) if s and s.submodule_search_locations else []))\n"
+)
+
+
+def _read_version_py(host: FixHost, root: str) -> Optional[str]:
+    for rel in ("version.py", "_version.py"):
+        p = join(host, root, rel)
+        if host.exists(p):
+            m = re.search(rb"""__version__\s*(?::\s*str\s*)?=\s*version\s*=\s*['"]([^'"]+)|__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)""",
+                          host.read_bytes(p))
+            if m:
+                return (m.group(1) or m.group(2)).decode()
+    # a wheel install: ../sglang-X.dist-info
+    parent = os.path.dirname(root.rstrip("/"))
+    r = host.run(["sh", "-c", 'ls -d "$1"/sglang-*.dist-info 2>/dev/null | head -n 1', "sh", parent])
+    m = re.search(r"sglang-([^/]+)\.dist-info", r.stdout or "")
+    return m.group(1) if m else None
+
+
+def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
+    """What the host runs: the server's interpreter and its sglang / FlashInfer, the GPU, and the
+    server's settings (from /server_info when a URL is given). Options override everything."""
+    env = Environment(host=host.label)
+    say = log or (lambda m: None)
+    if req.server_url:
+        from perfscope.capture.sglang_api import SGLangClient
+
+        try:
+            info = SGLangClient(req.server_url, timeout=10).server_info()
+        except PerfscopeError as e:
+            env.notes.append(f"server info not read: {e}")
+            info = {}
+        if info:
+            env.server_url = req.server_url
+            for k_env, k_info in (("sglang_version", "version"), ("kv_cache_dtype", "kv_cache_dtype"),
+                                  ("attention_backend", "attention_backend"),
+                                  ("decode_attention_backend", "decode_attention_backend"), ("dtype", "dtype")):
+                if info.get(k_info) not in (None, ""):
+                    setattr(env, k_env, str(info[k_info]))
+                    env.sources[k_env] = "server_info"
+    need_python = not req.target_file or req.python
+    if need_python:
+        if req.python:
+            cands = [req.python]
+        else:
+            proc = host.io.server_process(req.port) if req.port else {}
+            cands = host.io.python_candidates(proc)
+            if proc.get("pid"):
+                env.sources["python"] = f"process {proc['pid']} listening on port {req.port}"
+            else:
+                env.notes.append(f"no server process found on port {req.port}: using python3 on PATH "
+                                 "(pass --python to name the server's interpreter)")
+        vers = host.io.python_versions(cands, want="sglang")
+        if vers:
+            env.python = vers.get("interpreter")
+            env.sources.setdefault("python", "--python" if req.python else "python3 on PATH")
+            for k in ("flashinfer", "torch", "triton"):
+                if vers.get(k):
+                    setattr(env, f"{k}_version", vers[k])
+                    env.sources[f"{k}_version"] = env.python
+            if vers.get("sglang") and not env.sglang_version:
+                env.sglang_version = vers["sglang"]
+                env.sources["sglang_version"] = env.python
+            if vers.get("sglang") and not req.sglang_root:
+                r = host.run([env.python, "-c", _SGLANG_ROOT_PY])
+                try:
+                    roots = json.loads(r.stdout.strip().splitlines()[-1]) if r.rc == 0 else []
+                except (ValueError, IndexError):
+                    roots = []
+                if roots:
+                    env.sglang_root = roots[0]
+                    env.sources["sglang_root"] = env.python
+    if req.sglang_root:
+        root = req.sglang_root.rstrip("/")
+        if not host.exists(join(host, root, "srt")) and host.exists(join(host, root, "sglang", "srt")):
+            root = join(host, root, "sglang")
+        env.sglang_root = root
+        env.sources["sglang_root"] = "--sglang-root"
+        if not env.sglang_version:
+            env.sglang_version = _read_version_py(host, root)
+            if env.sglang_version:
+                env.sources["sglang_version"] = f"{root}/version.py"
+    r = host.run(["nvidia-smi", "--query-gpu=compute_cap,name", "--format=csv,noheader"], timeout=30)
+    if r.rc == 0 and r.stdout.strip():
+        cap, _, name = r.stdout.strip().splitlines()[0].partition(",")
+        env.compute_cap, env.gpu_name = cap.strip(), name.strip()
+        env.sources["compute_cap"] = "nvidia-smi"
+    for k, v in req.overrides.items():
+        if v is not None:
+            setattr(env, k, v)
+            env.sources[k] = "option"
+    say(f"environment: {env.to_dict()}")
+    return env
+
+
+# ------------------------------------------------------------------------------------ state
+
+
+def state_root(host: FixHost, req: FixRequest) -> str:
+    if req.state_dir:
+        return req.state_dir
+    if host.remote:
+        r = host.run(["sh", "-c", 'printf %s "${XDG_STATE_HOME:-$HOME/.local/state}"'])
+        base = r.stdout.strip()
+        if r.rc != 0 or not base.startswith("/"):
+            base = join(host, host.home(), ".local", "state")
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(host.home(), ".local", "state")
+    return join(host, base, "perfscope", "fixes")
+
+
+def state_dir_for(host: FixHost, req: FixRequest, fix: FixModule, path: str) -> str:
+    key = hashlib.sha256(path.encode()).hexdigest()[:16]
+    return join(host, state_root(host, req), fix.id, key)
+
+
+def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
+    p = join(host, folder, "manifest.json")
+    if not host.exists(p):
+        return None
+    try:
+        return json.loads(host.read_bytes(p))
+    except ValueError:
+        raise InputError(f"{p}: manifest is not valid JSON; refusing to touch the file (remove it by hand)") from None
+
+
+# ----------------------------------------------------------------------------------- target
+
+
+def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequest) -> tuple[TargetSpec, str, bytes]:
+    if req.target_file:
+        path = req.target_file
+        data = host.read_bytes(path)
+        if req.target:
+            spec = fix.target_for(env, req.target)
+        elif hasattr(fix, "target_for_file"):
+            spec = fix.target_for_file(data)
+        else:
+            spec = fix.target_for(env, None)
+        return spec, path, data
+    try:
+        spec = fix.target_for(env, req.target)
+    except KeyError:
+        names = ", ".join(t.name for t in fix.targets)
+        raise InputError(f"--target {req.target}: unknown (this fix knows {names})") from None
+    if not spec.relpath:
+        raise InputError(f"target {spec.name} has no place in an sglang install: give --target-file")
+    if not env.sglang_root:
+        where = f" with {env.python}" if env.python else ""
+        raise InputError(f"sglang not found{where} on {host.label}: give --python (the server's interpreter), "
+                         "--sglang-root DIR or --target-file F")
+    path = join(host, env.sglang_root, *spec.relpath.split("/"))
+    return spec, path, host.read_bytes(path)
+
+
+# --------------------------------------------------------------------------------- actions
+
+
+def _base_report(fix: FixModule, env: Environment, spec: TargetSpec, path: str, data: bytes) -> Report:
+    return Report(fix=fix.id, outcome=Checked(), env=env, target=spec.name, path=path,
+                  sha256_before=sha256_bytes(data))
+
+
+def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> tuple[Report, Optional[bytes], object]:
+    """Everything up to the patched bytes, without writing. Returns (report, patched, detection)."""
+    env = env or probe_env(host, req)
+    spec, path, data = resolve_target(fix, host, env, req)
+    rep = _base_report(fix, env, spec, path, data)
+    det = fix.detect(spec, data, env)
+    rep.variant = det.variant
+    rep.anchors = det.anchors
+    rep.notes.extend(det.facts.get("notes", []) if isinstance(det.facts, dict) else [])
+    rep.notes.extend(env.notes)
+    if det.state == "patched":
+        rep.strategy = det.patched_strategy
+        folder = state_dir_for(host, req, fix, path)
+        man = load_manifest(host, folder)
+        rep.manifest = join(host, folder, "manifest.json") if man else None
+        if man and man.get("sha256_after") == rep.sha256_before:
+            rep.outcome = AlreadyApplied(f"{path} is already patched ({man.get('strategy')} strategy, "
+                                         f"applied {man.get('applied_at')})")
+            rep.strategy = man.get("strategy")
+        elif man:
+            rep.outcome = AlreadyApplied(f"{path} carries the patch but differs from what perfscope wrote "
+                                         "(edited since?): --revert will refuse without --force")
+        else:
+            rep.outcome = AlreadyApplied(f"{path} carries the patch, but no manifest is in {folder}: perfscope "
+                                         "cannot restore the original (reinstall sglang to undo)")
+        if req.strategy not in ("auto", rep.strategy):
+            rep.outcome = Refused(f"{path} is patched with the {rep.strategy} strategy; revert it first "
+                                  f"(perfscope fix {fix.id} --revert) to switch to {req.strategy}")
+        return rep, None, det
+    if det.state in ("refused", "unknown"):
+        rep.outcome = Refused(det.reason)
+        return rep, None, det
+    if det.state == "not-applicable":
+        rep.outcome = Skipped(det.reason)
+        return rep, None, det
+    why = fix.applicable(env, spec)
+    if why:
+        rep.outcome = Skipped(why)
+        return rep, None, det
+    choice = fix.choose_strategy(spec, det, env, req.strategy)
+    rep.rejected = choice.rejected
+    rep.strategy_reason = choice.reason
+    if choice.strategy is None:
+        rep.outcome = Refused(choice.reason)
+        return rep, None, det
+    rep.strategy = choice.strategy
+    try:
+        after, notes = fix.transform(spec, det, data, choice.strategy)
+    except (ValueError, KeyError) as e:
+        rep.outcome = Refused(f"unknown shape: {e}; refusing to patch by guess")
+        return rep, None, det
+    rep.notes.extend(notes)
+    problems = fix.postconditions(spec, det, data, after, choice.strategy)
+    if problems:
+        rep.outcome = Failed("the patched file fails its post-conditions: " + "; ".join(problems))
+        return rep, None, det
+    rep.sha256_after = sha256_bytes(after)
+    rep.diff = unified_diff(data, after, path)
+    rep.outcome = Checked(f"{spec.name} {det.variant}: the {choice.strategy} patch applies cleanly (nothing "
+                          f"changed; add --apply)")
+    return rep, after, det
+
+
+def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
+    rep, after, _ = plan(fix, host, req, env)
+    if after is None:
+        return rep
+    path = rep.path
+    if req.expect_sha256 and req.expect_sha256 != rep.sha256_before:
+        rep.outcome = Refused(f"{path} changed since the check (sha256 {rep.sha256_before[:12]}…, expected "
+                              f"{req.expect_sha256[:12]}…): check again")
+        return rep
+    folder = state_dir_for(host, req, fix, path)
+    host.makedirs(folder)
+    backup = join(host, folder, f"original-{rep.sha256_before}.py")
+    original = host.read_bytes(path)
+    if sha256_bytes(original) != rep.sha256_before:
+        rep.outcome = Refused(f"{path} changed since the check: nothing written; check again")
+        return rep
+    host.write_bytes_atomic(backup, original, mode=0o600)
+    if host.sha256(backup) != rep.sha256_before:
+        rep.outcome = Failed(f"backup {backup} does not read back intact: nothing patched")
+        return rep
+    manifest = {
+        "fix": fix.id, "target": rep.target, "path": path, "variant": rep.variant, "strategy": rep.strategy,
+        "sha256_before": rep.sha256_before, "sha256_after": rep.sha256_after, "size_before": len(original),
+        "size_after": len(after), "backup": os.path.basename(backup), "host": host.label,
+        "applied_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "perfscope": __version__,
+        "sglang_version": rep.env.sglang_version if rep.env else None,
+    }
+    mpath = join(host, folder, "manifest.json")
+    host.write_bytes_atomic(mpath, (json.dumps(manifest, indent=2) + "\n").encode(), mode=0o600)
+    # last look before writing: the file must still be the one the patch was computed from
+    if host.sha256(path) != rep.sha256_before:
+        rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
+        return rep
+    host.write_bytes_atomic(path, after)
+    if host.sha256(path) != rep.sha256_after:
+        host.write_bytes_atomic(path, original)
+        rep.outcome = Failed(f"{path} did not read back as written; the original was put back")
+        return rep
+    rep.manifest = mpath
+    rep.outcome = Applied(f"patched {path} ({rep.target} {rep.variant}, {rep.strategy} strategy); "
+                          f"backup and manifest in {folder}", details={"backup": backup})
+    return rep
+
+
+def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
+    env = env or probe_env(host, req)
+    spec, path, data = resolve_target(fix, host, env, req)
+    rep = _base_report(fix, env, spec, path, data)
+    folder = state_dir_for(host, req, fix, path)
+    man = load_manifest(host, folder)
+    cur = rep.sha256_before
+    if man is None:
+        if fix.marker and fix.marker.encode() in data:
+            rep.outcome = Refused(f"{path} is patched but {folder} has no manifest, so the original cannot be "
+                                  "restored byte for byte (reinstall sglang, or pass the --state-dir used at apply)")
+        else:
+            rep.outcome = Skipped(f"{path} is not patched by {fix.id}: nothing to revert")
+        return rep
+    rep.manifest = join(host, folder, "manifest.json")
+    rep.strategy, rep.variant = man.get("strategy"), man.get("variant")
+    backup = join(host, folder, man["backup"])
+    if not host.exists(backup):
+        rep.outcome = Failed(f"backup {backup} is missing: cannot restore")
+        return rep
+    original = host.read_bytes(backup)
+    if sha256_bytes(original) != man["sha256_before"]:
+        rep.outcome = Failed(f"backup {backup} does not match the manifest's sha256: refusing to restore it")
+        return rep
+    if cur == man["sha256_before"]:
+        rep.outcome = Skipped(f"{path} is already the original")
+        _retire_manifest(host, folder)
+        return rep
+    if cur != man["sha256_after"] and not req.force:
+        rep.outcome = Refused(f"{path} is neither the patched file nor the original (sha256 {cur[:12]}…): it was "
+                              "changed after the patch (sglang reinstalled or edited?); --force restores the "
+                              "original anyway")
+        return rep
+    host.write_bytes_atomic(path, original)
+    if host.sha256(path) != man["sha256_before"]:
+        rep.outcome = Failed(f"{path} did not read back as the original after restoring")
+        return rep
+    rep.sha256_after = man["sha256_before"]
+    rep.diff = unified_diff(data, original, path)
+    _retire_manifest(host, folder)
+    rep.outcome = Reverted(f"restored {path} byte for byte (sha256 {man['sha256_before'][:12]}…)")
+    return rep
+
+
+def _retire_manifest(host: FixHost, folder: str) -> None:
+    src = join(host, folder, "manifest.json")
+    data = host.read_bytes(src)
+    host.write_bytes_atomic(join(host, folder, f"manifest-reverted-{int(time.time())}.json"), data, mode=0o600)
+    host.run(["rm", "-f", src])
