@@ -77,31 +77,49 @@ def _api(url: str, opts: TraceOptions):
 
 class _Load:
     """Decode load in a background thread until ``stop()``: ``concurrency`` streams of
-    ``output_len`` tokens with ignore_eos, new requests as old ones end."""
+    ``output_len`` tokens with ignore_eos, new requests as old ones end (the workload driver's
+    ``drive_decode``; summarised as ``perfscope bench`` summarises)."""
 
     def __init__(self, url: str, opts: TraceOptions):
-        from perfscope.capture import workload
-
-        self._workload = workload
         self.url, self.opts = url, opts
         self.stop_event = threading.Event()
-        self.result: Any = None
+        self.results: list | None = None
+        self.completed = 0
         self.error: BaseException | None = None
+        self.t0 = self.t1 = 0.0
         self.thread = threading.Thread(target=self._run, name="perfscope-load", daemon=True)
 
+    def _done(self, rt) -> None:
+        if getattr(rt, "ok", False):
+            self.completed += 1
+
     def _run(self) -> None:
+        from perfscope.capture import workload
+        from perfscope.capture.sglang_api import SGLangClient
+
+        client = SGLangClient(self.url, api_key=self.opts.api_key, timeout=self.opts.http_timeout)
+        self.t0 = time.perf_counter()
         try:
-            self.result = self._workload.drive(
-                self.url, concurrency=self.opts.concurrency, input_len=self.opts.input_len,
-                output_len=self.opts.output_len, seed=self.opts.seed, api_key=self.opts.api_key,
-                stop=self.stop_event, timeout=self.opts.http_timeout,
+            self.results = workload.drive_decode(
+                client, self.opts.concurrency, self.opts.input_len, self.opts.output_len, seed=self.opts.seed,
+                stop=self.stop_event, timeout=self.opts.http_timeout, on_done=self._done,
             )
         except BaseException as e:  # reported by the waiter
             self.error = e
+        finally:
+            self.t1 = time.perf_counter()
 
     def start(self) -> "_Load":
         self.thread.start()
         return self
+
+    def finish(self, cancel: threading.Event, max_wait: float) -> None:
+        """Let running requests end so that at least one per stream is measured, then stop."""
+        deadline = time.monotonic() + max_wait
+        while (self.completed < self.opts.concurrency and self.thread.is_alive() and not cancel.is_set()
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        self.stop()
 
     def stop(self, wait: float = 30.0) -> None:
         self.stop_event.set()
@@ -109,19 +127,15 @@ class _Load:
 
     def summary(self) -> tuple[dict, dict]:
         """(workload dict, timings dict) for run.json."""
-        r = self.result
-        if r is None:
+        if not self.results:
             return {}, {}
-        if hasattr(r, "to_dict"):
-            r = r.to_dict()
-        elif not isinstance(r, dict):
-            r = dict(vars(r))
-        timings = {k: r[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "requests", "output_tokens",
-                                       "throughput_tok_s", "duration_s") if k in r}
-        if isinstance(r.get("timings"), dict):
-            timings.update(r["timings"])
-        workload = r.get("workload") if isinstance(r.get("workload"), dict) else {}
-        return workload, timings
+        from perfscope.bench.core import summarize
+
+        r = summarize(self.results, (self.t1 or time.perf_counter()) - self.t0).to_dict()
+        timings = {k: r[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "itl_p50_ms", "itl_p90_ms",
+                                       "itl_p99_ms", "stats_ms", "tpot_definition", "requests", "failed",
+                                       "output_tokens", "throughput_tok_s", "duration_s") if k in r}
+        return {}, timings
 
 
 def _version_tuple(v: str | None) -> tuple[int, ...]:
@@ -205,6 +219,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         got: list = []
         t_start = time.time()
         try:
+            if cancel.is_set():
+                raise KeyboardInterrupt  # another host failed before this one armed: do not arm
             try:
                 if opts.engine == "vllm":
                     api.start_profile()
@@ -223,6 +239,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 api.stop_profile()
             got = _wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
             complete = True
+            load.finish(cancel, max_wait=opts.timeout)
         finally:
             if load is not None:
                 load.stop(wait=5 if not complete else 60)

@@ -1,0 +1,229 @@
+"""`perfscope trace` end to end: through a real OpenSSH server (tests/sshd.py) to the real
+reproduction server (examples/repro_server, on CPU), plus the failure paths."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from perfscope.capture import rundir
+from perfscope.cli import main
+from sshd import free_port, keygen, public_line
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("no_agent")
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    out, err = capsys.readouterr()
+    return ei.value.code or 0, out, err
+
+
+def ssh_args(sshd, known_hosts=None):
+    return ["--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
+            "--known-hosts", str(known_hosts or sshd.known_hosts)]
+
+
+@pytest.fixture(scope="module")
+def repro_server(tmp_path_factory):
+    """The real reproduction server on CPU, small enough to profile in seconds."""
+    pytest.importorskip("torch")
+    log = tmp_path_factory.mktemp("repro") / "server.log"
+    env = {**os.environ, "REPRO_ADMIN_API_KEY": "s3cret-admin-key"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "examples.repro_server", "--port", "0", "--num-layers", "2", "--threads", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "wb"), env=env, text=True,
+    )
+    port = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        m = re.search(r"(?:port[ =:]+|127\.0\.0\.1:)(\d{2,5})", line or "")
+        if m:
+            port = int(m.group(1))
+            break
+    if port is None:
+        proc.kill()
+        pytest.fail(f"repro server did not start: {log.read_text()[-2000:]}")
+    yield port
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_trace_end_to_end_through_sshd(sshd, repro_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    kh = tmp_path / "known_hosts"  # unknown host, recorded by --accept-new-host-key
+    out = tmp_path / "run"
+    rc, stdout, err = run_cli(
+        ["trace", *ssh_args(sshd, kh), "--accept-new-host-key", "--port", str(repro_server), "--steps", "4",
+         "--input-len", "16", "--output-len", "24", "--api-key-env", "REPRO_KEY", "--timeout", "120",
+         "--out", str(out), "--json"], capsys)
+    assert rc == 0, err
+    assert "s3cret" not in stdout + err
+    assert kh.read_text() == sshd.host_key_line
+    summary = json.loads(stdout)
+    info = rundir.read_run(out, verify=True)
+    assert summary["run_dir"] == str(out) and len(summary["files"]) == len(info.files) >= 1
+    raw = (out / "run.json").read_text()
+    assert "s3cret" not in raw and "--api-key-env" in raw
+    assert info.engine == "sglang" and info.host == f"{sshd.user}@127.0.0.1:{sshd.port}"
+    assert info.server_info["kv_cache_dtype"] == "fp8_e4m3" and info.versions.get("server")
+    assert info.versions.get("torch")  # from the server's own interpreter
+    assert info.timings.get("tpot_ms") and info.timings.get("ttft_ms")
+    assert info.profile["num_steps"] == 4
+    for f in info.files:
+        assert f.rel.startswith("traces/") and f.rel.endswith(".trace.json.gz") and f.rank == 0
+        data = f.path.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == f.sha256
+        doc = json.loads(gzip.decompress(data))
+        assert doc["traceEvents"]
+    assert {f.stage for f in info.files} <= {"DECODE", "EXTEND", None}
+    # the remote folder was removed after the verified copy
+    assert not Path(info.profile["output_dir"]).exists()
+
+
+def test_trace_refuses_unknown_host_key(sshd, repro_server, tmp_path, capsys):
+    kh = tmp_path / "kh"
+    kh.write_text("")
+    rc, _, err = run_cli(["trace", *ssh_args(sshd, kh), "--port", str(repro_server), "--out", str(tmp_path / "r")],
+                         capsys)
+    assert rc == 3 and "not in" in err and "--accept-new-host-key" in err
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_trace_refuses_changed_host_key(sshd, repro_server, tmp_path, capsys):
+    kh = tmp_path / "kh"
+    other = keygen(tmp_path / "other")
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {public_line(other)}\n")
+    rc, _, err = run_cli(["trace", *ssh_args(sshd, kh), "--accept-new-host-key", "--port", str(repro_server),
+                          "--out", str(tmp_path / "r")], capsys)
+    assert rc == 3 and "CHANGED" in err and "attack" in err
+
+
+def test_trace_wrong_user_key(sshd, repro_server, tmp_path, capsys):
+    wrong = keygen(tmp_path / "wrong")
+    args = ssh_args(sshd)
+    args[args.index("--identity") + 1] = str(wrong)
+    rc, _, err = run_cli(["trace", *args, "--port", str(repro_server), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 3 and "authentication" in err and "refused" in err
+
+
+def test_trace_server_down(sshd, tmp_path, capsys):
+    port = free_port()  # nothing listens there on the host
+    rc, _, err = run_cli(["trace", *ssh_args(sshd), "--port", str(port), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 3 and f"nothing answers on 127.0.0.1:{port}" in err
+    assert "Traceback" not in err
+
+
+def test_trace_bad_options(tmp_path, capsys, monkeypatch):
+    rc, _, err = run_cli(["trace", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "--host" in err
+    monkeypatch.delenv("NOPE_KEY", raising=False)
+    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--api-key-env", "NOPE_KEY"], capsys)
+    assert rc == 2 and "NOPE_KEY" in err
+    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--engine", "vllm"], capsys)
+    assert rc == 2 and "--profile-dir" in err
+
+
+# A server that accepts /start_profile and then never writes a trace (a hung scheduler, a full
+# disk) cannot be made from the real repro server, whose profiler always finishes: this one case
+# uses a tiny stub speaking the same endpoints. It records /stop_profile calls.
+class _NeverCompletes(http.server.BaseHTTPRequestHandler):
+    calls: list[str] = []
+
+    def _json(self, obj, code=200):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.calls.append(self.path)
+        if self.path in ("/server_info", "/get_server_info"):
+            return self._json({"version": "0.5.5", "tp_size": 1, "model_path": "stub"})
+        if self.path in ("/start_profile", "/stop_profile"):
+            return self._json({"ok": True})
+        if self.path == "/health":
+            return self._json({})
+        self._json({"error": "not found"}, 404)
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        self.calls.append(self.path)
+        if self.path in ("/start_profile", "/stop_profile"):
+            return self._json({"ok": True})
+        if self.path == "/generate":
+            req = json.loads(body or b"{}")
+            max_new = (req.get("sampling_params") or {}).get("max_new_tokens", 8)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i in range(max_new):
+                frame = {"text": f" t{i}", "output_ids": [i],
+                         "meta_info": {"completion_tokens": i + 1, "prompt_tokens": 4,
+                                       "finish_reason": None if i + 1 < max_new else {"type": "length"}}}
+                self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.01)
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
+        self._json({"error": "not found"}, 404)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def stuck_server():
+    _NeverCompletes.calls = []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NeverCompletes)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1], _NeverCompletes.calls
+    httpd.shutdown()
+
+
+def test_profile_that_never_completes(sshd, stuck_server, tmp_path, capsys):
+    port, calls = stuck_server
+    t0 = time.monotonic()
+    rc, _, err = run_cli(["trace", *ssh_args(sshd), "--port", str(port), "--timeout", "3", "--steps", "2",
+                          "--output-len", "8", "--input-len", "4", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 3 and "did not complete within 3s" in err and "profiler was stopped" in err
+    assert time.monotonic() - t0 < 60
+    assert "/start_profile" in calls and calls.index("/stop_profile") > calls.index("/start_profile")
+
+
+def test_one_host_failing_stops_the_others_profiles(sshd, stuck_server, tmp_path, capsys, monkeypatch):
+    # host 1: the stuck server (armed, waiting up to --timeout 60); host 2 points at a port where
+    # no SSH server listens. host 2's failure must end the run well
+    # before host 1's timeout, and whatever host 1 armed must be stopped.
+    port, calls = stuck_server
+    good = f"{sshd.user}@127.0.0.1:{sshd.port}"
+    bad = f"127.0.0.1:{free_port()}"  # no SSH server there
+    t0 = time.monotonic()
+    rc, _, err = run_cli(["trace", "--host", good, "--host", bad, "--identity", str(sshd.user_key), "--known-hosts",
+                          str(sshd.known_hosts), "--port", str(port), "--timeout", "60",
+                          "--output-len", "8", "--input-len", "4", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 3 and "unreachable" in err
+    assert time.monotonic() - t0 < 45
+    if "/start_profile" in calls:
+        assert calls.index("/stop_profile") > calls.index("/start_profile")
