@@ -12,7 +12,7 @@ import time
 
 PRESETS = {
     # small enough for a 2-core CPU, big enough that the whole-pool cast dominates the step
-    "cpu": dict(num_layers=4, hidden_size=256, num_heads=4, vocab_size=1024, max_total_tokens=50_000,
+    "cpu": dict(num_layers=4, hidden_size=256, num_heads=4, vocab_size=1024, max_total_tokens=32_768,
                 context_length=4096),
     # DeepSeek-like per-GPU shapes (TP8 of 128 heads), the pool measured on H200 (field-facts §4)
     "cuda": dict(num_layers=60, hidden_size=7168, num_heads=16, vocab_size=32_000, max_total_tokens=495_000,

@@ -132,17 +132,19 @@ def backend_class(strategy: str):
     return {"pool": PoolBackend, "pages": PagesBackend, "fp8": Fp8Backend}[strategy]
 
 
-ANCHOR = ".get_key_buffer(layer.layer_id).to(q.dtype)"
+ANCHOR = "self.token_to_kv_pool.get_key_buffer(layer.layer_id).to(q.dtype)"
+_BACKEND_MARK = "# ---------------------------------------------------------------------------- the backend"
 
 
 def strategy_of_source(path: Optional[Path] = None) -> str:
-    """What mla_attention.py does now, read from its text (for /server_info and the demo):
+    """What mla_attention.py does now, read from its backend code (for /server_info and the demo):
     ``pool`` while the whole-pool cast is there, ``pages`` / ``fp8`` once patched, else ``unknown``."""
     text = Path(path or M.__file__).read_text(encoding="utf-8")
-    if ANCHOR in text:
+    code = text.split(_BACKEND_MARK, 1)[-1]
+    if ANCHOR in code:
         return "pool"
-    if "cast_kv_pages(" in text.split("# ---------------------------------------------------------------------------- the backend")[-1]:
+    if "cast_kv_pages(" in code:
         return "pages"
-    if "kpe_scale=1.0" in text:
+    if "kpe_scale=1.0" in code:
         return "fp8"
     return "unknown"

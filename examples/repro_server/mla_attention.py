@@ -2,9 +2,9 @@
 
 This file mirrors ``sglang/srt/layers/attention/flashinfer_mla_backend.py`` (0.5.14 - 0.5.23):
 the same class names, the same ``plan()`` call (positional, q and kv dtype both
-``self.data_type``) and the same whole-pool cast in ``forward_decode`` / ``forward_extend``::
-
-    k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id).to(q.dtype)
+``self.data_type``) and the same whole-pool cast in ``forward_decode`` / ``forward_extend``: the
+``k_buffer = ...get_key_buffer(layer.layer_id).to(q.dtype)`` line (written out only there, so that
+the fix finds exactly one anchor per path).
 
 That line IS the bug this server reproduces: every layer of every step converts the entire FP8
 pool (``max_total_num_tokens + 1`` rows x 576) to BF16, although the batch reads only the rows in
@@ -328,6 +328,7 @@ class FlashInferMLAIndicesUpdaterPrefill:
         self.qk_rope_head_dim = model_runner.model_config.qk_rope_head_dim
         self.scaling = model_runner.model_config.scaling
         self.data_type = model_runner.dtype
+        self.q_data_type = model_runner.dtype
         self.attn_backend = attn_backend
 
     def update(self, forward_batch, wrapper) -> torch.Tensor:
@@ -347,7 +348,7 @@ class FlashInferMLAIndicesUpdaterPrefill:
             1,
             True,
             sm_scale,
-            self.data_type,
+            self.q_data_type,
             self.data_type,
         )
         return kv_indices

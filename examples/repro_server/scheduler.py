@@ -108,9 +108,6 @@ class ProfilerManager:
 
     def stop(self, stage: Optional[ForwardMode] = None) -> str:
         if not self.in_progress:
-            if self.armed:  # armed by stage, nothing captured yet: disarm
-                self.armed = False
-                return "Succeeded."
             raise ProfileError("Profiling is not in progress. Call /start_profile first.")
         self.output_dir.mkdir(parents=True, exist_ok=True)
         prefix = self.prefix + "-" if self.prefix else ""
@@ -132,30 +129,36 @@ class ProfilerManager:
         return "Succeeded."
 
     def stop_all(self) -> str:
+        """/stop_profile: write what is being captured; disarm a by-stage profile not yet started."""
+        if self.armed and not self.in_progress:
+            self.armed = False
+            return "Succeeded."
         self.armed = False
         return self.stop(self.current_stage if self.by_stage else None)
 
     # ------------------------------------------------------------------ per forward
     def before_forward(self, mode: ForwardMode) -> None:
         """SGLang's ``_profile_batch_predicate``: called before each batch runs."""
-        if self.by_stage and (self.armed or self.in_progress):
+        if self.by_stage and self.armed:
+            target = self.target_stage_ct
             if mode.is_extend():
                 if self.in_progress and self.current_stage is ForwardMode.DECODE:
-                    return
+                    return  # a prefill inside the decode capture: it stays in the DECODE file
                 if self.prefill_ct == 0 and not self.in_progress:
                     self._start(ForwardMode.EXTEND)
                 self.prefill_ct += 1
-                if self.target_stage_ct and self.prefill_ct > self.target_stage_ct and self.in_progress:
+                if target and self.prefill_ct > target and self.in_progress:
                     self.stop(ForwardMode.EXTEND)
             else:
                 if self.decode_ct == 0:
-                    if self.in_progress:
+                    if self.in_progress:  # force the prefill file out: it must not absorb decode steps
                         self.stop(ForwardMode.EXTEND)
                     self._start(ForwardMode.DECODE)
                 self.decode_ct += 1
-                if self.target_stage_ct and self.decode_ct > self.target_stage_ct and self.in_progress:
+                if target and self.decode_ct > target and self.in_progress:
                     self.stop(ForwardMode.DECODE)
-                    self.armed = False
+            if target and self.decode_ct > target and self.prefill_ct > 0 and not self.in_progress:
+                self.armed = False  # both stage files written
             return
         if self.in_progress and self.target_forward_ct and self.target_forward_ct <= self.forward_ct:
             self.stop()

@@ -49,6 +49,10 @@ def command(
                                                "is found: gate a CI job on it."),
     top: int = typer.Option(10, "--top", help="How many ops to list."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
+    capture_trace: Optional[List[Path]] = typer.Option(
+        None, "--capture-trace", metavar="PATH",
+        help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
+             "attributes CUDA-graph-replayed kernels to the CPU op, shapes and source line recorded at capture."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,
     GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with
@@ -62,12 +66,12 @@ def command(
     err = Console(stderr=True)
     cfg = _load_config(config)
     if json_out or not err.is_terminal:
-        d = diagnose(paths, cfg, workers=workers)
+        d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     else:
         with Progress(TextColumn("analysing traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
             task = prog.add_task("analyse", total=None)
-            d = diagnose(paths, cfg, workers=workers,
+            d = diagnose(paths, cfg, workers=workers, capture=capture_trace,
                          on_done=lambda done, total: prog.update(task, completed=done, total=total))
     if json_out:
         jsonout.emit(d.to_dict())

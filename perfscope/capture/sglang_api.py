@@ -1,0 +1,287 @@
+"""A small HTTP client for the parts of SGLang's server API that perfscope uses.
+
+Works against any base URL (``http://host:port``, ``host:port``, or the local end of an SSH port
+forward). Standard library only (``http.client``): one connection per call, so a client can be
+shared by many threads. The Bearer API key is sent in a header and never appears in a message,
+a log line or ``repr``.
+
+Endpoints, as SGLang serves them (field-facts §1):
+
+* ``/server_info`` (0.5.10+), else ``/get_server_info`` (all versions): flattened server args
+  plus ``version``;
+* ``/start_profile`` / ``/stop_profile`` (GET or POST; a JSON ``ProfileReqInput`` body). 0.4.7+
+  replies at once, so callers poll the output folder; stopping when none runs is an error;
+* ``/generate`` with ``stream: true``: SSE ``data: {json}`` frames, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+from urllib.parse import urlsplit
+
+from perfscope.errors import InputError, RemoteError
+
+try:  # the SSH engineer's error type, so that `trace` can tell "nothing listens" from other failures
+    from perfscope.capture.ssh import ServerDown
+except Exception:  # pragma: no cover - ssh.py needs paramiko, a core dependency
+
+    class ServerDown(RemoteError):  # type: ignore[no-redef]
+        """Nothing answers at the server's address."""
+
+
+class HTTPStatusError(RemoteError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, status: int, body: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class Unauthorized(HTTPStatusError):
+    """401/403: the API key is missing or wrong."""
+
+
+PROFILE_FIELDS = ("output_dir", "num_steps", "activities", "with_stack", "record_shapes", "profile_by_stage",
+                  "profile_prefix", "start_step", "merge_profiles", "profile_id", "profile_stages")
+
+
+def parse_base_url(url: str) -> tuple[str, str, int, str]:
+    """``http://h:p/prefix`` | ``h:p`` | ``h`` -> (scheme, host, port, path prefix)."""
+    if not url or not isinstance(url, str):
+        raise InputError("no server URL given")
+    u = url.strip()
+    if "://" not in u:
+        u = "http://" + u
+    parts = urlsplit(u)
+    if parts.scheme not in ("http", "https"):
+        raise InputError(f"server URL {url!r}: only http:// and https:// are supported")
+    if not parts.hostname:
+        raise InputError(f"server URL {url!r} has no host")
+    if parts.username or parts.password:
+        raise InputError("the server URL must not carry credentials; pass the API key separately")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise InputError(f"server URL {url!r} has a bad port") from None
+    return parts.scheme, parts.hostname, port, parts.path.rstrip("/")
+
+
+@dataclass
+class StreamFrame:
+    """One SSE ``data:`` frame of a streamed /generate, with the time it arrived."""
+
+    t: float  # time.perf_counter() when the frame was read
+    data: dict
+
+
+def _message_of(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:300]
+    if isinstance(obj, dict):
+        for k in ("message", "error", "detail"):
+            v = obj.get(k)
+            if isinstance(v, dict):
+                v = v.get("message") or json.dumps(v)
+            if isinstance(v, list):
+                v = "; ".join(str(x.get("msg", x)) if isinstance(x, dict) else str(x) for x in v)
+            if v:
+                return " ".join(str(v).split())[:300]
+    return " ".join(text.split())[:300]
+
+
+class SGLangClient:
+    """``SGLangClient("http://127.0.0.1:30000", api_key=...)``. Thread-safe (no shared connection)."""
+
+    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 30.0):
+        self.scheme, self.host, self.port, self.prefix = parse_base_url(base_url)
+        self.timeout = float(timeout)
+        self._api_key = api_key or None
+        self._info_path: Optional[str] = None
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}{self.prefix}"
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"SGLangClient({self.base_url!r}, api_key={'***' if self._api_key else None})"
+
+    # ------------------------------------------------------------------ transport
+    def _conn(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        t = self.timeout if timeout is None else timeout
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=t, context=ssl.create_default_context())
+        return http.client.HTTPConnection(self.host, self.port, timeout=t)
+
+    def _headers(self, body: Optional[bytes]) -> dict:
+        h = {"Accept": "*/*", "User-Agent": "perfscope"}
+        if body is not None:
+            h["Content-Type"] = "application/json"
+        if self._api_key:
+            h["Authorization"] = f"Bearer {self._api_key}"
+        return h
+
+    def _open(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None):
+        data = None if body is None else json.dumps(body).encode()
+        conn = self._conn(timeout)
+        where = f"{method} {self.base_url}{path}"
+        try:
+            conn.request(method, self.prefix + path, body=data, headers=self._headers(data))
+            resp = conn.getresponse()
+        except ConnectionRefusedError:
+            conn.close()
+            raise ServerDown(f"nothing listens at {self.base_url} (connection refused): is the server running?") from None
+        except (socket.timeout, TimeoutError):
+            conn.close()
+            raise RemoteError(f"{where} timed out after {conn.timeout:g}s") from None
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            if isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+                raise ServerDown(f"the server at {self.base_url} closed the connection ({type(e).__name__})") from None
+            raise RemoteError(f"{where} failed: {type(e).__name__}: {e}") from None
+        if resp.status >= 400:
+            try:
+                raw = resp.read()
+            except (OSError, http.client.HTTPException):
+                raw = b""
+            conn.close()
+            msg = _message_of(raw) or resp.reason
+            cls = Unauthorized if resp.status in (401, 403) else HTTPStatusError
+            hint = " (wrong or missing API key)" if cls is Unauthorized else ""
+            raise cls(f"{method} {path} -> HTTP {resp.status}{hint}: {msg}", status=resp.status,
+                      body=raw.decode("utf-8", "replace"))
+        return conn, resp
+
+    def request(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None) -> bytes:
+        conn, resp = self._open(method, path, body, timeout)
+        try:
+            return resp.read()
+        except (socket.timeout, TimeoutError):
+            raise RemoteError(f"{method} {path}: timed out reading the reply") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise RemoteError(f"{method} {path}: reply cut short ({type(e).__name__})") from None
+        finally:
+            conn.close()
+
+    def request_json(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None) -> Any:
+        raw = self.request(method, path, body, timeout)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise RemoteError(f"{method} {path}: the reply is not JSON: {raw[:120]!r}") from None
+
+    # ------------------------------------------------------------------ endpoints
+    def health(self, timeout: Optional[float] = None) -> bool:
+        """True when /health answers 2xx."""
+        try:
+            self.request("GET", "/health", timeout=timeout)
+            return True
+        except RemoteError:
+            return False
+
+    def wait_healthy(self, timeout: float = 60.0, interval: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.health(timeout=min(5.0, timeout)):
+                return
+            if time.monotonic() > deadline:
+                raise ServerDown(f"the server at {self.base_url} did not become healthy within {timeout:g}s")
+            time.sleep(interval)
+
+    def server_info(self) -> dict:
+        """Server args + ``version``: ``/server_info`` (0.5.10+), falling back to ``/get_server_info``."""
+        paths = [self._info_path] if self._info_path else ["/server_info", "/get_server_info"]
+        last: Optional[HTTPStatusError] = None
+        for p in paths:
+            try:
+                info = self.request_json("GET", p)
+            except HTTPStatusError as e:
+                if e.status in (404, 405) and p != paths[-1]:
+                    last = e
+                    continue
+                raise
+            if not isinstance(info, dict):
+                raise RemoteError(f"GET {p}: expected a JSON object, got {type(info).__name__}")
+            self._info_path = p
+            return info
+        raise last or RemoteError("no server info endpoint answered")
+
+    def start_profile(self, output_dir: Optional[str] = None, num_steps: Optional[int] = None,
+                      activities: Optional[list] = None, with_stack: Optional[bool] = None,
+                      record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,
+                      profile_prefix: Optional[str] = None, **extra: Any) -> str:
+        """Arm the profiler. Only the fields given are sent (older servers reject unknown ones).
+        Returns the server's reply text; 0.4.7+ replies before any trace is written."""
+        body = {"output_dir": output_dir, "num_steps": num_steps, "activities": activities,
+                "with_stack": with_stack, "record_shapes": record_shapes, "profile_by_stage": profile_by_stage,
+                "profile_prefix": profile_prefix, **extra}
+        unknown = sorted(set(body) - set(PROFILE_FIELDS))
+        if unknown:
+            raise InputError(f"unknown /start_profile fields: {unknown}")
+        body = {k: v for k, v in body.items() if v is not None}
+        return self.request("POST", "/start_profile", body or None, timeout=max(self.timeout, 120.0)) \
+            .decode("utf-8", "replace").strip()
+
+    def stop_profile(self) -> str:
+        """Stop and write the traces (the server may take long to export: generous timeout). An
+        error when no profile runs (SGLang 0.4.10+): :class:`HTTPStatusError`."""
+        return self.request("POST", "/stop_profile", None, timeout=max(self.timeout, 600.0)) \
+            .decode("utf-8", "replace").strip()
+
+    def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:
+        """Non-streamed /generate: the final JSON object."""
+        body = dict(payload, stream=False)
+        return self.request_json("POST", "/generate", body, timeout=timeout)
+
+    def generate_stream(self, payload: dict, timeout: Optional[float] = None,
+                        stop: Optional[Any] = None) -> Iterator[StreamFrame]:
+        """Streamed /generate: yields a :class:`StreamFrame` per ``data:`` frame as it arrives and
+        returns at ``data: [DONE]``. ``timeout`` bounds each read (not the whole stream). ``stop``
+        (a ``threading.Event``) abandons the stream between frames, closing the connection."""
+        body = dict(payload, stream=True)
+        conn, resp = self._open("POST", "/generate", body, timeout)
+        try:
+            buf: list[bytes] = []
+            while True:
+                if stop is not None and stop.is_set():
+                    return
+                try:
+                    line = resp.readline()
+                except (socket.timeout, TimeoutError):
+                    raise RemoteError(f"POST /generate: no stream data for {conn.timeout:g}s") from None
+                except (OSError, http.client.HTTPException) as e:
+                    raise RemoteError(f"POST /generate: stream cut short ({type(e).__name__})") from None
+                t = time.perf_counter()
+                if not line:
+                    raise RemoteError("POST /generate: the stream ended without data: [DONE]")
+                line = line.rstrip(b"\r\n")
+                if line:
+                    buf.append(line)
+                    continue
+                if not buf:
+                    continue
+                data = b"\n".join(x[5:].lstrip() if x.startswith(b"data:") else b"" for x in buf).strip()
+                buf = []
+                if not data:
+                    continue
+                if data == b"[DONE]":
+                    return
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    raise RemoteError(f"POST /generate: a stream frame is not JSON: {data[:120]!r}") from None
+                if isinstance(obj, dict) and obj.get("error"):
+                    err = obj["error"]
+                    raise RemoteError(f"POST /generate: {err.get('message') if isinstance(err, dict) else err}")
+                yield StreamFrame(t, obj)
+        finally:
+            conn.close()

@@ -1,0 +1,152 @@
+"""`perfscope bench`: TTFT / TPOT / ITL of a live server from streamed /generate timestamps."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+from urllib.parse import urlparse
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfscope.errors import InputError
+
+NAME = "bench"
+ORDER = 60
+
+BENCH_FILE = "bench.json"
+
+
+@contextlib.contextmanager
+def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> Iterator[tuple[str, Optional[str]]]:
+    """(base URL, host label): ``url`` as is, or a local forward to ``host``'s loopback ``port``."""
+    if url:
+        yield url.rstrip("/"), None
+        return
+    from perfscope.capture.ssh import connect, parse_target
+
+    target = parse_target(host, **ssh)
+    session = connect(target)
+    try:
+        with session.forward(port) as fwd:
+            yield fwd.url, target.label
+    finally:
+        session.close()
+
+
+def _fmt(v, nd=2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def _table(res, label: str) -> Table:
+    w = res.workload
+    t = Table(title=f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
+                    f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}", title_justify="left")
+    t.add_column("metric")
+    for c in ("mean", "median", "p90", "p99"):
+        t.add_column(c, justify="right")
+    for name, key in (("TTFT (ms)", "ttft"), ("TPOT (ms)", "tpot"), ("ITL (ms)", "itl"), ("E2E latency (ms)", "e2e")):
+        s = res.stats_ms[key]
+        t.add_row(name, _fmt(s["mean"]), _fmt(s["median"]), _fmt(s["p90"]), _fmt(s["p99"]))
+    t.caption = (f"output throughput {_fmt(res.throughput_tok_s, 1)} tok/s   duration {res.duration_s:.1f} s   "
+                 f"failed {res.failed}   TPOT = (latency - TTFT) / (output_tokens - 1)")
+    t.caption_justify = "left"
+    return t
+
+
+def _store(out: Path, res, url: str, host: Optional[str], info: dict, argv: list[str]) -> Path:
+    from perfscope.capture import rundir
+    from perfscope.util.files import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / BENCH_FILE
+    atomic_write_text(path, json.dumps(res.to_dict(), indent=2) + "\n")
+    summary = {k: v for k, v in res.to_dict(per_request=False).items() if k not in ("workload", "server", "errors")}
+    if (out / rundir.RUN_FILE).is_file():  # an existing run folder (e.g. a trace): add the bench to it
+        rundir.update_run(out, timings={"bench": summary})
+    else:
+        rundir.write_run(out, command=argv, kind="bench", host=host, url=url, server_info=info,
+                         versions={"server": info.get("version")} if info.get("version") else None,
+                         workload=res.workload, timings=summary)
+    return path
+
+
+def command(
+    url: Optional[str] = typer.Option(None, "--url", help="Server URL (http://127.0.0.1:30000)."),
+    host: Optional[str] = typer.Option(None, "--host", "-H", metavar="[USER@]HOST[:SSHPORT]",
+                                       help="Reach the server over SSH (a loopback port forward) instead of --url."),
+    port: int = typer.Option(30000, "--port", help="With --host: the server's HTTP port on the host's loopback."),
+    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="SSH user."),
+    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", help="SSH port (default 22)."),
+    identity: Optional[Path] = typer.Option(None, "--identity", "-i", help="Private key file."),
+    jump: Optional[str] = typer.Option(None, "--jump", "-J", help="Jump host(s), like ssh -J."),
+    known_hosts: Optional[Path] = typer.Option(None, "--known-hosts", help="known_hosts file to check host keys against."),
+    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Record a never-seen host key."),
+    input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request (fixed by --seed)."),
+    output_len: int = typer.Option(128, "--output-len", min=2, help="Generated tokens per request (ignore_eos)."),
+    concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests in flight."),
+    num_requests: int = typer.Option(8, "--num-requests", min=1, help="Measured requests."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Warm-up requests before measuring (not counted)."),
+    seed: int = typer.Option(0, "--seed", help="Prompt seed: the same seed sends the same prompts."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds to wait for any one reply or stream frame."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", metavar="VAR",
+                                              help="Environment variable holding the server's API key "
+                                                   "(sent as Bearer; never printed or stored)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to store bench.json in "
+                                                                 "(an existing trace run folder gets it added)."),
+) -> int:
+    """Measure TTFT, TPOT (as SGLang's bench_serving defines it: (latency - TTFT) / (output_tokens - 1))
+    and ITL percentiles from streamed /generate timestamps, after warm-up, with fixed prompts,
+    lengths and concurrency (ignore_eos). The same measurement verifies a fix before and after.
+
+    Exit codes: 0 ok, 2 bad option, 3 server unreachable or every request failed."""
+    from perfscope.bench import measure
+    from perfscope.capture.sglang_api import SGLangClient
+
+    if bool(url) == bool(host):
+        raise InputError("give --url URL or --host HOST (over SSH), not both or neither")
+    if url:
+        u = urlparse(url if "://" in url else "http://" + url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise InputError(f"--url {url!r}: expected http://HOST:PORT")
+        if u.username or u.password:
+            raise InputError("--url must not carry credentials; use --api-key-env")
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise InputError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
+    ssh = {"user": ssh_user, "port": ssh_port, "identity": str(identity) if identity else None, "jump": jump,
+           "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
+    err = Console(stderr=True, highlight=False)
+    with _endpoint(url, host, port, ssh) as (base, label):
+        client = SGLangClient(base, api_key=api_key, timeout=timeout)
+        info = client.server_info()
+        shown = label or base
+        if not json_out:
+            err.print(f"bench {shown}: {warmup} warm-up + {num_requests} requests, in={input_len} out={output_len} "
+                      f"concurrency={concurrency}", markup=False)
+        res = measure(client, input_len=input_len, output_len=output_len, concurrency=concurrency,
+                      num_requests=num_requests, warmup=warmup, seed=seed, timeout=timeout, server_info=info)
+    argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", host]) + [
+        "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
+        "--num-requests", str(num_requests), "--warmup", str(warmup), "--seed", str(seed)]
+    stored = _store(out, res, base, label, info, argv) if out is not None else None
+    if json_out:
+        d = res.to_dict()
+        if stored:
+            d["bench_file"] = str(stored)
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+    else:
+        Console().print(_table(res, shown))
+        if res.errors:
+            err.print(f"failed requests: {res.failed}: {res.errors[0]}", markup=False)
+        if stored:
+            err.print(f"stored: {stored}", markup=False)
+    return 0
