@@ -53,6 +53,8 @@ def command(
         None, "--capture-trace", metavar="PATH",
         help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
              "attributes CUDA-graph-replayed kernels to the CPU op, shapes and source line recorded at capture."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report (offline, "
+                                                             "charts inside) to this file."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,
     GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with
@@ -73,6 +75,10 @@ def command(
             task = prog.add_task("analyse", total=None)
             d = diagnose(paths, cfg, workers=workers, capture=capture_trace,
                          on_done=lambda done, total: prog.update(task, completed=done, total=total))
+    if html is not None:
+        from perfscope.report.html import write_diagnosis_html
+
+        write_diagnosis_html(html, d, cfg, announce=err)
     if json_out:
         jsonout.emit(d.to_dict())
     else:

@@ -1,0 +1,250 @@
+"""Compare two diagnoses (before / after a fix): a pure data diff, JSON-ready, no rendering.
+
+``compare(before, after)`` returns a dict that the terminal and HTML renderers (and ``--json``) read:
+
+    step      decode step time (GPU work, median) before/after, delta, ratio (after/before), speedup
+    tpot      client-measured TPOT from run folders, when both sides have it
+    buckets   per bucket: ms/step and share before/after and their deltas (largest change first)
+    findings  ids that disappeared ("gone"), appeared ("new") and stayed ("kept", with ms before/after)
+    ops       top ops matched by (short name, bucket): ms/step and count/step before/after, gone/new/changed
+    setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
+              the same (comparing them is allowed, the report flags it); config/version differences listed
+    verdict   one sentence
+
+Both sides are summarised from their primary rank (the slowest decode rank: a TP step waits for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from perfscope.analysis.result import Diagnosis
+
+SCHEMA_VERSION = 1
+
+# Server settings worth showing when they differ (the fix usually changes one of these).
+CONFIG_KEYS = ("model_path", "dtype", "quantization", "kv_cache_dtype", "attention_backend",
+               "decode_attention_backend", "tp_size", "ep_size", "dp_size", "page_size", "disable_cuda_graph",
+               "cuda_graph_max_bs", "disable_custom_all_reduce", "disable_overlap_schedule",
+               "chunked_prefill_size", "sampling_backend", "max_total_num_tokens")
+
+
+def _r(x: Optional[float], nd: int = 4) -> Optional[float]:
+    return None if x is None else round(float(x), nd)
+
+
+def _ratio(before: Optional[float], after: Optional[float]) -> Optional[float]:
+    if not before or after is None:
+        return None
+    return round(after / before, 4)
+
+
+def _server_info(d: Diagnosis, config: Optional[dict] = None) -> dict:
+    info = dict((d.run or {}).get("server_info") or {})
+    info.update(config or {})
+    return info
+
+
+def _model(d: Diagnosis, info: dict) -> Optional[str]:
+    return info.get("model_path") or info.get("served_model_name") or ((d.run or {}).get("workload") or {}).get("model")
+
+
+def _world_size(d: Diagnosis, info: dict) -> Optional[int]:
+    ws = d.primary.meta.get("world_size")
+    if ws:
+        return int(ws)
+    tp = info.get("tp_size")
+    if tp:
+        return int(tp) * int(info.get("dp_size") or 1) * int(info.get("pp_size") or 1)
+    return None
+
+
+def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dict:
+    """What one side of the comparison was: where it came from, on what, and its headline numbers."""
+    p = d.primary
+    info = _server_info(d, config)
+    timings = (d.run or {}).get("timings") or {}
+    files = [r.file for r in d.ranks]
+    return {
+        "label": label,
+        "files": files,
+        "device": p.meta.get("device_name"),
+        "compute_capability": p.meta.get("compute_capability"),
+        "platform": p.meta.get("platform"),
+        "model": _model(d, info),
+        "world_size": _world_size(d, info),
+        "ranks": len(d.ranks),
+        "primary_rank": p.rank,
+        "phase": p.steps.get("phase"),
+        "step_method": p.steps.get("method"),
+        "step_count": p.steps.get("count"),
+        "step_ms": p.steps.get("median_ms"),
+        "kernel_ms_per_step": p.kernel_ms_per_step,
+        "idle_ms_per_step": p.idle_ms_per_step,
+        "tpot_ms": timings.get("tpot_ms"),
+        "ttft_ms": timings.get("ttft_ms"),
+        "versions": (d.run or {}).get("versions") or {},
+        "config": {k: info[k] for k in CONFIG_KEYS if k in info},
+        "findings": [f["id"] for f in p.findings],
+    }
+
+
+def _setup(b: dict, a: dict) -> dict:
+    """Differences that make the comparison questionable (flagged) and ones that are the point (listed)."""
+    flagged = []
+    for key, what in (("device", "GPU"), ("compute_capability", "compute capability"), ("model", "model"),
+                      ("world_size", "world size"), ("ranks", "trace files (ranks)"), ("phase", "analysed phase"),
+                      ("platform", "platform")):
+        x, y = b.get(key), a.get(key)
+        if x is not None and y is not None and x != y:
+            flagged.append({"field": key, "what": what, "before": x, "after": y})
+    config = []
+    for k in sorted(set(b["config"]) | set(a["config"])):
+        x, y = b["config"].get(k), a["config"].get(k)
+        if x != y and k != "model_path":
+            config.append({"field": k, "before": x, "after": y})
+    versions = []
+    for k in sorted(set(b["versions"]) | set(a["versions"])):
+        x, y = b["versions"].get(k), a["versions"].get(k)
+        if x != y:
+            versions.append({"field": k, "before": x, "after": y})
+    warnings = [f"different {f['what']}: {f['before']} vs {f['after']}" for f in flagged]
+    if b.get("step_method") and a.get("step_method") and b["step_method"] != a["step_method"]:
+        warnings.append(f"steps found differently: {b['step_method']} vs {a['step_method']}")
+    return {"differs": bool(flagged), "flagged": flagged, "config": config, "versions": versions,
+            "warnings": warnings}
+
+
+def _buckets(pb: dict, pa: dict) -> list[dict]:
+    rows = []
+    for name in list(dict.fromkeys(list(pb) + list(pa))):
+        b = pb.get(name) or {"ms_per_step": 0.0, "share": 0.0}
+        a = pa.get(name) or {"ms_per_step": 0.0, "share": 0.0}
+        if not b["ms_per_step"] and not a["ms_per_step"]:
+            continue
+        rows.append({"bucket": name, "before_ms": _r(b["ms_per_step"]), "after_ms": _r(a["ms_per_step"]),
+                     "delta_ms": _r(a["ms_per_step"] - b["ms_per_step"]),
+                     "ratio": _ratio(b["ms_per_step"], a["ms_per_step"]),
+                     "before_share": _r(b["share"]), "after_share": _r(a["share"]),
+                     "delta_share": _r(a["share"] - b["share"])})
+    rows.sort(key=lambda r: -abs(r["delta_ms"]))
+    return rows
+
+
+def _findings(fb: list[dict], fa: list[dict]) -> dict:
+    ib = {f["id"]: f for f in fb}
+    ia = {f["id"]: f for f in fa}
+
+    def brief(f: dict) -> dict:
+        return {"id": f["id"], "title": f.get("title"), "summary": f.get("summary"),
+                "ms_per_step": _r(f.get("ms_per_step")), "share": _r(f.get("share")),
+                "confidence": f.get("confidence"), "fix": f.get("fix")}
+
+    return {
+        "gone": [brief(ib[k]) for k in ib if k not in ia],
+        "new": [brief(ia[k]) for k in ia if k not in ib],
+        "kept": [{**brief(ia[k]), "before_ms": _r(ib[k].get("ms_per_step")), "after_ms": _r(ia[k].get("ms_per_step"))}
+                 for k in ia if k in ib],
+    }
+
+
+def _ops_by_key(ops: list[dict]) -> dict:
+    """Ops summed by (short name, bucket): what a reader sees as "the same op" on both sides."""
+    out: dict[tuple, dict] = {}
+    for o in ops:
+        key = (o.get("short") or o.get("name"), o.get("bucket"))
+        cur = out.get(key)
+        if cur is None:
+            out[key] = {"short": key[0], "bucket": key[1], "sub": o.get("sub"), "ms": o.get("ms_per_step") or 0.0,
+                        "count": o.get("count_per_step") or 0.0, "grid": o.get("grid")}
+        else:
+            cur["ms"] += o.get("ms_per_step") or 0.0
+            cur["count"] += o.get("count_per_step") or 0.0
+    return out
+
+
+def _ops(ob: list[dict], oa: list[dict], limit: int) -> list[dict]:
+    kb, ka = _ops_by_key(ob), _ops_by_key(oa)
+    rows = []
+    for key in list(dict.fromkeys(list(kb) + list(ka))):
+        b, a = kb.get(key), ka.get(key)
+        bms, ams = (b or {}).get("ms", 0.0), (a or {}).get("ms", 0.0)
+        status = "gone" if a is None else "new" if b is None else "changed"
+        rows.append({"short": key[0], "bucket": key[1], "sub": (a or b).get("sub"), "status": status,
+                     "before_ms": _r(bms) if b else None, "after_ms": _r(ams) if a else None,
+                     "delta_ms": _r(ams - bms), "ratio": _ratio(bms, ams) if a and b else None,
+                     "before_count": _r((b or {}).get("count"), 2) if b else None,
+                     "after_count": _r((a or {}).get("count"), 2) if a else None,
+                     "before_grid": (b or {}).get("grid"), "after_grid": (a or {}).get("grid")})
+    rows.sort(key=lambda r: -abs(r["delta_ms"] or 0.0))
+    return rows[:limit]
+
+
+def _fmt(ms: Optional[float]) -> str:
+    if ms is None:
+        return "?"
+    return f"{ms:.3f}" if abs(ms) < 10 else f"{ms:.2f}" if abs(ms) < 100 else f"{ms:.1f}"
+
+
+def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict) -> str:
+    b, a = step["before_ms"], step["after_ms"]
+    if not b or a is None:
+        head = "step time not comparable (no timed steps on one side)"
+    elif a < b:
+        head = f"decode step {_fmt(b)} ms -> {_fmt(a)} ms ({b / a:.2f}x faster)" if a else f"decode step {_fmt(b)} ms -> 0 ms"
+    elif a > b:
+        head = f"decode step {_fmt(b)} ms -> {_fmt(a)} ms ({a / b:.2f}x slower)"
+    else:
+        head = f"decode step unchanged at {_fmt(b)} ms"
+    parts = [head]
+    if buckets and abs(buckets[0]["delta_ms"]) >= 0.01:
+        top = buckets[0]
+        parts.append(f"{top['bucket']} {'+' if top['delta_ms'] > 0 else ''}{_fmt(top['delta_ms'])} ms/step")
+    if findings["gone"]:
+        parts.append("gone: " + ", ".join(f["id"] for f in findings["gone"]))
+    if findings["new"]:
+        parts.append("new: " + ", ".join(f["id"] for f in findings["new"]))
+    if setup["differs"]:
+        parts.append("setups differ (" + "; ".join(setup["warnings"][:3]) + ")")
+    return "; ".join(parts)
+
+
+def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("before", "after"),
+            configs: tuple[Optional[dict], Optional[dict]] = (None, None), top_ops: int = 15) -> dict[str, Any]:
+    """The data diff of two diagnoses (see the module docstring for the keys)."""
+    pb, pa = before.primary, after.primary
+    sb = side_summary(before, labels[0], configs[0])
+    sa = side_summary(after, labels[1], configs[1])
+    bms, ams = sb["step_ms"], sa["step_ms"]
+    step = {"before_ms": _r(bms), "after_ms": _r(ams),
+            "delta_ms": _r(ams - bms) if bms is not None and ams is not None else None,
+            "ratio": _ratio(bms, ams),
+            "speedup": round(bms / ams, 4) if bms and ams else None}
+    tb, ta = sb["tpot_ms"], sa["tpot_ms"]
+    tpot = None
+    if tb is not None or ta is not None:
+        tpot = {"before_ms": _r(tb), "after_ms": _r(ta),
+                "delta_ms": _r(ta - tb) if tb is not None and ta is not None else None,
+                "ratio": _ratio(tb, ta), "speedup": round(tb / ta, 4) if tb and ta else None}
+    idle = {"before_ms": _r(pb.idle_ms_per_step), "after_ms": _r(pa.idle_ms_per_step),
+            "delta_ms": _r((pa.idle_ms_per_step or 0.0) - (pb.idle_ms_per_step or 0.0))}
+    buckets = _buckets(pb.buckets, pa.buckets)
+    findings = _findings(pb.findings, pa.findings)
+    setup = _setup(sb, sa)
+    return {
+        "tool": "perfscope",
+        "kind": "compare",
+        "schema_version": SCHEMA_VERSION,
+        "before": sb,
+        "after": sa,
+        "step": step,
+        "tpot": tpot,
+        "idle": idle,
+        "kernel_ms_per_step": {"before_ms": _r(pb.kernel_ms_per_step), "after_ms": _r(pa.kernel_ms_per_step),
+                               "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
+        "buckets": buckets,
+        "findings": findings,
+        "ops": _ops(pb.ops, pa.ops, top_ops),
+        "setup": setup,
+        "verdict": _verdict(step, buckets, findings, setup),
+    }

@@ -1,0 +1,74 @@
+"""`perfscope compare`: two traces or run folders side by side (before / after a fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from perfscope.errors import InputError, PerfscopeError
+
+NAME = "compare"
+ORDER = 60
+
+
+def load_side(path: Path, which: str, config: Optional[dict] = None, workers: Optional[int] = None):
+    """Diagnose one side; its errors say which side (``before: x.json.gz: not a Kineto trace``)."""
+    from perfscope.analysis.diagnose import diagnose
+
+    try:
+        return diagnose([path], config, workers=workers)
+    except PerfscopeError as e:
+        msg = str(e)
+        raise type(e)(f"{which}: {msg}" if str(path) in msg else f"{which} ({path}): {msg}") from None
+    except (OSError, ValueError) as e:  # anything the loader did not already turn into a message
+        raise InputError(f"{which} ({path}): unreadable ({e})") from None
+
+
+def label_of(path: Path) -> str:
+    name = path.name or str(path)
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    return name or str(path)
+
+
+def command(
+    before: Path = typer.Argument(..., help="The baseline: a trace file, profile folder or perfscope run folder."),
+    after: Path = typer.Argument(..., help="The run to compare with it (after the fix)."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as one JSON object on stdout."),
+    config_before: Optional[Path] = typer.Option(None, "--config-before", help="Server config JSON of BEFORE."),
+    config_after: Optional[Path] = typer.Option(None, "--config-after", help="Server config JSON of AFTER."),
+    top: int = typer.Option(10, "--top", help="How many changed ops to list."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes per side for several files."),
+) -> int:
+    """Compare two traces or run folders: decode step time and TPOT before/after with the ratio, GPU
+    time per bucket (ms and share) and its deltas, findings that disappeared or appeared, and the top
+    ops that changed. Comparing different setups (GPU, model, world size) is allowed and flagged."""
+    from rich.console import Console
+
+    from perfscope.analysis.compare import compare
+    from perfscope.cli.diagnose import _load_config
+    from perfscope.report import compare_terminal, jsonout
+
+    cb, ca = _load_config(config_before), _load_config(config_after)
+    for p, which in ((before, "before"), (after, "after")):
+        if not p.exists():
+            raise InputError(f"{which} ({p}): no such file or folder")
+    db = load_side(before, "before", cb, workers)
+    da = load_side(after, "after", ca, workers)
+    la, lb = label_of(after), label_of(before)
+    if la == lb:
+        la, lb = f"{la} (after)", f"{lb} (before)"
+    c = compare(db, da, labels=(lb, la), configs=(cb, ca), top_ops=max(top, 15))
+    if html is not None:
+        from perfscope.report.html import render_compare, write_html
+
+        path = write_html(html, render_compare(c, db, da))
+        Console(stderr=True, highlight=False).print(f"report written: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    if json_out:
+        jsonout.emit(c)
+    else:
+        compare_terminal.render(c, Console(), top=top)
+    return 0

@@ -1,0 +1,48 @@
+"""`perfscope report`: the breakdown of a run folder or traces as one self-contained HTML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+NAME = "report"
+ORDER = 25
+
+
+def default_output(paths: List[Path]) -> Path:
+    """RUN_DIR/report.html for a run folder; else ./<first trace's stem>.report.html."""
+    first = paths[0]
+    if len(paths) == 1 and first.is_dir() and (first / "run.json").is_file():
+        return first / "report.html"
+    stem = first.name
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
+    return Path.cwd() / f"{stem or 'perfscope'}.report.html"
+
+
+def command(
+    paths: List[Path] = typer.Argument(..., help="A perfscope run folder (run.json + traces/), an SGLang profile "
+                                                 "folder, or trace files (.json/.json.gz)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="The HTML file to write (default: "
+                                          "RUN_DIR/report.html, or ./<trace>.report.html)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="The server's config as JSON (SGLang "
+                                                                 "/server_info); run folders carry it already."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
+) -> int:
+    """Write one self-contained HTML report (works offline, no network): what was traced, the decode
+    step time / TPOT, the top finding and the command that fixes it, GPU time per bucket for every step
+    (and per rank), a zoomable timeline of one representative step, a sortable table of the top ops,
+    and every finding with its evidence and predicted step time."""
+    from rich.console import Console
+
+    from perfscope.analysis.diagnose import diagnose
+    from perfscope.cli.diagnose import _load_config
+    from perfscope.report.html import write_diagnosis_html
+
+    cfg = _load_config(config)
+    out = output or default_output(paths)
+    d = diagnose(paths, cfg, workers=workers)
+    write_diagnosis_html(out, d, cfg, announce=Console(stderr=True))
+    return 0

@@ -1,0 +1,106 @@
+"""The rich terminal rendering of a comparison (``perfscope compare``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
+
+
+def _signed(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if abs(x) < 0.0005:
+        return "0"
+    s = "+" if x > 0 else "-" if x < 0 else ""
+    colour = "red" if x > 0 else "green" if x < 0 else "white"
+    return f"[{colour}]{s}{_fmt_ms(abs(x))}[/]"
+
+
+def _count(n: Optional[float]) -> str:
+    return "-" if n is None else f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.2g}"
+
+
+def header(c: dict) -> Panel:
+    b, a, st = c["before"], c["after"], c["step"]
+    lines = [f"[bold]{escape(c['verdict'])}[/]", ""]
+    lines.append(f"before: {escape(b['label'])}  ({escape(str(b.get('device') or '?'))}, {b['ranks']} file(s), "
+                 f"{b.get('step_count')} {b.get('phase')} steps)")
+    lines.append(f"after:  {escape(a['label'])}  ({escape(str(a.get('device') or '?'))}, {a['ranks']} file(s), "
+                 f"{a.get('step_count')} {a.get('phase')} steps)")
+    ratio = f"   after/before {st['ratio']:.3f}" if st.get("ratio") is not None else ""
+    lines.append(f"median step (GPU work): [bold]{_fmt_ms(st['before_ms'])} -> {_fmt_ms(st['after_ms'])} ms[/]{ratio}")
+    if c.get("tpot"):
+        t = c["tpot"]
+        r = f"   ratio {t['ratio']:.3f}" if t.get("ratio") is not None else ""
+        lines.append(f"TPOT (client): [bold]{_fmt_ms(t['before_ms'])} -> {_fmt_ms(t['after_ms'])} ms[/]{r}")
+    if c["setup"]["differs"]:
+        lines.append("[bold yellow]setups differ:[/] " + escape("; ".join(c["setup"]["warnings"])))
+    elif c["setup"]["warnings"]:
+        lines.append("[yellow]note:[/] " + escape("; ".join(c["setup"]["warnings"])))
+    for row in c["setup"]["config"] + c["setup"]["versions"]:
+        lines.append(f"[dim]{escape(row['field'])}: {escape(str(row['before']))} -> {escape(str(row['after']))}[/]")
+    return Panel("\n".join(lines), title="perfscope compare", expand=False)
+
+
+def bucket_table(c: dict) -> Table:
+    t = Table(title="GPU time per step by bucket", title_justify="left")
+    for col in ("bucket", "before ms", "after ms", "delta ms", "before share", "after share"):
+        t.add_column(col, justify="left" if col == "bucket" else "right")
+    for r in c["buckets"]:
+        st = BUCKET_STYLE.get(r["bucket"], "white")
+        t.add_row(f"[{st}]{r['bucket']}[/]", _fmt_ms(r["before_ms"]), _fmt_ms(r["after_ms"]), _signed(r["delta_ms"]),
+                  f"{r['before_share']:.1%}", f"{r['after_share']:.1%}")
+    i = c["idle"]
+    t.add_row("[dim](GPU idle)[/]", _fmt_ms(i["before_ms"]), _fmt_ms(i["after_ms"]), _signed(i["delta_ms"]), "", "")
+    return t
+
+
+def findings_table(c: dict) -> Optional[Table]:
+    f = c["findings"]
+    if not (f["gone"] or f["new"] or f["kept"]):
+        return None
+    t = Table(title="Findings", title_justify="left")
+    t.add_column("finding")
+    t.add_column("status")
+    t.add_column("ms/step before -> after", justify="right")
+    for x in f["gone"]:
+        t.add_row(escape(x["id"]), "[green]gone[/]", f"{_fmt_ms(x['ms_per_step'])} -> -")
+    for x in f["new"]:
+        t.add_row(escape(x["id"]), "[red]appeared[/]", f"- -> {_fmt_ms(x['ms_per_step'])}")
+    for x in f["kept"]:
+        t.add_row(escape(x["id"]), "still there", f"{_fmt_ms(x['before_ms'])} -> {_fmt_ms(x['after_ms'])}")
+    return t
+
+
+def ops_table(c: dict, limit: int = 10) -> Table:
+    t = Table(title="Top ops that changed (per step)", title_justify="left")
+    t.add_column("op", overflow="fold", min_width=24, ratio=1)
+    t.add_column("bucket")
+    t.add_column("before ms", justify="right")
+    t.add_column("after ms", justify="right")
+    t.add_column("delta ms", justify="right")
+    t.add_column("n/step", justify="right")
+    for o in c["ops"][:limit]:
+        st = BUCKET_STYLE.get(o["bucket"], "white")
+        name = escape(o["short"]) + (" [dim](gone)[/]" if o["status"] == "gone" else
+                                     " [dim](new)[/]" if o["status"] == "new" else "")
+        n = f"{_count(o['before_count'])} -> {_count(o['after_count'])}"
+        t.add_row(name, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["before_ms"]), _fmt_ms(o["after_ms"]),
+                  _signed(o["delta_ms"]), n)
+    return t
+
+
+def render(c: dict, console: Optional[Console] = None, top: int = 10) -> None:
+    con = console or Console()
+    con.print(header(c))
+    con.print(bucket_table(c))
+    ft = findings_table(c)
+    if ft is not None:
+        con.print(ft)
+    con.print(ops_table(c, top))
