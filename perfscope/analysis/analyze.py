@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.floor import annotate_findings, compute_floor
 from perfscope.analysis.cpu_ops import leaf_ops_as_kernels
 from perfscope.analysis.metrics import StepMetrics, step_metrics
 from perfscope.analysis.names import short_name
@@ -118,6 +119,18 @@ def pass_findings(st: State) -> None:
     st.findings = run_rules(ctx) if st.trace.kernels else []
 
 
+def pass_floor(st: State) -> None:
+    """What a step should cost on this GPU (perfscope.analysis.floor), the gap per bucket, and the floor
+    beside each finding's predicted step time."""
+    if not st.trace.kernels:
+        st.out["floor"] = {"available": False, "missing": "floor: the trace has no GPU kernels to compare with"}
+        return
+    idle = (st.out.get("steps") or {}).get("idle_median_ms") or 0.0
+    st.out["floor"] = compute_floor(st.trace.meta.to_dict(), st.config, buckets_ms=st.buckets_ms, step_ms=st.step_ms,
+                                    idle_ms=idle, phase=st.phase, step_labels=[s.label for s in st.steps])
+    annotate_findings(st.findings, st.out["floor"])
+
+
 def pass_timeline(st: State) -> None:
     """The kernels of the step whose time is the median: what the report draws."""
     with_k = [(m, s) for m, s in zip(st.metrics, st.steps) if s.kernels]
@@ -155,7 +168,7 @@ def pass_cpu_ops(st: State) -> None:
 
 
 PASSES: tuple[Callable[[State], None], ...] = (
-    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_timeline, pass_cpu_ops,
+    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_floor, pass_timeline, pass_cpu_ops,
 )
 
 
@@ -174,5 +187,5 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
         kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
         ops=[o.to_dict() for o in st.ops], findings=[f.to_dict() for f in st.findings],
         per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
-        notes=st.notes,
+        notes=st.notes, floor=st.out.get("floor", {}),
     )

@@ -26,6 +26,7 @@ class RankAnalysis:
     timeline: dict  # one representative step: {step, t0_us, kernels: [[stream, start_ms, dur_ms, short, bucket]]}
     cpu_ops: list[dict] = field(default_factory=list)  # top CPU ops (always; the analysis when no kernels)
     notes: list[str] = field(default_factory=list)
+    floor: dict = field(default_factory=dict)  # perfscope.analysis.floor: what a step should cost, gap per bucket
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +67,7 @@ class Diagnosis:
             "ops": p.ops,
             "device": {k: p.meta.get(k) for k in ("device_name", "compute_capability", "num_sms", "platform")},
             "notes": p.notes,
+            "floor": p.floor,
             "primary_rank": p.rank,
             "straggler": self.straggler,
             "ranks": [r.to_dict() for r in self.ranks],

@@ -49,6 +49,12 @@ def command(
                                                "is found: gate a CI job on it."),
     top: int = typer.Option(10, "--top", help="How many ops to list."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", metavar="CONFIG_JSON",
+                                                help="The model's Hugging Face config.json: gives the floor (what a "
+                                                     "decode step should cost on this GPU) and the gap per bucket."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Requests per decode step, for the floor "
+                                                              "(default: SGLang's step[DECODE bs=N] labels)."),
+    context: Optional[int] = typer.Option(None, "--context", help="Tokens each request attends, for the floor."),
     capture_trace: Optional[List[Path]] = typer.Option(
         None, "--capture-trace", metavar="PATH",
         help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
@@ -67,6 +73,9 @@ def command(
 
     err = Console(stderr=True)
     cfg = _load_config(config)
+    from perfscope.analysis.floor import with_floor_inputs
+
+    cfg = with_floor_inputs(cfg, model_config, batch, context)
     if json_out or not err.is_terminal:
         d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     else:

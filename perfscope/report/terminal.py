@@ -129,7 +129,8 @@ def findings_panel(p: RankAnalysis) -> Panel:
         body = Text(f["summary"])
         lines = [head, body]
         if pred is not None:
-            lines.append(Text(f"predicted step after fix: {pred:.2f} ms", style="green"))
+            fl = (f.get("evidence") or {}).get("floor_step_ms")
+            lines.append(Text(f"predicted step after fix: {pred:.2f} ms" + (f"  (floor {fl:.2f} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         if f.get("fix_command"):
             lines.append(Text.assemble(("fix: ", "bold"), (f["fix_command"], "bold green")))
         elif f.get("remedy"):
@@ -139,6 +140,32 @@ def findings_panel(p: RankAnalysis) -> Panel:
         parts.append(Group(*lines))
         parts.append(Text(""))
     return Panel(Group(*parts[:-1]), title="Findings", expand=False)
+
+
+def floor_lines(p: RankAnalysis) -> list[str]:
+    """A few lines: the floor of a step on this GPU, the measured step against it, the bucket furthest above."""
+    fl = p.floor or {}
+    if not fl:
+        return []
+    if not fl.get("available"):
+        return [f"[dim]{escape(str(fl.get('missing') or 'floor: not computed'))}[/]"]
+    g = fl.get("gpu") or {}
+    i = fl.get("inputs") or {}
+    b = fl.get("buckets") or {}
+    w = fl.get("worst_bucket")
+    rows = "  ".join(f"{k} {_fmt_ms(v['measured_ms'])}/{_fmt_ms(v['floor_ms'])}" for k, v in b.items()
+                     if v["measured_ms"] > 0 or v["floor_ms"] > 0)
+    by = fl.get("bytes_per_step") or {}
+    mbu = fl.get("memory_bandwidth_utilisation")
+    return [
+        f"[bold]floor[/] on {escape(str(g.get('name')))} ({g.get('mem_bw_tbs')} TB/s): [bold]{_fmt_ms(fl['floor_ms'])} ms[/]/step;"
+        f" measured {_fmt_ms(fl['measured_ms'])} ms is [bold]{fl['ratio']:.1f}x[/]; furthest above its floor: "
+        f"[bold {BUCKET_STYLE.get(w, 'white')}]{w}[/] (+{_fmt_ms(fl['worst_gap_ms'])} ms)",
+        f"[dim]  ms/step measured/floor: {rows}[/]",
+        f"[dim]  reads {by.get('weights', 0) / 1e9:.2f} GB weights + {by.get('kv', 0) / 1e9:.3f} GB KV per step "
+        f"(batch {i.get('batch')}, context {i.get('context')}, tp {i.get('tp_size')}, KV {i.get('kv_cache_dtype')})"
+        + (f"; memory-bandwidth utilisation {mbu:.0%}" if mbu is not None else "") + "[/]",
+    ]
 
 
 def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> None:
@@ -157,6 +184,8 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         c.print(t)
         return
     c.print(bucket_table(p))
+    for line in floor_lines(p):
+        c.print(line)
     c.print(ops_table(p, top))
     rt = ranks_table(d)
     if rt is not None:

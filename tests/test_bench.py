@@ -1,0 +1,193 @@
+"""`perfscope bench`, the decode workload driver and the SGLang HTTP client, against the real
+reproduction server on CPU."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from perfscope.bench import measure, percentile
+from perfscope.capture.sglang_api import SGLangClient, ServerDown, parse_base_url
+from perfscope.capture.workload import drive, drive_decode, make_prompts
+from perfscope.cli import main
+from perfscope.errors import InputError
+from reproserver import repro, start_repro  # noqa: F401  (repro is a fixture)
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_measure_numbers_are_consistent(repro):
+    c = SGLangClient(repro, timeout=60)
+    res = measure(c, input_len=12, output_len=5, concurrency=2, num_requests=4, warmup=1, seed=3)
+    assert res.requests == 4 and res.failed == 0 and res.output_tokens == 20 and res.input_tokens == 48
+    assert res.ttft_ms > 0 and res.tpot_ms > 0 and res.e2e_ms > res.ttft_ms
+    assert 0 < res.itl_ms["p50"] <= res.itl_ms["p90"] <= res.itl_ms["p99"]
+    assert res.throughput_tok_s > 0 and res.duration_s > 0
+    for r in res.per_request:
+        assert r["ok"] and r["output_tokens"] == 5
+        # bench_serving's identity: TTFT + TPOT * (n - 1) == latency
+        assert r["ttft_ms"] + r["tpot_ms"] * 4 == pytest.approx(r["latency_ms"], rel=1e-9, abs=1e-6)
+    d = res.to_dict()
+    json.dumps(d)
+    assert d["workload"] == {"input_len": 12, "output_len": 5, "concurrency": 2, "num_requests": 4, "warmup": 1,
+                             "seed": 3, "temperature": 0.0, "ignore_eos": True}
+    assert d["server"]["kv_cache_dtype"] == "fp8_e4m3"
+    assert d["stats_ms"]["tpot"]["n"] == 4 and d["stats_ms"]["itl"]["n"] == 16
+
+
+def test_itls_add_up_to_latency(repro):
+    c = SGLangClient(repro, timeout=60)
+    (rt,) = drive_decode(c, 1, 8, 6, num_requests=1)
+    assert rt.ok and rt.complete and rt.output_tokens == 6 and len(rt.itl_s) == 5
+    assert rt.ttft_s + sum(rt.itl_s) == pytest.approx(rt.latency_s, rel=1e-9)
+    assert rt.finish_reason == "length"
+
+
+def test_fixed_seed_means_fixed_prompts():
+    assert make_prompts(3, 7, seed=1) == make_prompts(3, 7, seed=1)
+    assert make_prompts(3, 7, seed=1) != make_prompts(3, 7, seed=2)
+    assert all(len(p) == 7 for p in make_prompts(3, 7))
+
+
+def test_drive_until_stop(repro):
+    """The load `perfscope trace` runs: streams until the stop event, then returns promptly."""
+    stop = threading.Event()
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", drive(repro, concurrency=2, input_len=8,
+                                                                    output_len=400, stop=stop, timeout=60)))
+    t.start()
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    stop.set()
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - t0 < 10
+    d = box["r"].to_dict()
+    assert d["workload"]["concurrency"] == 2 and d["failed"] == 0
+    # no stream finished its 400 tokens: nothing counts as a completed request
+    assert d["requests"] == 0 and all(not r["ok"] for r in d["per_request"])
+
+
+def test_bench_cli_table_json_and_run_folder(repro, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc, stdout, err = run_cli(["bench", "--url", repro, "--input-len", "8", "--output-len", "4", "--num-requests",
+                               "2", "--warmup", "1", "--json", "--out", str(out)], capsys)
+    assert rc == 0, err
+    d = json.loads(stdout)
+    assert d["requests"] == 2 and d["tpot_ms"] > 0 and d["bench_file"] == str(out / "bench.json")
+    stored = json.loads((out / "bench.json").read_text())
+    assert stored["tpot_ms"] == d["tpot_ms"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["kind"] == "bench" and run["timings"]["tpot_ms"] == d["tpot_ms"]
+    assert run["server_info"]["kv_cache_dtype"] == "fp8_e4m3"
+    # the rich table by default; a second bench into the same run folder is added under timings.bench
+    rc, stdout, err = run_cli(["bench", "--url", repro, "--input-len", "8", "--output-len", "3", "--num-requests",
+                               "1", "--warmup", "0", "--out", str(out)], capsys)
+    assert rc == 0, err
+    assert "TPOT (ms)" in stdout and "ITL (ms)" in stdout and "p99" in stdout
+    run = json.loads((out / "run.json").read_text())
+    assert run["timings"]["bench"]["requests"] == 1
+
+
+def test_bench_cli_errors(tmp_path, capsys):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    rc, _, err = run_cli(["bench", "--url", f"http://127.0.0.1:{port}", "--num-requests", "1"], capsys)
+    assert rc == 3 and "nothing listens" in err and "Traceback" not in err
+    rc, _, err = run_cli(["bench", "--num-requests", "1"], capsys)
+    assert rc == 2 and "--url" in err
+    rc, _, err = run_cli(["bench", "--url", "http://u:p@127.0.0.1:1"], capsys)
+    assert rc == 2 and "credentials" in err
+    rc, _, err = run_cli(["bench", "--url", "http://127.0.0.1:1", "--api-key-env", "PERFSCOPE_NO_SUCH_VAR"], capsys)
+    assert rc == 2
+
+
+def test_bench_with_api_key(tmp_path, capsys, monkeypatch):
+    key = "k3y-value-789"
+    with start_repro("--api-key", key, log_dir=tmp_path) as (url, _):
+        rc, stdout, err = run_cli(["bench", "--url", url, "--input-len", "4", "--output-len", "2",
+                                   "--num-requests", "1", "--warmup", "0"], capsys)
+        assert rc == 3 and "API key" in err and key not in err
+        monkeypatch.setenv("REPRO_BENCH_KEY", key)
+        out = tmp_path / "r"
+        rc, stdout, err = run_cli(["bench", "--url", url, "--input-len", "4", "--output-len", "2", "--num-requests",
+                                   "1", "--warmup", "0", "--api-key-env", "REPRO_BENCH_KEY", "--json", "--out",
+                                   str(out)], capsys)
+        assert rc == 0, err
+        assert key not in stdout + err
+        assert key not in (out / "run.json").read_text() + (out / "bench.json").read_text()
+
+
+# ------------------------------------------------------------------------------ client details
+
+
+def test_parse_base_url():
+    assert parse_base_url("127.0.0.1:30000") == ("http", "127.0.0.1", 30000, "")
+    assert parse_base_url("http://h:1/api/") == ("http", "h", 1, "/api")
+    assert parse_base_url("https://h") == ("https", "h", 443, "")
+    for bad in ("ftp://h", "http://u:p@h:1", "", "http://h:notaport"):
+        with pytest.raises(InputError):
+            parse_base_url(bad)
+
+
+class _OldSGLang(http.server.BaseHTTPRequestHandler):
+    """A server with only /get_server_info, as SGLang before 0.5.10 (a stand-in: those versions
+    cannot run here without a GPU; only the endpoint's presence matters to the client)."""
+
+    def do_GET(self):  # noqa: N802
+        if self.path == "/get_server_info":
+            body = json.dumps({"version": "0.4.6", "kv_cache_dtype": "auto"}).encode()
+            self.send_response(200)
+        else:
+            body = b'{"detail":"Not Found"}'
+            self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_server_info_falls_back_to_get_server_info():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OldSGLang)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = SGLangClient(f"127.0.0.1:{srv.server_address[1]}")
+        assert c.server_info()["version"] == "0.4.6"
+        assert c.server_info()["version"] == "0.4.6"  # remembered path
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_server_down_is_a_remote_error():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(ServerDown):
+        SGLangClient(f"127.0.0.1:{port}").server_info()
+    assert SGLangClient(f"127.0.0.1:{port}").health() is False
+
+
+def test_percentile_matches_numpy_linear():
+    v = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert percentile(v, 50) == 3.0
+    assert percentile(v, 90) == pytest.approx(4.6)
+    assert percentile(v, 99) == pytest.approx(4.96)
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
