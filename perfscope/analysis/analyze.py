@@ -33,6 +33,7 @@ class State:
     file: str = ""
     rank: Optional[int] = None
     stage: Optional[str] = None
+    capture: Optional[object] = None  # capture_map.CaptureSet: attributes graph-replayed kernels
     stepset: Optional[StepSet] = None
     phase: str = "unknown"
     steps: list[Step] = field(default_factory=list)  # analysed steps (primary phase, with GPU work)
@@ -108,7 +109,12 @@ def pass_buckets(st: State) -> None:
 
 
 def pass_ops(st: State) -> None:
-    st.attributor = Attributor(st.trace)
+    replay = None
+    if st.capture is not None:
+        replay = st.capture.map_trace(st.trace)
+        st.notes.append(replay.note())
+        st.out["capture_map"] = replay.to_dict()
+    st.attributor = Attributor(st.trace, capture=replay)
     st.ops = top_ops(st.trace, st.steps, st.attributor)
 
 
@@ -173,8 +179,9 @@ PASSES: tuple[Callable[[State], None], ...] = (
 
 
 def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional[int] = None,
-                  stage: Optional[str] = None) -> RankAnalysis:
-    st = State(trace=trace, config=dict(config or {}), file=trace.meta.path, rank=rank, stage=stage)
+                  stage: Optional[str] = None, capture=None) -> RankAnalysis:
+    st = State(trace=trace, config=dict(config or {}), file=trace.meta.path, rank=rank, stage=stage,
+               capture=capture)
     for p in PASSES:
         p(st)
     kernel_total = sum(k.dur for k in trace.kernels if k.kind == "kernel") / 1e3

@@ -20,7 +20,7 @@ from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace
 # frames that are plumbing, not the line a user wants to see
 _PLUMBING = ("torch/", "<built-in", "nn.Module:", "contextlib.py", "functools.py", "threading.py",
              "typing.py", "<frozen", "abc.py", "site-packages/torch/", "_compile.py", "eval_frame.py",
-             "profiler.py", "_ops.py", "triton/runtime", "dist-packages/torch/")
+             "profiler.py", "_ops.py", "triton/runtime", "triton/backends", "dist-packages/torch/")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Attribution:
     concrete_inputs: Optional[list] = None
     source: Optional[str] = None  # "path/file.py(123): fn"
     stack: list[str] = field(default_factory=list)  # innermost first, plumbing removed
+    captured: Optional[str] = None  # graph-replayed: the captured graph that attributed it (capture_map)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -70,8 +71,9 @@ def _innermost(sorted_items: list, starts: list[float], ts: float, accept=None, 
 
 
 class Attributor:
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, capture=None):
         self.trace = trace
+        self.capture = capture  # capture_map.ReplayMap: graph-replayed kernels -> capture-time launches
         self.by_corr: dict[int, Launch] = {l.corr: l for l in trace.launches if l.corr is not None}
         self._ops_by_ext: Optional[dict[int, CpuOp]] = None
         self._ops_by_tid: Optional[dict[Any, tuple[list[CpuOp], list[float]]]] = None
@@ -114,6 +116,8 @@ class Attributor:
             a.launcher = launch.name
             a.graph_replay = is_graph_launch(launch.name)
         if a.graph_replay:
+            if self.capture is not None:
+                self.capture.fill(k, a)
             return a
         self._index_ops()
         ext = k.ext if k.ext is not None else (launch.ext if launch is not None else None)

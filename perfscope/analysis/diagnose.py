@@ -15,18 +15,23 @@ from perfscope.load.discover import TraceFile, TraceSet, discover
 from perfscope.load.reader import load_trace
 
 
-def analyze_file(tf: TraceFile, config: dict) -> RankAnalysis:
+def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None) -> RankAnalysis:
+    """``capture``: graph-capture trace paths (files or folders) that attribute graph-replayed kernels."""
     trace = load_trace(tf.path)
     if not trace.kernels and not trace.cpu_ops and not trace.annotations:
         raise InputError(f"{tf.path}: no events perfscope can use (no kernels, CPU ops or annotations)")
     rank = tf.rank if tf.rank is not None else trace.meta.rank
-    return analyze_trace(trace, config, rank=rank, stage=tf.stage)
+    cap = None
+    if capture:
+        from perfscope.analysis.capture_map import CaptureSet
+        cap = CaptureSet.load(capture)
+    return analyze_trace(trace, config, rank=rank, stage=tf.stage, capture=cap)
 
 
 def _worker(args: tuple) -> dict:
-    tf, config = args
+    tf, config, capture = args
     try:
-        return {"ok": analyze_file(tf, config).to_dict()}
+        return {"ok": analyze_file(tf, config, capture).to_dict()}
     except PerfscopeError as e:
         return {"error": str(e), "exit_code": e.exit_code}
 
@@ -46,7 +51,8 @@ def straggler(ranks: list[RankAnalysis]) -> Optional[dict]:
 
 
 def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
-             on_done: Optional[Callable[[int, int], None]] = None) -> Diagnosis:
+             on_done: Optional[Callable[[int, int], None]] = None,
+             capture: Optional[list[str | Path]] = None) -> Diagnosis:
     """Analyse every trace under ``paths``; several files are parsed in parallel processes."""
     tset: TraceSet = discover(paths)
     cfg = dict(tset.server_info)
@@ -56,12 +62,12 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
     nproc = workers or min(len(files), os.cpu_count() or 1)
     if len(files) == 1 or nproc <= 1:
         for i, tf in enumerate(files):
-            results[i] = analyze_file(tf, cfg)
+            results[i] = analyze_file(tf, cfg, capture)
             if on_done:
                 on_done(i + 1, len(files))
     else:
         with ProcessPoolExecutor(max_workers=nproc) as pool:
-            futs = {pool.submit(_worker, (tf, cfg)): i for i, tf in enumerate(files)}
+            futs = {pool.submit(_worker, (tf, cfg, capture)): i for i, tf in enumerate(files)}
             done = 0
             for fut in as_completed(futs):
                 out = fut.result()

@@ -74,8 +74,8 @@ def op_where(o: dict) -> str:
     where = []
     if o.get("graph_replay"):
         geo = f"grid {o.get('grid')} x block {o.get('block')}" if o.get("grid") else ""
-        where.append(f"CUDA-graph replay {geo}".strip())
-    elif o.get("op_chain"):
+        where.append(f"CUDA-graph replay {geo}".strip() + (f", captured in {o['captured']}:" if o.get("captured") else ""))
+    if o.get("op_chain"):
         where.append(" > ".join(o["op_chain"]))
     if o.get("input_types"):
         where.append("(" + ", ".join(str(t).replace("c10::", "") for t in o["input_types"] if t) + ")")
