@@ -103,6 +103,8 @@ EXPECT = [
     (A100, r"^Memset", "copy/memset"),
     (SGL_DECODE, r"gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda", "copy/copy"),
     (H100, r"bfloat16_copy_kernel_cuda", "copy/cast"),
+    # strided converting copy: its CPU op in this trace is aten::copy_(int -> long)
+    (SGL_DECODE, r"manual_unroll<128, 4, at::native::gpu_kernel_impl<at::native::direct_copy", "copy/cast"),
     (H100, r"CatArrayBatchedCopy", "copy/copy"),
     (XDIT, r"^batched_transpose_32x32_half$", "copy/copy"),
     (SGL_DECODE, r"store_kvcache", "copy/kv-write"),

@@ -49,9 +49,11 @@ TABLE: tuple[tuple[str, str, str], ...] = (
                        r"moe::dev::routing"),
     ("moe", "combine", r"moe::dev::finalize|_finalize_matmul_scatter|moe_finalize|finalizeMoeRouting"),
     # copy: the FP8 KV cast is a direct_copy with LoadWithCast; keep casts apart from plain copies.
-    # `gpu_kernel_impl_nocast` copies keep the dtype (a .contiguous()), so they are plain copies;
-    # `bfloat16_copy_kernel_cuda` & co. are torch's dedicated float<->half/bfloat16/fp8 casts
+    # `gpu_kernel_impl_nocast` copies keep the dtype (a .contiguous()), so they are plain copies; a
+    # strided copy that converts is `..manual_unroll<.., gpu_kernel_impl<direct_copy..` (the traces'
+    # CPU ops show int<->long there); `bfloat16_copy_kernel_cuda` & co. are torch's dedicated casts
     ("copy", "cast", r"direct_copy_kernel.*LoadWithCast|_to_copy|to_copy_kernel|"
+                     r"manual_unroll<\d+, \d+, at::native::gpu_kernel_impl<at::native::direct_copy|"
                      r"float\w*_copy_kernel_cuda|float8_copy"),
     ("copy", "copy", r"direct_copy_kernel|CatArrayBatchedCopy|copy_kernel|Copy<|recat_copy|"
                      r"batched_transpose|transpose_kernel|^copy|_copy_|memcpy|CopyFunctor|permute_\w*kernel"),
