@@ -98,7 +98,7 @@ _SGLANG_ROOT_PY = (
 
 
 def _read_version_py(host: FixHost, root: str) -> Optional[str]:
-    for rel in ("version.py", "_version.py"):
+    for rel in ("_version.py", "version.py"):  # _version.py: generated, exact
         p = join(host, root, rel)
         if host.exists(p):
             m = re.search(rb"""__version__\s*(?::\s*str\s*)?=\s*version\s*=\s*['"]([^'"]+)|__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)""",
