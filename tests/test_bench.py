@@ -191,3 +191,17 @@ def test_percentile_matches_numpy_linear():
     assert percentile(v, 90) == pytest.approx(4.6)
     assert percentile(v, 99) == pytest.approx(4.96)
     assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
+
+
+def test_bench_over_ssh_forward(sshd, repro, tmp_path, capsys, no_agent):
+    """`bench --host`: the server's port is reached through a forward over the real sshd."""
+    from urllib.parse import urlsplit
+
+    port = urlsplit(repro).port
+    rc, stdout, err = run_cli(["bench", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+                               "--identity", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts),
+                               "--port", str(port), "--input-len", "4", "--output-len", "3", "--num-requests", "1",
+                               "--warmup", "0", "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(stdout)
+    assert d["requests"] == 1 and d["tpot_ms"] > 0
