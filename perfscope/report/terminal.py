@@ -159,7 +159,7 @@ def floor_lines(p: RankAnalysis) -> list[str]:
     mbu = fl.get("memory_bandwidth_utilisation")
     return [
         f"[bold]floor[/] on {escape(str(g.get('name')))} ({g.get('mem_bw_tbs')} TB/s): [bold]{_fmt_ms(fl['floor_ms'])} ms[/]/step;"
-        f" measured {_fmt_ms(fl['measured_ms'])} ms is [bold]{fl['ratio']:.1f}x[/]; furthest above its floor: "
+        f" measured {_fmt_ms(fl['measured_ms'])} ms is [bold]{fl.get('ratio') or 0:.1f}x[/]; furthest above its floor: "
         f"[bold {BUCKET_STYLE.get(w, 'white')}]{w}[/] (+{_fmt_ms(fl['worst_gap_ms'])} ms)",
         f"[dim]  ms/step measured/floor: {rows}[/]",
         f"[dim]  reads {by.get('weights', 0) / 1e9:.2f} GB weights + {by.get('kv', 0) / 1e9:.3f} GB KV per step "
