@@ -38,6 +38,7 @@ class PageResult:
     screenshot: bytes = b""
     text: str = ""
     charts: list[dict] = field(default_factory=list)  # [{id, plotly, svg, traces}] per [data-chart] container
+    texts: dict = field(default_factory=dict)  # selector -> innerText, for the selectors asked for
 
 
 @pytest.fixture(scope="session")
@@ -57,10 +58,12 @@ def chromium():
             browser.close()
 
 
-def load_page(browser, path: Path, screenshot: str | None = None, width: int = 1400) -> PageResult:
+def load_page(browser, path: Path, screenshot: str | None = None, width: int = 1400,
+              select: tuple[str, ...] = (), actions=None) -> PageResult:
     """Load a local HTML file with the network cut off, wait for its charts, and collect console
     errors, blocked requests, chart state, the page text and a full-page screenshot (also saved as
-    tests/_output/<screenshot> when a name is given)."""
+    tests/_output/<screenshot> when a name is given). ``select``: CSS selectors whose innerText to
+    return (None when absent); ``actions(page)``: called once the charts are drawn (clicks...)."""
     url = Path(path).resolve().as_uri()
     ctx = browser.new_context(viewport={"width": width, "height": 1000}, offline=True, service_workers="block")
     try:
@@ -88,7 +91,12 @@ def load_page(browser, path: Path, screenshot: str | None = None, width: int = 1
             "id: el.id, plotly: el.classList.contains('js-plotly-plot'),"
             "svg: el.querySelectorAll('svg.main-svg').length,"
             "traces: (el.data || []).map(t => ({name: t.name, n: (t.x || []).length})) }))")
+        if actions is not None:
+            actions(page)
         res.text = page.inner_text("body")
+        for sel in select:
+            el = page.query_selector(sel)
+            res.texts[sel] = el.inner_text() if el else None
         res.screenshot = page.screenshot(full_page=True)
         if screenshot:
             OUTPUT.mkdir(exist_ok=True)
@@ -101,7 +109,7 @@ def load_page(browser, path: Path, screenshot: str | None = None, width: int = 1
 @pytest.fixture
 def open_page(chromium):
     """``open_page(path, screenshot=None) -> PageResult`` (see :func:`load_page`)."""
-    return lambda path, screenshot=None, width=1400: load_page(chromium, path, screenshot, width)
+    return lambda path, screenshot=None, **kw: load_page(chromium, path, screenshot, **kw)
 
 
 def png_colours(chromium, png: bytes, step: int = 3) -> int:

@@ -183,7 +183,7 @@ def _ops(ob: list[dict], oa: list[dict], limit: int) -> list[dict]:
 def _fmt(ms: Optional[float]) -> str:
     if ms is None:
         return "?"
-    return f"{ms:.3f}" if abs(ms) < 10 else f"{ms:.2f}" if abs(ms) < 100 else f"{ms:.1f}"
+    return f"{ms:.3f}" if abs(ms) < 1 else f"{ms:.2f}" if abs(ms) < 100 else f"{ms:.1f}"
 
 
 def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict) -> str:
@@ -205,7 +205,7 @@ def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict) -> st
     if findings["new"]:
         parts.append("new: " + ", ".join(f["id"] for f in findings["new"]))
     if setup["differs"]:
-        parts.append("setups differ (" + "; ".join(setup["warnings"][:3]) + ")")
+        parts.append("setups differ: " + ", ".join(f["what"] for f in setup["flagged"]))
     return "; ".join(parts)
 
 

@@ -1,0 +1,147 @@
+"""perfscope compare: the data diff (perfscope.analysis.compare) and the CLI, on the real H200 traces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfscope.analysis.compare import compare
+from perfscope.analysis.diagnose import diagnose
+from perfscope.capture.rundir import write_run
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+H200 = TRACES / "h200-mla-fp8-kv"
+QWEN = TRACES / "public" / "TraceLens" / "tests" / "traces"
+
+
+@pytest.fixture(scope="module")
+def diag():
+    cache: dict = {}
+
+    def get(path: Path):
+        if path not in cache:
+            cache[path] = diagnose([path])
+        return cache[path]
+
+    return get
+
+
+def perfscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("after", ["mla_fp8_graph", "mla_pages_graph"])
+def test_the_fix_shows_in_the_comparison(diag, after):
+    c = compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / f"{after}.json.gz"),
+                labels=("mla_pool_graph", after))
+    st = c["step"]
+    assert 55.0 <= st["before_ms"] <= 59.0, st
+    assert 6.0 <= st["after_ms"] <= 8.0, st
+    assert st["ratio"] == pytest.approx(st["after_ms"] / st["before_ms"], abs=1e-3) and st["ratio"] < 0.15
+    assert st["speedup"] > 7
+    copy = next(b for b in c["buckets"] if b["bucket"] == "copy")
+    assert copy["before_ms"] > 45 and copy["after_ms"] < 1.5 and copy["delta_ms"] < -44
+    assert copy["before_share"] > 0.8 and copy["after_share"] < 0.2
+    assert c["buckets"][0]["bucket"] == "copy", "largest change first"
+    assert [f["id"] for f in c["findings"]["gone"]] == ["fp8-kv-cast"]
+    assert "fp8-kv-cast" not in c["after"]["findings"] and not c["findings"]["new"]
+    assert c["setup"]["differs"] is False and not c["setup"]["flagged"]
+    assert "fp8-kv-cast" in c["verdict"] and "faster" in c["verdict"]
+    # the cast op: gone with native FP8, 100x smaller (same short name, smaller grid) with page casts
+    cast = next(o for o in c["ops"] if o["bucket"] == "copy" and "cast" in o["short"] and o["before_ms"])
+    assert cast["before_count"] == 60 and cast["before_grid"] == [556875, 1, 1]
+    if after == "mla_fp8_graph":
+        assert cast["status"] == "gone" and cast["after_ms"] is None
+    else:
+        assert cast["status"] == "changed" and cast["after_ms"] < 1.0 and cast["after_grid"] != cast["before_grid"]
+    json.dumps(c)  # JSON-ready
+
+
+def test_identical_sides_compare_as_unchanged(diag):
+    d = diag(H200 / "mla_pool_eager.json.gz")
+    c = compare(d, d)
+    assert c["step"]["ratio"] == 1.0 and c["step"]["delta_ms"] == 0
+    assert not c["findings"]["gone"] and not c["findings"]["new"]
+    assert [f["id"] for f in c["findings"]["kept"]] == ["fp8-kv-cast"]
+    assert all(b["delta_ms"] == 0 for b in c["buckets"])
+    assert all(o["status"] == "changed" and o["delta_ms"] == 0 for o in c["ops"])
+
+
+def test_different_gpus_are_compared_but_flagged(diag):
+    c = compare(diag(QWEN / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"),
+                diag(QWEN / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"))
+    assert c["setup"]["differs"] is True
+    fields = {f["field"] for f in c["setup"]["flagged"]}
+    assert {"device", "platform"} <= fields
+    assert "H100" in c["before"]["device"] and "MI300X" in c["after"]["device"]
+    assert "setups differ" in c["verdict"] and "GPU" in c["verdict"]
+    assert c["step"]["before_ms"] and c["step"]["after_ms"]  # still compared
+
+
+def _run_folder(root: Path, trace: Path, model: str, tpot: float, kv: str) -> Path:
+    """A perfscope run folder as `perfscope trace` leaves it (run.json + traces/), around a real trace."""
+    (root / "traces").mkdir(parents=True)
+    dst = root / "traces" / f"1730000000.0-TP-0-DECODE.trace.json.gz"
+    shutil.copyfile(trace, dst)
+    write_run(root, command=["perfscope", "trace"], host="gpu1", engine="sglang",
+              versions={"sglang": "0.5.5", "flashinfer": "0.6.18"},
+              server_info={"model_path": model, "kv_cache_dtype": kv, "attention_backend": "flashinfer",
+                           "tp_size": 1, "max_total_num_tokens": 495000},
+              gpu=[{"index": 0, "name": "NVIDIA H200"}],
+              timings={"ttft_ms": 120.0, "tpot_ms": tpot}, files=[{"path": dst.relative_to(root).as_posix()}])
+    return root
+
+
+def test_run_folders_bring_tpot_model_and_config(tmp_path, diag):
+    before = _run_folder(tmp_path / "before", H200 / "mla_pool_graph.json.gz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
+    after = _run_folder(tmp_path / "after", H200 / "mla_fp8_graph.json.gz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
+    other = _run_folder(tmp_path / "other", H200 / "mla_fp8_graph.json.gz", "Qwen/Qwen3-8B", 7.5, "auto")
+    c = compare(diagnose([before]), diagnose([after]))
+    assert c["tpot"] == {"before_ms": 58.0, "after_ms": 7.5, "delta_ms": -50.5, "ratio": pytest.approx(0.1293, abs=1e-4),
+                         "speedup": pytest.approx(7.7333, abs=1e-4)}
+    assert c["before"]["model"] == "deepseek-ai/DeepSeek-V3" and not c["setup"]["differs"]
+    c2 = compare(diagnose([before]), diagnose([other]))
+    assert c2["setup"]["differs"] and [f["field"] for f in c2["setup"]["flagged"]] == ["model"]
+    assert {"field": "kv_cache_dtype", "before": "fp8_e4m3", "after": "auto"} in c2["setup"]["config"]
+
+
+def test_cli_terminal_and_json(tmp_path):
+    pool, fp8 = H200 / "mla_pool_graph.json.gz", H200 / "mla_fp8_graph.json.gz"
+    r = perfscope("compare", pool, fp8)
+    assert r.returncode == 0, r.stderr
+    assert "fp8-kv-cast" in r.stdout and "gone" in r.stdout and "copy" in r.stdout
+    r = perfscope("compare", pool, H200 / "mla_pages_graph.json.gz", "--json", "--html", tmp_path / "c.html")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)
+    assert c["kind"] == "compare" and c["findings"]["gone"][0]["id"] == "fp8-kv-cast"
+    assert c["before"]["label"] == "mla_pool_graph" and c["after"]["label"] == "mla_pages_graph"
+    assert (tmp_path / "c.html").stat().st_size > 1_000_000 and "report written" in r.stderr
+
+
+@pytest.mark.parametrize("side", ["before", "after"])
+def test_cli_one_unreadable_side_is_one_line(tmp_path, side):
+    bad = tmp_path / "broken.json.gz"
+    bad.write_bytes((H200 / "mla_fp8_graph.json.gz").read_bytes()[:5000])  # truncated gzip
+    good = H200 / "mla_fp8_graph.json.gz"
+    args = (bad, good) if side == "before" else (good, bad)
+    r = perfscope("compare", *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"perfscope: error: {side}"), r.stderr
+    assert "Traceback" not in r.stderr and "broken.json.gz" in lines[0]
+
+
+def test_cli_missing_side_and_not_a_kineto_trace(tmp_path):
+    good = H200 / "mla_fp8_graph.json.gz"
+    r = perfscope("compare", tmp_path / "nope.json.gz", good)
+    assert r.returncode == 2 and r.stderr.strip() == f"perfscope: error: before ({tmp_path / 'nope.json.gz'}): no such file or folder"
+    et = TRACES / "public/HolisticTraceAnalysis/tests/data/execution_trace/benchmark_simple_add_et.json.gz"
+    r = perfscope("compare", good, et)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("perfscope: error: after") and "execution trace" in r.stderr
