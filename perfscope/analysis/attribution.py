@@ -106,6 +106,25 @@ class Attributor:
                 fr.sort(key=lambda f: (f.ts, -f.dur))
                 self._frames_by_tid[key] = (fr, [f.ts for f in fr])
 
+    def op_of(self, k: Kernel) -> Optional[CpuOp]:
+        """The innermost CPU op of a kernel (its External id), or the op itself for CPU-only traces."""
+        self._index_ops()
+        ext = k.ext
+        if ext is None:
+            launch = self.launch_of(k)
+            ext = launch.ext if launch is not None else None
+        return self._ops_by_ext.get(ext) if ext is not None else None
+
+    def signature(self, k: Kernel):
+        """What groups instances of one op: the kernel name; for CPU ops also their dtypes and
+        shapes (one `aten::copy_` name covers very different copies)."""
+        if k.kind != "cpu":
+            return k.name
+        op = self.op_of(k)
+        if op is None:
+            return k.name
+        return (k.name, bytes(op.input_type), bytes(op.input_dims))
+
     def launch_of(self, k: Kernel) -> Optional[Launch]:
         return self.by_corr.get(k.corr)
 

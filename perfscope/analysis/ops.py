@@ -41,28 +41,30 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
     if not steps:
         return []
     kern = trace.kernels
-    total: dict[str, float] = {}
+    total: dict = {}
     count: Counter = Counter()
-    sample: dict[str, int] = {}
-    geo: dict[str, Counter] = {}
+    sample: dict = {}
+    geo: dict = {}
+    sig = attributor.signature
     for s in steps:
         for i in s.kernels:
             k = kern[i]
-            total[k.name] = total.get(k.name, 0.0) + k.dur
-            count[k.name] += 1
-            if k.name not in sample:
-                sample[k.name] = i
-            geo.setdefault(k.name, Counter())[(k.grid, k.block)] += 1
+            key = sig(k)
+            total[key] = total.get(key, 0.0) + k.dur
+            count[key] += 1
+            if key not in sample:
+                sample[key] = i
+            geo.setdefault(key, Counter())[(k.grid, k.block)] += 1
     n = len(steps)
     all_us = sum(total.values()) or 1.0
     ops = []
-    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:limit]:
-        k = kern[sample[name]]
-        bucket, sub = classify(name, k.kind)
-        (grid, block), _ = geo[name].most_common(1)[0]
+    for key, us in sorted(total.items(), key=lambda kv: -kv[1])[:limit]:
+        k = kern[sample[key]]
+        bucket, sub = classify(k.name, k.kind)
+        (grid, block), _ = geo[key].most_common(1)[0]
         ops.append(Op(
-            name=name, short=short_name(name), bucket=bucket, sub=sub, ms_per_step=us / n / 1e3,
-            count_per_step=count[name] / n, share=us / all_us, avg_us=us / count[name],
-            grid=grid, block=block, attribution=attributor.attribute(k), sample=sample[name],
+            name=k.name, short=short_name(k.name), bucket=bucket, sub=sub, ms_per_step=us / n / 1e3,
+            count_per_step=count[key] / n, share=us / all_us, avg_us=us / count[key],
+            grid=grid, block=block, attribution=attributor.attribute(k), sample=sample[key],
         ))
     return ops

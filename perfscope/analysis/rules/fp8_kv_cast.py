@@ -82,12 +82,13 @@ class Fp8KvCast(Rule):
             for i in s.kernels:
                 k = kern[i]
                 if is_cast_candidate(k):
-                    groups[(k.name, k.grid, k.block)].append(i)
+                    groups[(ctx.attributor.signature(k), k.grid, k.block)].append(i)
         if not groups:
             return None
         # the largest group by time is the pool cast candidate
         key, idx = max(groups.items(), key=lambda kv: sum(kern[i].dur for i in kv[1]))
-        name, grid, block = key
+        _, grid, block = key
+        name = kern[idx[0]].name
         n = ctx.n_steps
         casts_per_step = len(idx) / n
         ms_per_step = sum(kern[i].dur for i in idx) / n / 1e3
