@@ -188,6 +188,8 @@ def _perfscope_fp8kv_decode(pool, dtype, wrapper, kv_indptr, bs):
     backend's own buffer (the one the indices updater fills, also on CUDA-graph replay)."""
     if _perfscope_fp8kv_native(wrapper, pool):
         return pool
+    if kv_indptr is None:  # no backend indptr (perfscope's repro server): as for an eager extend
+        return _perfscope_fp8kv_extend(pool, dtype, wrapper)
     return _perfscope_fp8kv_rows(pool, dtype, getattr(wrapper, "_kv_indices_buf", None), kv_indptr, bs)
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from perfscope.errors import EXIT_FIX_REFUSED, EXIT_FINDINGS, InputError, PerfscopeError
+from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
 
 NAME = "fix"
 ORDER = 40
@@ -205,7 +205,7 @@ def _finish(rep, json_out: bool) -> int:
             out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)
     kind = rep.outcome.kind
     if kind == "refused":
-        return EXIT_FIX_REFUSED
+        raise FixRefused(f"{rep.fix} refused, nothing changed: {rep.outcome.reason}")
     if kind == "failed":
-        return EXIT_FINDINGS
+        raise GateFailed(f"{rep.fix} failed: {rep.outcome.reason}")
     return 0
