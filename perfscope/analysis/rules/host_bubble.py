@@ -1,0 +1,105 @@
+"""host-bubble: the GPU waits for the host at every graph-replay decode step."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from perfscope.analysis.rules.base import Finding, Rule, RuleContext
+
+
+def step_gaps_ms(ctx: RuleContext) -> list[float]:
+    """GPU idle between consecutive analysed steps: next step's first kernel - this step's last end."""
+    st = [s for s in ctx.steps if s.gpu_start is not None]
+    return [max(0.0, (b.gpu_start - a.gpu_end) / 1e3) for a, b in zip(st, st[1:])]
+
+
+def launch_to_gpu_ms(ctx: RuleContext) -> list[float]:
+    """Per step: from the graph-launch call to the first kernel it ran (the launch latency)."""
+    out = []
+    kern = ctx.trace.kernels
+    for s in ctx.steps:
+        first: dict[int, float] = {}
+        for i in s.kernels:
+            k = kern[i]
+            first[k.corr] = min(first.get(k.corr, k.ts), k.ts)
+        for corr, ts in sorted(first.items(), key=lambda kv: kv[1]):
+            l = ctx.attributor.by_corr.get(corr)
+            if l is not None and l.name.endswith("GraphLaunch"):
+                out.append(max(0.0, (ts - l.ts) / 1e3))
+                break
+    return out
+
+
+def graph_fraction(ctx: RuleContext) -> float:
+    """Share of the analysed steps' kernel time that graph launches replayed."""
+    kern = ctx.trace.kernels
+    graph = total = 0.0
+    for s in ctx.steps:
+        for i in s.kernels:
+            k = kern[i]
+            total += k.dur
+            l = ctx.attributor.by_corr.get(k.corr)
+            if l is not None and l.name.endswith("GraphLaunch"):
+                graph += k.dur
+    return graph / total if total else 0.0
+
+
+class HostBubble(Rule):
+    id = "host-bubble"
+    title = "Host bubble around CUDA-graph replay"
+    fix = None
+    what = ("Decode runs as CUDA-graph replays, yet the GPU sits idle between one step's last kernel and the "
+            "next step's first: the host prepares the next batch (scheduling, input and metadata copies, "
+            "sampling bookkeeping) while the GPU waits.")
+    why = ("A graph replay is fast to launch, but nothing is queued behind it: each step's GPU work starts only "
+           "when the CPU has finished the previous step's bookkeeping, so the host time adds to every token "
+           "(sglang#5593, #29960).")
+    evidence = ("Median GPU idle between consecutive decode steps and inside them, the graph launch to first "
+                "kernel latency, and their share of the step cycle (GPU step + bubble).")
+    remedy = ("Keep SGLang's overlap scheduler on (no `--disable-overlap-schedule`), so the next batch is "
+              "prepared while the GPU runs the current one; move per-step host work (metadata building, "
+              ".item()/.tolist() syncs, logging) off the critical path; check that `--cuda-graph-max-bs` covers "
+              "the batch so no step falls back to eager.")
+    false_positives = ("A benchmark loop that synchronises after every step (torch.profiler schedules, "
+                       "CUDA-event timing) shows the same gap; so does a server that simply has no next request "
+                       "queued (low load). The prediction assumes the bubble can be hidden entirely.")
+
+    MIN_SHARE = 0.10  # of the step cycle
+    MIN_MS = 0.05
+    MIN_GRAPH_FRACTION = 0.5  # of the step's kernel time replayed from graphs
+
+    def check(self, ctx: RuleContext) -> Optional[Finding]:
+        if ctx.phase != "decode" or len(ctx.steps) < 2 or ctx.step_ms <= 0:
+            return None
+        if statistics.median(m.graph_launches for m in ctx.metrics) < 1:
+            return None  # eager decode: eager-decode reports launch-bound steps
+        replayed = graph_fraction(ctx)
+        if replayed < self.MIN_GRAPH_FRACTION:
+            return None  # mostly eager work around a few graphs: not a graph-replay decode step
+        from perfscope.analysis.rules.overlap_off import OverlapOff
+        if OverlapOff.applies(ctx):
+            return None  # the scheduler's overlap is off: that rule names the cause
+        gaps = step_gaps_ms(ctx)
+        gap = statistics.median(gaps) if gaps else 0.0
+        inside = statistics.median(m.idle_ms for m in ctx.metrics)
+        bubble = gap + inside
+        cycle = ctx.step_ms + gap
+        share_cycle = bubble / cycle if cycle > 0 else 0.0
+        if bubble < self.MIN_MS or share_cycle < self.MIN_SHARE:
+            return None
+        lat = launch_to_gpu_ms(ctx)
+        summary = (f"CUDA-graph decode, but the GPU idles {bubble:.2f} ms per step waiting for the host "
+                   f"({gap:.2f} ms between steps, {inside:.2f} ms inside): {share_cycle:.0%} of a {cycle:.2f} ms "
+                   f"step cycle.")
+        return self.finding(
+            summary=summary, ms_per_step=bubble, share=bubble / max(ctx.kernel_ms_per_step, 1e-9),
+            confidence="high" if share_cycle > 0.25 else "medium",
+            predicted_step_ms_after_fix=round(ctx.step_ms, 4),
+            evidence={"gap_between_steps_ms": round(gap, 4), "idle_inside_step_ms": round(inside, 4),
+                      "bubble_ms_per_step": round(bubble, 4), "step_gpu_ms": round(ctx.step_ms, 4),
+                      "step_cycle_ms": round(cycle, 4), "bubble_share_of_cycle": round(share_cycle, 4),
+                      "graph_launch_to_first_kernel_ms": round(statistics.median(lat), 4) if lat else None,
+                      "gaps_measured": len(gaps), "step_method": ctx.stepset.method,
+                      "graph_replayed_fraction": round(replayed, 4),
+                      "disable_overlap_schedule": ctx.config_value("disable_overlap_schedule")})

@@ -1,0 +1,77 @@
+"""overlap-off: SGLang's overlap scheduler is off, so the GPU idles between decode forwards."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from perfscope.analysis.rules.base import Finding, Rule, RuleContext
+
+# SGLang's overlap scheduler resolves the previous batch's "future" token ids on the GPU
+_OVERLAP_MARKERS = ("resolve_future_token_ids",)
+_SCHEDULER_STEPS = ("sglang-annotation",)
+
+
+def _gaps(ctx: RuleContext) -> list[float]:
+    from perfscope.analysis.rules.host_bubble import step_gaps_ms
+    return step_gaps_ms(ctx)
+
+
+class OverlapOff(Rule):
+    id = "overlap-off"
+    title = "Overlap scheduler off: GPU idle between decode forwards"
+    fix = None
+    what = ("SGLang runs its scheduler without overlap: after each decode forward the CPU processes the "
+            "results and builds the next batch while the GPU waits, so every step starts with an idle gap.")
+    why = ("With the overlap scheduler the next batch is scheduled and launched while the current forward "
+           "runs; without it the host time (often 1-3 ms) is added to every inter-token latency.")
+    evidence = ("Median GPU idle between consecutive SGLang decode steps and its share of the step cycle; "
+                "`disable_overlap_schedule` from the server config; whether the overlap scheduler's "
+                "`resolve_future_token_ids` kernel is present.")
+    remedy = ("Drop `--disable-overlap-schedule` (it is on by default). Some features turn it off (e.g. some "
+              "speculative-decoding or pipeline-parallel modes, `--enable-mixed-chunk` in older versions): "
+              "check the server log for the reason before changing them.")
+    false_positives = ("Low load (no request waiting for the next step) leaves the same gap; a trace of a "
+                       "single decode step cannot show it.")
+
+    MIN_SHARE = 0.08  # of the step cycle
+    MIN_MS = 0.05
+
+    @staticmethod
+    def overlap_markers(ctx: RuleContext) -> bool:
+        kern = ctx.trace.kernels
+        return any(any(m in kern[i].name for m in _OVERLAP_MARKERS) for s in ctx.steps for i in s.kernels)
+
+    @classmethod
+    def applies(cls, ctx: RuleContext) -> bool:
+        """Scheduler steps whose overlap is off (config), or unknown with no overlap markers."""
+        if ctx.phase != "decode" or ctx.stepset.method not in _SCHEDULER_STEPS:
+            return False
+        off = ctx.config_value("disable_overlap_schedule")
+        if off is not None:
+            return bool(off)
+        return not cls.overlap_markers(ctx)
+
+    def check(self, ctx: RuleContext) -> Optional[Finding]:
+        if len(ctx.steps) < 2 or ctx.step_ms <= 0 or not self.applies(ctx):
+            return None
+        gaps = _gaps(ctx)
+        if not gaps:
+            return None
+        gap = statistics.median(gaps)
+        cycle = ctx.step_ms + gap
+        share_cycle = gap / cycle
+        if gap < self.MIN_MS or share_cycle < self.MIN_SHARE:
+            return None
+        off = ctx.config_value("disable_overlap_schedule")
+        confidence = "high" if off else "low"
+        summary = (f"The GPU idles {gap:.2f} ms between decode forwards ({share_cycle:.0%} of a {cycle:.2f} ms "
+                   f"step cycle): " + ("`disable_overlap_schedule` is set." if off else
+                                       "no overlap-scheduler kernels were seen."))
+        return self.finding(
+            summary=summary, ms_per_step=gap, share=gap / max(ctx.kernel_ms_per_step, 1e-9), confidence=confidence,
+            predicted_step_ms_after_fix=round(ctx.step_ms, 4),
+            evidence={"gap_between_steps_ms": round(gap, 4), "step_gpu_ms": round(ctx.step_ms, 4),
+                      "step_cycle_ms": round(cycle, 4), "gap_share_of_cycle": round(share_cycle, 4),
+                      "gaps_measured": len(gaps), "disable_overlap_schedule": off,
+                      "overlap_kernels_seen": self.overlap_markers(ctx)})
