@@ -337,3 +337,31 @@ def test_new_rules_run_on_every_shared_trace_without_error():
             continue
         for f in findings(trace(p)).values():
             check_finding(f)
+
+
+# ---- `perfscope rules` and docs/rules.md ---------------------------------------------------------
+
+def test_docs_rules_md_is_generated_and_current():
+    import subprocess
+    import sys
+
+    from paths import REPO
+    r = subprocess.run([sys.executable, "-m", "perfscope", "rules", "--markdown"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = (REPO / "docs" / "rules.md").read_text()
+    assert doc == r.stdout, "docs/rules.md is stale: run `perfscope rules --markdown > docs/rules.md`"
+    for rid in rule_ids():
+        assert f"## {rid}" in doc
+
+
+def test_rules_json_and_table():
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "perfscope", "rules", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0
+    assert [d["id"] for d in json.loads(r.stdout)["rules"]] == rule_ids()
+    r = subprocess.run([sys.executable, "-m", "perfscope", "rules"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "fp8-kv-cast" in r.stdout
