@@ -1,0 +1,123 @@
+"""Step detection on real traces: SGLang's step[...] annotations (MI300X), ProfilerStep#N (H200),
+vLLM's execute_N_context_C_generation_G marks, graph replays, the whole-trace fallback, and a trace
+with no GPU kernels at all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from paths import H200, HTA, TRACELENS
+from perfscope.analysis.analyze import analyze_trace
+from perfscope.analysis.steps import find_steps
+from perfscope.load.reader import load_trace
+
+SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
+SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
+VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"
+VLLM_PIECE = TRACELENS / "inference/vllm_prefilldecode_piecewise/graph_execution.json.gz"
+CPU_ONLY = next((HTA / "cpu_only").glob("*.json.gz"))
+
+
+def test_sglang_decode_file_yields_a_decode_step_timed_by_its_gpu_work():
+    t = load_trace(SGL_DECODE)
+    ss = find_steps(t)
+    assert ss.method == "sglang-annotation"
+    (s,) = ss.steps
+    assert s.phase == "decode" and s.label == "step[DECODE bs=32]"
+    assert s.graph_launches == 1 and len(s.kernels) >= 544
+    # the CPU annotation spans 465 ms (profiler overhead); the GPU work it launched, ~10.4 ms
+    assert s.cpu_us / 1e3 > 400
+    assert s.gpu_us / 1e3 == pytest.approx(10.37, rel=0.02)
+    a = analyze_trace(t)
+    assert a.steps["phase"] == "decode" and a.steps["count"] == 1
+    assert [p["phase"] for p in a.phases] == ["decode"]
+
+
+def test_sglang_prefill_file_yields_its_extend_step_as_prefill():
+    t = load_trace(SGL_PREFILL)
+    ss = find_steps(t)
+    assert ss.method == "sglang-annotation"
+    (s,) = ss.steps
+    assert s.phase == "prefill" and s.label.startswith("step[EXTEND bs=15 toks=15360]")
+    a = analyze_trace(t)
+    assert a.steps["phase"] == "prefill"
+    assert {p["phase"] for p in a.phases} == {"prefill"}
+
+
+def test_prefill_and_decode_are_kept_apart():
+    # DERIVED (see tests/test_rules.py): the real DECODE and EXTEND steps placed one after another
+    from test_rules import sglang_sequence
+    t = sglang_sequence([("D", 0), ("E", 1), ("D", 2.5), ("D", 3.5)])
+    ss = find_steps(t)
+    assert [s.phase for s in ss.steps] == ["decode", "prefill", "decode", "decode"]
+    a = analyze_trace(t)
+    assert a.steps["phase"] == "decode" and a.steps["count"] == 3
+    ph = {p["phase"]: p for p in a.phases}
+    assert ph["decode"]["count"] == 3 and ph["prefill"]["count"] == 1
+    assert ph["decode"]["median_ms"] == pytest.approx(10.37, rel=0.02)  # the prefill is not in it
+    assert ph["prefill"]["median_ms"] > 100
+
+
+@pytest.mark.parametrize("name,launches,graphs", [("mla_pool_eager", 420, 0), ("mla_pool_graph", 1, 1),
+                                                   ("mla_fp8_eager", 360, 0), ("mla_fp8_graph", 1, 1)])
+def test_profiler_step_traces(name, launches, graphs):
+    t = load_trace(H200 / f"{name}.json.gz")
+    ss = find_steps(t)
+    assert ss.method == "ProfilerStep"
+    assert len(ss.steps) == 5 and all(s.phase == "decode" for s in ss.steps)
+    assert [s.launches for s in ss.steps] == [launches] * 5
+    assert [s.graph_launches for s in ss.steps] == [graphs] * 5
+    # every kernel of the file belongs to exactly one step
+    assigned = [i for s in ss.steps for i in s.kernels]
+    assert len(assigned) == len(set(assigned)) == len(t.kernels)
+
+
+def test_vllm_full_graph_execution_is_one_decode_step():
+    t = load_trace(VLLM_FULL)
+    ss = find_steps(t)
+    assert ss.method == "execute-annotation"
+    (s,) = ss.steps
+    assert s.phase == "decode"  # context 0, generation 32
+    assert s.graph_launches == 1
+    assert s.gpu_us / 1e3 == pytest.approx(10.74, rel=0.02)
+
+
+def test_vllm_piecewise_prefill_plus_decode_is_mixed():
+    (s,) = find_steps(load_trace(VLLM_PIECE)).steps
+    assert s.phase == "mixed"  # context 9 requests, generation 37
+    assert s.graph_launches == 25
+
+
+def test_graph_launches_are_steps_when_nothing_marks_them():
+    # DERIVED: mla_fp8_graph with its ProfilerStep annotations removed
+    t = load_trace(H200 / "mla_fp8_graph.json.gz")
+    t = replace(t, annotations=[a for a in t.annotations if not a.name.startswith("ProfilerStep")])
+    ss = find_steps(t)
+    assert ss.method == "graph-replay"
+    assert len(ss.steps) == 5
+    assert all(s.graph_launches == 1 and len(s.kernels) == 360 for s in ss.steps)
+
+
+def test_whole_trace_fallback():
+    ss = find_steps(load_trace(TRACELENS / "b200/eager_trace.json.gz"))
+    assert ss.method == "whole-trace" and len(ss.steps) == 1 and ss.steps[0].kernels
+
+
+def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():
+    t = load_trace(CPU_ONLY)
+    assert not t.kernels and t.cpu_ops
+    a = analyze_trace(t)
+    assert a.steps["analysed_on"] == "cpu-ops"
+    notes = [n for n in a.notes if "GPU kernels" in n]
+    assert len(notes) == 1 and "CPU ops" in notes[0]
+    # and on the command line: exit 0, the note, no traceback
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(CPU_ONLY), "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert sum("no GPU kernels" in n for n in d["notes"]) == 1
