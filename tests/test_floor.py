@@ -256,6 +256,13 @@ def test_missing_inputs_named_in_one_line():
     f = compute_floor(H200_META, {"model_config": mc, "floor_inputs": {"context": 100}}, buckets_ms={}, step_ms=5.0,
                       step_labels=["step[DECODE bs=32]", "step[DECODE bs=32]"])
     assert f["available"] and f["inputs"]["batch"] == 32 and f["inputs"]["sources"]["batch"].startswith("step labels")
+    # a perfscope run's workload gives both
+    f = compute_floor(H200_META, {"model_config": mc, "workload": {"concurrency": 8, "input_len": 1000,
+                                                                   "output_len": 200}}, buckets_ms={}, step_ms=5.0)
+    assert f["inputs"]["batch"] == 8 and f["inputs"]["context"] == 1100
+    # SGLang's server_info names the model: the line says whose config.json
+    f = compute_floor(H200_META, {"model_path": "deepseek-ai/DeepSeek-R1", "tp_size": 8}, buckets_ms={}, step_ms=5.0)
+    assert "config.json of deepseek-ai/DeepSeek-R1" in f["missing"]
     f = compute_floor({"device_name": "cpu"}, {"model_config": mc}, buckets_ms={}, step_ms=5.0)
     assert "not in perfscope's table" in f["missing"]
 

@@ -86,6 +86,13 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
     context, csrc = _pos_int(fi.get("context")), "--context"
     if context is None and _pos_int(workload.get("context")):
         context, csrc = _pos_int(workload.get("context")), "model config workload.context"
+    # a perfscope run's workload (run.json: concurrency, input_len, output_len), when the caller passes it on
+    run = config.get("workload") if isinstance(config.get("workload"), dict) else {}
+    if batch is None and _pos_int(run.get("concurrency")):
+        batch, bsrc = _pos_int(run.get("concurrency")), "run workload concurrency"
+    if context is None and _pos_int(run.get("input_len")):
+        context = _pos_int(run.get("input_len")) + (_pos_int(run.get("output_len")) or 0) // 2
+        csrc = "run workload input_len + output_len/2"
     out["batch"], out["context"] = batch, context
     if batch:
         out["sources"]["batch"] = bsrc
@@ -118,7 +125,8 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
     # the model
     out["model"] = None
     if mc is None:
-        out["missing"].insert(0, "--model-config config.json (the model's shape and weight format)")
+        where = f" of {config['model_path']}" if isinstance(config.get("model_path"), str) and config["model_path"] else ""
+        out["missing"].insert(0, f"--model-config config.json (the model's shape and weight format: the config.json{where})")
     else:
         try:
             out["model"] = parse_model(mc, server_quant=config.get("quantization"), server_dtype=config.get("dtype"),
