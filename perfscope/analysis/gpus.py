@@ -160,7 +160,8 @@ GPUS: tuple[GPU, ...] = (
     _g("mi200-gcd", "AMD Instinct MI250X / MI250 (one GCD) or MI210", "amd", "cdna2", "9.0", 64, 1.6384, 400,
        "Infinity Fabric", 181, None, None, [r"MI2[15]0"], AMD_MI250X,
        "torch sees each MI250(X) GCD as one device (64 GB, 1.6384 TB/s, half the OAM's 3.2768 TB/s); BF16 is "
-       "MI210's / an MI250 GCD's 181 TFLOPS (an MI250X GCD has 191.5): the lower kept"),
+       "MI210's / an MI250 GCD's 181 TFLOPS (an MI250X GCD has 191.5): the lower kept; link: half of the "
+       "OAM's 8 x 100 GB/s Infinity Fabric links"),
 )
 
 _BY_KEY = {g.key: g for g in GPUS}
