@@ -58,6 +58,10 @@ def pages(tmp_path_factory, diag):
         diag(QWEN / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
     made["compare-setups"] = write_html(out / "compare-setups.html",
                                         render_compare(compare(b, a, labels=("h100", "mi300")), b, a))
+    ranks = diag(PUBLIC / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter")
+    rank0 = diag(PUBLIC / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter" / "sampled_rank-0.json.gz")
+    made["compare-ranks"] = write_html(out / "compare-ranks.html",
+                                       render_compare(compare(rank0, ranks, labels=("rank0", "both")), rank0, ranks))
     return made
 
 
@@ -247,3 +251,11 @@ def test_compare_page_flags_different_setups(pages, open_page, chromium):
     res = open_page(pages["compare-setups"], "compare-setups.png", select=("#setup-flag",))
     check_rendered(res, 3, chromium)
     assert "Different setups" in res.texts["#setup-flag"] and "MI300X" in res.texts["#setup-flag"]
+
+
+def test_compare_page_with_several_ranks(pages, open_page, chromium):
+    res = open_page(pages["compare-ranks"], "compare-ranks.png", select=("#setup-flag",))
+    check_rendered(res, 4, chromium)
+    ranks = next(c for c in res.charts if c["id"] == "chart-compare-ranks")
+    assert all(t["n"] == 3 for t in ranks["traces"]), "1 rank before + 2 after"
+    assert "trace files" in res.texts["#setup-flag"], "1 file vs 2 is flagged"

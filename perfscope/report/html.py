@@ -272,7 +272,7 @@ def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
             "per_rank": {side: [{"rank": r.rank, "stage": r.stage, "buckets": r.buckets,
                                  "idle_ms_per_step": r.idle_ms_per_step, "median_ms": r.steps.get("median_ms")}
                                 for r in dg.ranks] for side, dg in (("before", before), ("after", after))}}
-    return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], title=f"{cmp['before']['label']} vs {cmp['after']['label']}")
+    return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], per_rank=data["per_rank"], title=f"{cmp['before']['label']} vs {cmp['after']['label']}")
 
 
 def write_html(path: str | Path, html: str) -> Path:

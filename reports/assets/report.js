@@ -58,6 +58,19 @@
     Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step" } },
       xaxis: { type: "category" } }), CONFIG);
   }
+  function chartCompareRanks(el) {
+    var rows = [], xs = [];
+    ["before", "after"].forEach(function (side) {
+      DATA.per_rank[side].forEach(function (r, i) {
+        rows.push(r);
+        xs.push(side + " rank " + (r.rank === null ? i : r.rank) + (r.stage ? " " + r.stage : ""));
+      });
+    });
+    var traces = stacked(xs, rows, function (r, b) { return r.buckets[b] ? r.buckets[b].ms_per_step : 0; },
+                         function (r) { return r.idle_ms_per_step || 0; });
+    Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step" } },
+      xaxis: { type: "category" } }), CONFIG);
+  }
   function chartTimeline(el, tl, xmax) {
     var IDLE_ROW = "GPU idle";
     var rowOf = function (s) { return "stream " + s; };
@@ -95,6 +108,7 @@
     if (kind === "buckets") return chartBuckets(el);
     if (kind === "ranks") return chartRanks(el);
     if (kind === "compare-buckets") return chartCompareBuckets(el);
+    if (kind === "compare-ranks") return chartCompareRanks(el);
     if (kind === "timeline") {
       if (DATA.kind === "compare") {
         var t = DATA.timelines, side = el.getAttribute("data-side");
