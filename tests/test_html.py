@@ -259,3 +259,14 @@ def test_compare_page_with_several_ranks(pages, open_page, chromium):
     ranks = next(c for c in res.charts if c["id"] == "chart-compare-ranks")
     assert all(t["n"] == 3 for t in ranks["traces"]), "1 rank before + 2 after"
     assert "trace files" in res.texts["#setup-flag"], "1 file vs 2 is flagged"
+
+
+def test_cli_report_with_a_capture_trace_names_the_source(tmp_path):
+    """SGLang decode replayed from a CUDA/HIP graph: the capture trace gives the ops their source lines."""
+    s = QWEN / "inference" / "sglang_decode"
+    out = tmp_path / "cap.html"
+    r = perfscope("report", s / "sglang_Qwen3-8B_decode.json.gz", "--capture-trace",
+                  s / "capture_traces" / "bs_32_rank0.json.gz", "-o", out)
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "tuned_gemm.py" in html and "<th>source line</th>" in html

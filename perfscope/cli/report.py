@@ -30,6 +30,10 @@ def command(
     config: Optional[Path] = typer.Option(None, "--config", help="The server's config as JSON (SGLang "
                                                                  "/server_info); run folders carry it already."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
+    capture_trace: Optional[List[Path]] = typer.Option(
+        None, "--capture-trace", metavar="PATH",
+        help="A graph-capture trace (as for diagnose): attributes CUDA-graph-replayed kernels to their CPU op, "
+             "shapes and source line."),
 ) -> int:
     """Write one self-contained HTML report (works offline, no network): what was traced, the decode
     step time / TPOT, the top finding and the command that fixes it, GPU time per bucket for every step
@@ -43,6 +47,6 @@ def command(
 
     cfg = _load_config(config)
     out = output or default_output(paths)
-    d = diagnose(paths, cfg, workers=workers)
+    d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     write_diagnosis_html(out, d, cfg, announce=Console(stderr=True))
     return 0
