@@ -505,11 +505,11 @@ class Fp8KvCast(FixModule):
         if requested == "native":
             if "native" in rejected:
                 return StrategyChoice(None, f"--strategy native cannot work here: {rejected['native']}", rejected)
-            return StrategyChoice("native", "requested; " + self._native_reason(env), rejected)
+            return StrategyChoice("native", "requested; " + self._native_reason(target, env), rejected)
         if requested == "pages":
             return StrategyChoice("pages", "requested: converts only the KV rows the batch reads (any GPU)", rejected)
         if "native" not in rejected:
-            return StrategyChoice("native", self._native_reason(env), rejected)
+            return StrategyChoice("native", self._native_reason(target, env), rejected)
         return StrategyChoice(
             "pages",
             "converts only the KV rows the batch reads, on any GPU and FlashInfer, CUDA graphs included "
@@ -517,9 +517,13 @@ class Fp8KvCast(FixModule):
             rejected,
         )
 
-    def _native_reason(self, env: Environment) -> str:
-        return (f"SM{env.compute_cap} with FlashInfer {env.flashinfer_version}: the MLA kernel reads the FP8 "
-                "pool itself (plan kv_data_type = FP8, run with ckv_scale = kpe_scale = 1.0); no conversion at all")
+    def _native_reason(self, target: TargetSpec, env: Environment) -> str:
+        how = ("the MLA kernel reads the FP8 pool itself (plan kv_data_type = FP8, run with ckv_scale = "
+               "kpe_scale = 1.0); no conversion at all")
+        if target is REPRO and env.sm is None:
+            return ("no GPU here: the reproduction server's attention reads the FP8 pool directly and "
+                    "upcasts only the rows it attends to")
+        return f"SM{env.compute_cap} with FlashInfer {env.flashinfer_version or 'unknown'}: {how}"
 
     def _native_blockers(self, target: TargetSpec, env: Environment) -> list[str]:
         out = []

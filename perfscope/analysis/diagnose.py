@@ -56,6 +56,8 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
     """Analyse every trace under ``paths``; several files are parsed in parallel processes."""
     tset: TraceSet = discover(paths)
     cfg = dict(tset.server_info)
+    if tset.run_info.get("workload"):
+        cfg.setdefault("workload", tset.run_info["workload"])  # batch/context for the floor model
     cfg.update(config or {})
     files = tset.files
     results: list[Optional[RankAnalysis]] = [None] * len(files)

@@ -1,0 +1,51 @@
+"""`perfscope demo`: trace, diagnose, fix and re-measure the reproduction server, on this machine."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from perfscope.errors import InputError
+
+NAME = "demo"
+ORDER = 5
+
+
+def command(
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the run folders, the HTML "
+                                                                 "comparison and demo.json (default ./perfscope-demo-<time>)."),
+    device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the full-size server on a GPU."),
+    layers: int = typer.Option(4, "--layers", min=1, help="Model layers (one pool cast each)."),
+    pool_tokens: int = typer.Option(32768, "--pool-tokens", min=1024, help="KV pool size in tokens."),
+    strategy: str = typer.Option("auto", "--strategy", help="Fix strategy: auto, native or pages."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Run the whole loop on a small MLA decode server that carries SGLang's FP8 KV-cast bug: start it
+    (CPU by default, needs the `demo` extra: torch), measure TPOT, trace it through its profiling API,
+    diagnose the trace, apply the fp8-kv-cast fix to a scratch copy of its source, restart, measure
+    and trace again, and write an HTML before/after comparison. Takes 1-3 minutes on 2 CPU cores."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise InputError("the demo needs torch for its reproduction server: pip install 'torch==2.13.0' '.[demo]'") from None
+    from perfscope.demo import DemoConfig, run_demo
+    from perfscope.report import jsonout
+
+    folder = out or Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    console = Console(stderr=json_out)
+    s = run_demo(DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy),
+                 console)
+    if json_out:
+        jsonout.emit(s)
+        return
+    console.rule("[bold]result")
+    console.print(f"TPOT before: [bold]{s['tpot_ms_before']:.1f} ms[/]   after: [bold green]{s['tpot_ms_after']:.1f} ms[/]"
+                  f"   ({s['speedup']:.1f}x faster)")
+    console.print(f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
+                  f"{', '.join(s['findings_after']) or 'none'}")
+    console.print(f"HTML comparison: {s['html']}\nrun folders: {s['before']}  {s['after']}\n"
+                  f"took {s['seconds']:.0f} s")

@@ -1,0 +1,36 @@
+"""`perfscope demo` end to end on CPU: the real reproduction server, traced, diagnosed, fixed on a
+scratch copy, restarted, re-measured and compared. Nothing is mocked."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+from paths import REPO
+
+
+def test_demo_finds_fixes_and_measures(tmp_path):
+    shipped = REPO / "examples" / "repro_server" / "mla_attention.py"
+    before_hash = hashlib.sha256(shipped.read_bytes()).hexdigest()
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "demo", "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert s["findings_before"][0] == "fp8-kv-cast"
+    assert "fp8-kv-cast" not in s["findings_after"]
+    assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
+    assert (out / "compare.html").stat().st_size > 100_000
+    for side in ("before", "after"):
+        run = json.loads((out / side / "run.json").read_text())
+        assert run["files"] and (out / side / "bench.json").exists()
+    # the shipped source is never patched; the scratch copy is, with a backup and manifest
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before_hash
+    patched = out / "server" / "examples" / "repro_server" / "mla_attention.py"
+    assert b"perfscope fp8-kv-cast" in patched.read_bytes()
+    # a second demo into the same (non-empty) folder is refused, not overwritten
+    again = subprocess.run([sys.executable, "-m", "perfscope", "demo", "--out", str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "not empty" in again.stderr
