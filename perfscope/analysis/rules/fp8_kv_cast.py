@@ -53,7 +53,7 @@ class Fp8KvCast(Rule):
               "`plan()` and read the pool directly (native); elsewhere cast only the pages the batch reads.")
     false_positives = ("A model that really keeps a BF16 copy of a large FP8 tensor per layer for another "
                        "reason; casts of activations are excluded by size (the cast must be repeated per "
-                       "step and cover >= 1M elements) and by share (>= 10% of kernel time).")
+                       "step and cover >= 1M elements) and by share (>= 5% of kernel time).")
 
     MIN_SHARE = 0.05
     MIN_ELEMENTS = 1 << 20
