@@ -10,6 +10,7 @@ Each variant overrides only the lines the fix changes; the rest is inherited.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -140,6 +141,9 @@ def strategy_of_source(path: Optional[Path] = None) -> str:
     """What mla_attention.py does now, read from its backend code (for /server_info and the demo):
     ``pool`` while the whole-pool cast is there, ``pages`` / ``fp8`` once patched, else ``unknown``."""
     text = Path(path or M.__file__).read_text(encoding="utf-8")
+    m = re.search(r"^# perfscope fp8-kv-cast strategy: (\w+)$", text, re.M)
+    if m and "# >>> perfscope fp8-kv-cast >>>" in text:  # patched by `perfscope fix fp8-kv-cast --apply`
+        return {"native": "fp8", "pages": "pages"}.get(m.group(1), m.group(1))
     code = text.split(_BACKEND_MARK, 1)[-1]
     if ANCHOR in code:
         return "pool"

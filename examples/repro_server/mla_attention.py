@@ -197,6 +197,8 @@ def cast_kv_pages(kv_buffer: torch.Tensor, kv_indices: torch.Tensor, dtype: torc
 
 # ---------------------------------------------------------------------------- the backend
 
+KV_INDPTR_CAPACITY = 4096  # largest decode batch the backend's kv_indptr buffer holds in place
+
 
 @dataclass
 class DecodeMetadata:
@@ -223,6 +225,10 @@ class FlashInferMLAAttnBackend:
         self.workspace_buffer = torch.empty(
             (128 * 1024 * 1024 if self.use_flashinfer else 8,), dtype=torch.uint8, device=self.device
         )
+        # As in SGLang: one kv_indptr buffer that the decode indices updater fills in place before
+        # every plan(), CUDA-graph replays included, so its address never changes (a patched backend
+        # may read a batch's row count from it on the GPU). Sized for any decode batch.
+        self.kv_indptr = torch.zeros((KV_INDPTR_CAPACITY + 1,), dtype=torch.int32, device=self.device)
         self.decode_wrapper = make_mla_wrapper(self.workspace_buffer, use_flashinfer=self.use_flashinfer,
                                                backend=model_runner.flashinfer_backend)
         self.prefill_wrapper_paged = make_mla_wrapper(self.workspace_buffer, use_flashinfer=self.use_flashinfer,
@@ -299,7 +305,12 @@ class FlashInferMLAIndicesUpdaterDecode:
         self.attn_backend = attn_backend
 
     def update(self, forward_batch, wrapper) -> torch.Tensor:
-        return self.call_begin_forward(wrapper, forward_batch.qo_indptr, forward_batch.kv_indptr,
+        kv_indptr = forward_batch.kv_indptr
+        buf = self.attn_backend.kv_indptr
+        if kv_indptr.numel() <= buf.numel():
+            buf[: kv_indptr.numel()].copy_(kv_indptr)
+            kv_indptr = buf[: kv_indptr.numel()]
+        return self.call_begin_forward(wrapper, forward_batch.qo_indptr, kv_indptr,
                                        forward_batch.kv_indices, forward_batch.kv_lens)
 
     def call_begin_forward(self, wrapper, q_indptr, kv_indptr, kv_indices, kv_lens) -> torch.Tensor:
