@@ -7,18 +7,14 @@ comes along. SGLang names one file per rank:
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from perfscope.capture.rundir import RUN_FILE, parse_trace_name, read_run
 from perfscope.errors import InputError
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
-_RANK_RE = re.compile(r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?(?:-EP-(\d+))?")
-_STAGE_RE = re.compile(r"-(EXTEND|DECODE)(?=\.|-|$)")
-_GENERIC_RANK_RE = re.compile(r"rank[-_]?(\d+)", re.I)
 
 
 @dataclass
@@ -41,17 +37,12 @@ class TraceSet:
 
 def _is_trace(p: Path) -> bool:
     n = p.name
-    return n.endswith(_TRACE_SUFFIXES) and not n.endswith(("run.json", "bench.json"))
+    return n.endswith(_TRACE_SUFFIXES) and not n.endswith(("run.json", "bench.json", "demo.json"))
 
 
 def _describe(p: Path) -> TraceFile:
-    m = _RANK_RE.search(p.name)
-    rank = int(m.group(1)) if m else None
-    if rank is None:
-        g = _GENERIC_RANK_RE.search(p.name)
-        rank = int(g.group(1)) if g else None
-    s = _STAGE_RE.search(p.name)
-    return TraceFile(path=p, rank=rank, stage=s.group(1) if s else None)
+    info = parse_trace_name(p.name)
+    return TraceFile(path=p, rank=info["rank"], stage=info["stage"])
 
 
 def discover(paths: list[str | Path]) -> TraceSet:
@@ -65,14 +56,14 @@ def discover(paths: list[str | Path]) -> TraceSet:
         p = Path(raw)
         if not p.exists():
             raise InputError(f"{p}: no such file or folder")
-        if p.is_dir():
-            if (p / "run.json").is_file():
-                run_dir = p
-                run_info = _read_run_json(p / "run.json")
-                base = p / "traces" if (p / "traces").is_dir() else p
-            else:
-                base = p
-            found = sorted(q for q in base.rglob("*") if q.is_file() and _is_trace(q))
+        if p.is_dir() and (p / RUN_FILE).is_file():
+            run = read_run(p)  # the run folder's own reader: validated, sizes checked
+            run_dir, run_info = p, run.data
+            if not run.files:
+                raise InputError(f"{p}: run folder lists no trace files")
+            files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage) for f in run.files)
+        elif p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
             if not found:
                 raise InputError(f"{p}: no trace files (*.json, *.json.gz) in this folder")
             files.extend(_describe(q) for q in found)
@@ -80,13 +71,3 @@ def discover(paths: list[str | Path]) -> TraceSet:
             files.append(_describe(p))
     files.sort(key=lambda f: (f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
     return TraceSet(files=files, run_dir=run_dir, run_info=run_info)
-
-
-def _read_run_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: unreadable run file ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: not a perfscope run file")
-    return data

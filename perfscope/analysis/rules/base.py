@@ -62,6 +62,24 @@ class RuleContext:
     def n_steps(self) -> int:
         return len(self.steps)
 
+    def kernels(self):
+        """Every kernel of the analysed steps."""
+        kern = self.trace.kernels
+        for s in self.steps:
+            for i in s.kernels:
+                yield kern[i]
+
+    def time_of(self, match) -> tuple[float, float]:
+        """(ms per step, calls per step) of the analysed steps' kernels for which ``match(k)`` holds."""
+        us = 0.0
+        calls = 0
+        for k in self.kernels():
+            if match(k):
+                us += k.dur
+                calls += 1
+        n = max(self.n_steps, 1)
+        return us / n / 1e3, calls / n
+
     def config_value(self, *keys: str, default=None):
         for k in keys:
             if k in self.config and self.config[k] is not None:

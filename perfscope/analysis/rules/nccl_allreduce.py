@@ -32,34 +32,21 @@ class NcclAllReduce(Rule):
     def check(self, ctx: RuleContext) -> Optional[Finding]:
         if not ctx.steps or ctx.kernel_ms_per_step <= 0:
             return None
-        kern = ctx.trace.kernels
-        nccl_us = custom_us = 0.0
-        nccl_n = 0
-        for s in ctx.steps:
-            for i in s.kernels:
-                k = kern[i]
-                b, sub = classify(k.name, k.kind)
-                if b != "communication":
-                    continue
-                if sub == "nccl" and _ALLREDUCE.search(k.name):
-                    nccl_us += k.dur
-                    nccl_n += 1
-                elif sub == "custom":
-                    custom_us += k.dur
-        n = ctx.n_steps
-        ms = nccl_us / n / 1e3
+        ms, nccl_n = ctx.time_of(lambda k: classify(k.name, k.kind) == ("communication", "nccl")
+                                 and _ALLREDUCE.search(k.name) is not None)
+        custom_ms, _ = ctx.time_of(lambda k: classify(k.name, k.kind) == ("communication", "custom"))
         share = ms / ctx.kernel_ms_per_step
-        if share < self.MIN_SHARE or custom_us > 0.5 * nccl_us:
+        if share < self.MIN_SHARE or custom_ms > 0.5 * ms:
             return None
         disabled = ctx.config_value("disable_custom_all_reduce")
         # a one-shot custom all-reduce is typically 2-3x faster on decode-size messages
         predicted = max(ctx.step_ms - ms * 0.6, 0.0)
         summary = (f"NCCL all-reduce takes {ms:.2f} ms per step ({share:.0%} of kernel time, "
-                   f"{nccl_n / n:.0f} calls); a custom all-reduce would serve decode-size messages.")
+                   f"{nccl_n:.0f} calls); a custom all-reduce would serve decode-size messages.")
         return self.finding(
             summary=summary, ms_per_step=ms, share=share,
             confidence="high" if disabled else "medium", predicted_step_ms_after_fix=predicted,
-            evidence={"nccl_allreduce_ms_per_step": round(ms, 3), "nccl_allreduce_per_step": nccl_n / n,
-                      "custom_allreduce_ms_per_step": round(custom_us / n / 1e3, 3),
+            evidence={"nccl_allreduce_ms_per_step": round(ms, 3), "nccl_allreduce_per_step": nccl_n,
+                      "custom_allreduce_ms_per_step": round(custom_ms, 3),
                       "disable_custom_all_reduce": disabled, "world_size": ctx.trace.meta.world_size,
                       "tp_size": ctx.config_value("tp_size")})

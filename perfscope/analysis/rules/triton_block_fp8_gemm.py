@@ -30,17 +30,7 @@ class TritonBlockFp8Gemm(Rule):
     def check(self, ctx: RuleContext) -> Optional[Finding]:
         if not ctx.steps or ctx.kernel_ms_per_step <= 0:
             return None
-        kern = ctx.trace.kernels
-        us = 0.0
-        calls = 0
-        for s in ctx.steps:
-            for i in s.kernels:
-                k = kern[i]
-                if classify(k.name, k.kind) == ("gemm", "block-fp8-triton"):
-                    us += k.dur
-                    calls += 1
-        n = ctx.n_steps
-        ms = us / n / 1e3
+        ms, calls = ctx.time_of(lambda k: classify(k.name, k.kind) == ("gemm", "block-fp8-triton"))
         gemm_ms = ctx.buckets_ms.get("gemm", 0.0)
         share = ms / ctx.kernel_ms_per_step
         if not gemm_ms or ms / gemm_ms < self.MIN_GEMM_FRACTION or share < self.MIN_SHARE:
@@ -53,7 +43,7 @@ class TritonBlockFp8Gemm(Rule):
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, confidence="high" if deepgemm_ok else "medium",
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved, 0.0), 4),
-            evidence={"triton_block_fp8_ms_per_step": round(ms, 4), "calls_per_step": round(calls / n, 2),
+            evidence={"triton_block_fp8_ms_per_step": round(ms, 4), "calls_per_step": round(calls, 2),
                       "share_of_gemm": round(ms / gemm_ms, 4), "compute_capability": cc,
                       "deepgemm_supported_gpu": deepgemm_ok, "assumed_deepgemm_speedup": DEEPGEMM_SPEEDUP,
                       "quantization": ctx.config_value("quantization")})

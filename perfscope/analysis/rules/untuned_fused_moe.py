@@ -33,27 +33,18 @@ class UntunedFusedMoe(Rule):
     def check(self, ctx: RuleContext) -> Optional[Finding]:
         if not ctx.steps or ctx.kernel_ms_per_step <= 0:
             return None
-        kern = ctx.trace.kernels
-        us = 0.0
-        calls = 0
-        for s in ctx.steps:
-            for i in s.kernels:
-                if _FUSED_MOE.search(kern[i].name):
-                    us += kern[i].dur
-                    calls += 1
-        n = ctx.n_steps
-        ms = us / n / 1e3
+        ms, calls = ctx.time_of(lambda k: _FUSED_MOE.search(k.name) is not None)
         share = ms / ctx.kernel_ms_per_step
         if share < self.MIN_SHARE:
             return None
         gemm_ms = ctx.buckets_ms.get("gemm", 0.0)
         saved = ms * (1 - 1 / TUNED_SPEEDUP)
         summary = (f"The Triton fused MoE kernel takes {ms:.2f} ms per step ({share:.0%} of kernel time, "
-                   f"{calls / n:.0f} calls); check the server log for 'default MoE kernel config' and tune it.")
+                   f"{calls:.0f} calls); check the server log for 'default MoE kernel config' and tune it.")
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, confidence="medium",
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved, 0.0), 4),
-            evidence={"fused_moe_ms_per_step": round(ms, 4), "fused_moe_calls_per_step": round(calls / n, 2),
+            evidence={"fused_moe_ms_per_step": round(ms, 4), "fused_moe_calls_per_step": round(calls, 2),
                       "share_of_gemm": round(ms / gemm_ms, 4) if gemm_ms else None,
                       "assumed_tuned_speedup": TUNED_SPEEDUP, "device": ctx.trace.meta.device_name,
                       "ep_size": ctx.config_value("ep_size"), "tp_size": ctx.config_value("tp_size")})
