@@ -121,7 +121,7 @@ def pass_ops(st: State) -> None:
 def pass_findings(st: State) -> None:
     ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
                       step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
-                      ops=st.ops, attributor=st.attributor, config=st.config)
+                      ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only)
     st.findings = run_rules(ctx) if st.trace.kernels else []
 
 

@@ -21,7 +21,8 @@ RULES: tuple[Rule, ...] = (
 
 
 def run_rules(ctx: RuleContext) -> list[Finding]:
-    found = [f for f in (r.check(ctx) for r in RULES) if f is not None]
+    rules = [r for r in RULES if ctx.gpu_timeline or not r.needs_gpu_timeline]
+    found = [f for f in (r.check(ctx) for r in rules) if f is not None]
     found.sort(key=lambda f: -f.ms_per_step)
     return found
 

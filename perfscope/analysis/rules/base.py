@@ -57,6 +57,7 @@ class RuleContext:
     ops: list["Op"]
     attributor: "Attributor"
     config: dict = field(default_factory=dict)  # the server's config (server_info) when known
+    gpu_timeline: bool = True  # False when a CPU-only trace is analysed on its CPU ops
 
     @property
     def n_steps(self) -> int:
@@ -96,6 +97,8 @@ class Rule:
     evidence: ClassVar[str]
     remedy: ClassVar[str]
     false_positives: ClassVar[str]
+    # rules that read GPU idle time: meaningless on a CPU-only trace analysed on its CPU ops
+    needs_gpu_timeline: ClassVar[bool] = False
 
     def check(self, ctx: RuleContext) -> Optional[Finding]:  # pragma: no cover - interface
         raise NotImplementedError

@@ -9,6 +9,7 @@ from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 
 
 class EagerDecode(Rule):
+    needs_gpu_timeline = True
     id = "eager-decode"
     title = "Eager (launch-bound) decode: no CUDA graph"
     fix = None

@@ -46,6 +46,7 @@ def graph_fraction(ctx: RuleContext) -> float:
 
 
 class HostBubble(Rule):
+    needs_gpu_timeline = True
     id = "host-bubble"
     title = "Host bubble around CUDA-graph replay"
     fix = None

@@ -18,6 +18,7 @@ def _gaps(ctx: RuleContext) -> list[float]:
 
 
 class OverlapOff(Rule):
+    needs_gpu_timeline = True
     id = "overlap-off"
     title = "Overlap scheduler off: GPU idle between decode forwards"
     fix = None
