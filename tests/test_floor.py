@@ -355,3 +355,21 @@ def test_cli_model_config_option():
 def test_with_floor_inputs_rejects_bad_numbers():
     with pytest.raises(InputError, match="--batch"):
         with_floor_inputs({}, None, 0, None)
+
+
+def test_html_report_shows_the_floor_and_its_worst_bucket(tmp_path):
+    """The HTML diagnosis carries the floor section (rendered by the report template)."""
+    import subprocess
+    import sys
+
+    from paths import H200, REPO
+
+    out = tmp_path / "r.html"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.gz"),
+                        "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"),
+                        "--html", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    section = page[page.index('id="floor"'):]
+    assert "Hardware floor" in page and "Furthest above its floor: <b>copy</b>" in section
+    assert "NVIDIA H200" in section and "should cost <b>3.149 ms</b>" in section
