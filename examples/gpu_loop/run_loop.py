@@ -62,6 +62,10 @@ class Loop:
             d.mkdir(parents=True, exist_ok=True)
         self.summary: dict = {"started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "argv": sys.argv, "phases": {}, "commands": []}
+        if args.from_summary:
+            self.summary = json.loads(Path(args.from_summary).read_text())
+            self.summary.setdefault("reanalysed", []).append(
+                {"at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv})
         self.server: subprocess.Popen | None = None
         self.py = sys.executable
         self.cuda = args.device.startswith("cuda")
@@ -277,6 +281,12 @@ class Loop:
         rec["bench"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         if not run.is_dir():
             raise RuntimeError(f"trace {tag} made no run folder: {r.stderr[-800:]}")
+        rec.update(self.diagnose(tag))
+        return rec
+
+    def diagnose(self, tag: str) -> dict:
+        a = self.a
+        run = self.runs / tag
         dargs = ["diagnose", str(run), "--json", "--batch", "1", "--context", str(a.input_len + a.trace_output_len // 2)]
         cfg = REPO / "examples" / "h200_mla_repro.config.json"
         if cfg.is_file() and not a.small:
@@ -286,11 +296,29 @@ class Loop:
         r = self.perfscope(f"diagnose-{tag}", *dargs, timeout=240)
         diag = _json_or(r.stdout, None)
         if diag is None:
-            rec["diagnose_error"] = r.stderr[-1500:]
-        else:
-            (self.work / f"diagnose-{tag}.json").write_text(json.dumps(diag, indent=1))
-            rec["diagnosis"] = _brief_diag(diag)
-        return rec
+            return {"diagnose_error": r.stderr[-1500:]}
+        (self.work / f"diagnose-{tag}.json").write_text(json.dumps(diag, indent=1))
+        return {"diagnosis": _brief_diag(diag)}
+
+    def compare(self) -> None:
+        L = self.summary.setdefault("loop", {})
+        for s in self.a.strategies:
+            if (self.runs / s).is_dir() and (self.runs / "bug").is_dir():
+                r = self.perfscope(f"compare-{s}", "compare", str(self.runs / "bug"), str(self.runs / s), "--html",
+                                   str(self.work / f"compare-{s}.html"), "--json", timeout=240)
+                L.setdefault("compare", {})[s] = _brief_compare(_json_or(r.stdout, {"rc": r.returncode,
+                                                                                    "stderr": r.stderr[-800:]}))
+
+    def analyse(self) -> None:
+        """Diagnose and compare run folders already in --work again (no GPU needed), e.g. after
+        unpacking a device run's traces.tar there: `--phases analyse --from-summary summary.json`."""
+        runs = self.summary.setdefault("loop", {}).setdefault("runs", {})
+        for tag in ["bug", *self.a.strategies]:
+            if (self.runs / tag).is_dir():
+                rec = runs.setdefault(tag, {})
+                rec.pop("diagnose_error", None)
+                rec.update(self.diagnose(tag))
+        self.compare()
 
     def fix(self, strategy: str, url: str | None, *, revert: bool = False) -> dict:
         target = self.work / "srv" / "examples" / "repro_server" / "mla_attention.py"
@@ -341,12 +369,7 @@ class Loop:
                     self.save()
         finally:
             self.stop_server()
-        for s in self.a.strategies:
-            if (self.runs / s).is_dir() and (self.runs / "bug").is_dir():
-                r = self.perfscope(f"compare-{s}", "compare", str(self.runs / "bug"), str(self.runs / s), "--html",
-                                   str(self.work / f"compare-{s}.html"), "--json", timeout=240)
-                L.setdefault("compare", {})[s] = _brief_compare(_json_or(r.stdout, {"rc": r.returncode,
-                                                                                    "stderr": r.stderr[-800:]}))
+        self.compare()
 
     # ------------------------------------------------------------------ table and files
     def table(self) -> None:
@@ -357,6 +380,18 @@ class Loop:
         bug_d = bug.get("diagnosis", {})
         finding = next((f for f in bug_d.get("findings", []) if f.get("id") == "fp8-kv-cast"), {})
         predicted = finding.get("predicted_step_ms_after_fix")
+        prediction_source = "fp8-kv-cast finding of the bug's diagnosis (predicted_step_ms_after_fix)"
+        if predicted is None and bug_d:
+            # The rule did not fire: the same formula the rule uses (step time minus the cast kernel's
+            # time per step), from the diagnosis' own numbers, so that the table still says what a
+            # working rule would predict. Flagged in the table.
+            cast = next((o for o in bug_d.get("top_ops", []) if "direct_copy" in (o.get("short") or "")
+                         and "cast" in (o.get("short") or "")), None)
+            if cast and bug_d.get("step_median_ms"):
+                predicted = round(bug_d["step_median_ms"] - cast["ms_per_step"], 3)
+                prediction_source = ("NOT from a finding: fp8-kv-cast did not fire on the bug's trace; step median "
+                                     f"{bug_d['step_median_ms']} ms minus the cast op's {cast['ms_per_step']:.3f} ms "
+                                     "per step (the rule's own formula)")
         floor = bug_d.get("floor", {}).get("floor_ms")
         rows = []
         bug_tpot = _tpot(bug)
@@ -391,12 +426,14 @@ class Loop:
             checks[t] = {
                 "cut_ge_6x": bool(row["speedup_vs_bug"] and row["speedup_vs_bug"] >= 6),
                 "prediction_within_20pct": bool(row["prediction_error"] is not None and abs(row["prediction_error"]) <= 0.2),
+                "prediction_from_fp8_kv_cast_finding": bool(finding),
                 "within_2x_floor_or_bucket_named": bool((row["tpot_over_floor"] and row["tpot_over_floor"] <= 2)
                                                         or row["worst_bucket"]),
                 "fp8_kv_cast_gone": row["fp8_kv_cast_found"] is False,
             }
         checks["bug_top_finding_fp8_kv_cast"] = rows[0]["top_finding"] == "fp8-kv-cast"
-        tbl = {"date_utc": datetime.now(timezone.utc).date().isoformat(), "env": self.summary.get("env"),
+        tbl = {"date_utc": self.summary.get("started_utc", "")[:10] or datetime.now(timezone.utc).date().isoformat(),
+               "env": self.summary.get("env"), "prediction_source": prediction_source,
                "rows": rows, "checks": checks, "workload": {
                    "input_len": self.a.input_len, "trace_output_len": self.a.trace_output_len,
                    "bench_output_len": self.a.bench_output_len, "bench_requests": self.a.bench_requests,
@@ -570,20 +607,22 @@ def _markdown(tbl: dict, sb: dict | None) -> str:
         pe = r["prediction_error"]
         lines.append(
             f"| {r['run']} | {_fmt(r['tpot_ms'])} | {_fmt(r['predicted_tpot_ms'])} | "
-            f"{'-' if pe is None else f'{pe * 100:+.0f}%'} | {_fmt(r['floor_ms'])} | {_fmt(r['tpot_over_floor'])} | "
+            f"{'-' if pe is None else f'{pe * 100:+.1f}%'} | {_fmt(r['floor_ms'])} | {_fmt(r['tpot_over_floor'])} | "
             f"{_fmt(r['worst_bucket'])} | {_fmt(r['speedup_vs_bug'])} | {_fmt(r['top_finding'])} | "
             f"{_fmt(r['step_ms_trace'])} | {_fmt(r['stepbench_step_ms'])} | "
             f"{_fmt(r['logits_max_abs_diff_vs_cast'], 4)} (of {_fmt(r['logits_ref_abs_max'])}) | "
             f"{_fmt(r['greedy_tokens_equal_to_bug'])} |")
-    lines += ["", "Checks: " + ", ".join(f"{k}: {v}" for k, v in tbl["checks"].items()), ""]
+    lines += ["", f"Prediction: {tbl.get('prediction_source')}.", "",
+              "Checks: " + ", ".join(f"{k}: {v}" for k, v in tbl["checks"].items()), ""]
     if sb and sb.get("results"):
         lines += ["stepbench (in-process, CUDA events, median of the timed steps):", "",
-                  "| strategy / mode | median ms | min ms | wall median ms | logits max abs diff vs pool | argmax agree |",
-                  "|---|---|---|---|---|---|"]
+                  "| strategy / mode | step median ms | step min ms | graph replay alone, median ms | wall median ms "
+                  "| logits max abs diff vs pool | argmax agree |",
+                  "|---|---|---|---|---|---|---|"]
         for k, v in sb["results"].items():
             lines.append(f"| {k} | {_fmt(v.get('median_ms'), 3)} | {_fmt(v.get('min_ms'), 3)} | "
-                         f"{_fmt(v.get('wall_median_ms'), 3)} | {_fmt(v.get('max_abs_diff_vs_pool'), 4)} | "
-                         f"{_fmt(v.get('argmax_agree'))} |")
+                         f"{_fmt(v.get('replay_median_ms'), 3)} | {_fmt(v.get('wall_median_ms'), 3)} | "
+                         f"{_fmt(v.get('max_abs_diff_vs_pool'), 4)} | {_fmt(v.get('argmax_agree'))} |")
         if sb.get("errors"):
             lines += ["", "stepbench errors: " + json.dumps(sb["errors"])]
     return "\n".join(lines) + "\n"
@@ -593,7 +632,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="run_loop.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="where the (at most 8) result files go ($OUT on the device)")
     p.add_argument("--work", default="/tmp/gpuloop")
-    p.add_argument("--phases", default="jit,env,patch,stepbench,loop")
+    p.add_argument("--phases", default="jit,env,patch,stepbench,loop",
+                   help="comma-separated; 'analyse' re-diagnoses and compares run folders already in --work")
+    p.add_argument("--from-summary", help="start from this summary.json (with --phases analyse)")
     p.add_argument("--strategies", default="native,pages")
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="CPU-sized model and pool (for a dry run without a GPU)")
@@ -622,6 +663,7 @@ def main(argv=None) -> int:
         lp.phase("patch", lp.patch)
         lp.phase("stepbench", lp.stepbench, min_left=90)
         lp.phase("loop", lp.loop, min_left=120)
+        lp.phase("analyse", lp.analyse, min_left=5)
     finally:
         lp.stop_server()
         try:

@@ -220,6 +220,7 @@ class CudaGraphRunner:
         if not self.batch_sizes or self.batch_sizes[-1] != max_bs:
             self.batch_sizes.append(max_bs)
         self.graphs: dict[int, tuple] = {}
+        self.replay_events: Optional[tuple] = None  # (start, end) CUDA events recorded around g.replay()
         self._capture_all()
 
     def _capture_all(self) -> None:
@@ -273,5 +274,9 @@ class CudaGraphRunner:
             decode_wrapper=wrapper,
         )
         self.r.attn_backend.forward_metadata.kv_indices = sfb.kv_indices  # the captured tensor
+        if self.replay_events is not None:  # stepbench: GPU time of the graph alone (no plan, no input copies)
+            self.replay_events[0].record()
         g.replay()
+        if self.replay_events is not None:
+            self.replay_events[1].record()
         return out[:n]

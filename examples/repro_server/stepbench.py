@@ -10,7 +10,8 @@ patched by ``perfscope fix fp8-kv-cast --apply``). ``batch`` requests of ``conte
 prefilled once (with the cast path); then, for every strategy and mode, the first decode step from
 that same state gives the logits compared against the ``pool`` (cast) path, and ``steps`` more
 decode steps are timed (CUDA events on GPU, wall clock on CPU). ``--modes graph`` replays each
-step from a CUDA graph captured for the batch (the plan runs outside the graph, as in SGLang).
+step from a CUDA graph captured for the batch (the plan runs outside the graph, as in SGLang):
+``median_ms`` is the whole step (plan, input copies, replay), ``replay_median_ms`` the replay alone.
 """
 
 from __future__ import annotations
@@ -83,12 +84,13 @@ class Bench:
             graph = CudaGraphRunner(r, args.batch, args.context + args.steps + args.warmup + 8)
             res["capture_s"] = round(time.perf_counter() - t0, 3)
             step = graph.replay
+            graph.replay_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         # reference step: the same pool state for every strategy (rows < context come from the
         # prefill; row `context` is written by this step, from this strategy's own layers)
         logits = step(self._batch(self.args.context + 1)).float().clone()
         self._sync()
         res["logits"] = logits
-        times, walls = [], []
+        times, walls, replays = [], [], []
         for i in range(args.warmup + args.steps):
             fb = self._batch(self.args.context + 2 + i)
             self._sync()
@@ -104,9 +106,13 @@ class Bench:
             if i >= args.warmup:
                 walls.append(wall * 1e3)
                 times.append(e0.elapsed_time(e1) if self.cuda else wall * 1e3)
+                if graph is not None:
+                    replays.append(graph.replay_events[0].elapsed_time(graph.replay_events[1]))
         res.update(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
                    wall_median_ms=statistics.median(walls), steps=len(times),
                    timer="cuda-events" if self.cuda else "wall")
+        if replays:  # the captured forward alone, as field-facts §4 times a graph step
+            res.update(replay_median_ms=statistics.median(replays), replay_min_ms=min(replays))
         del graph
         r.attn_backend = None
         if self.cuda:
