@@ -1,0 +1,259 @@
+"""One authenticated SSH connection: commands, port forwards, SFTP reads/writes, hashes, downloads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import select
+import stat as stat_mod
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import paramiko
+
+from perfscope.capture.ssh.commands import CommandResult, quote_argv
+from perfscope.capture.ssh.errors import CommandFailed
+from perfscope.capture.ssh.forward import LocalForward
+from perfscope.capture.ssh.target import SSHTarget
+from perfscope.errors import RemoteError
+
+
+class SSHSession:
+    """One authenticated connection (plus its jump hops). Thread-safe for commands and channels;
+    SFTP calls are serialised. Close it (or use ``with``)."""
+
+    def __init__(self, target: SSHTarget, client: paramiko.SSHClient, hops: list[paramiko.SSHClient]):
+        self.target = target
+        self._client = client
+        self._hops = hops
+        self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_lock = threading.RLock()
+        self._forwards: list[LocalForward] = []
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        t = self._client.get_transport()
+        if t is None or not t.is_active():
+            raise RemoteError(f"SSH connection to {self.target.label} is closed")
+        return t
+
+    # commands ------------------------------------------------------------------------------
+    def run(self, argv: Sequence[str] | str, *, timeout: float = 60.0, check: bool = False,
+            input: bytes | None = None) -> CommandResult:
+        """Run a command on the host. ``argv`` items are each shlex-quoted (a ``str`` is sent as
+        is: only for fixed text). Output is decoded as UTF-8 with replacement."""
+        line = quote_argv(argv)
+        try:
+            chan = self.transport.open_session(timeout=self.target.timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(line)
+            if input is not None:
+                chan.sendall(input)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                    continue
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    continue
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise RemoteError(f"command on {self.target.label} timed out after {timeout:g}s: {line[:120]}")
+                select.select([chan], [], [], 0.2)
+            rc = chan.recv_exit_status()
+            chan.close()
+        except RemoteError:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError(f"SSH command on {self.target.label} failed: {e}") from None
+        res = CommandResult(line, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        if check and rc != 0:
+            msg = (res.stderr.strip() or res.stdout.strip()).splitlines()
+            raise CommandFailed(
+                f"on {self.target.label}: `{line[:120]}` exited {rc}" + (f": {msg[-1][:200]}" if msg else "")
+            )
+        return res
+
+    # port forwarding -----------------------------------------------------------------------
+    def forward(self, remote_port: int, remote_host: str = "127.0.0.1", *, check: bool = True) -> LocalForward:
+        """Start a local forwarder to ``remote_host:remote_port`` as seen from the host (default
+        its loopback). With ``check`` it first proves something listens there (:class:`ServerDown`)."""
+        fwd = LocalForward(self.transport, remote_port, remote_host, label=self.target.label,
+                           timeout=self.target.timeout)
+        self._forwards.append(fwd)
+        if check:
+            try:
+                fwd.check()
+            except BaseException:
+                fwd.close()
+                raise
+        return fwd
+
+    # files ---------------------------------------------------------------------------------
+    def sftp(self) -> paramiko.SFTPClient:
+        with self._sftp_lock:
+            if self._sftp is None:
+                try:
+                    self._sftp = self._client.open_sftp()
+                    ch = self._sftp.get_channel()
+                    if ch is not None:
+                        ch.settimeout(max(self.target.timeout, 30.0))
+                except (paramiko.SSHException, OSError, EOFError) as e:
+                    raise RemoteError(f"SFTP is not available on {self.target.label}: {e}") from None
+            return self._sftp
+
+    def listdir(self, path: str) -> list[paramiko.SFTPAttributes]:
+        """Entries of a remote folder (name, size, mtime, mode)."""
+        with self._sftp_lock:
+            try:
+                return self.sftp().listdir_attr(path)
+            except FileNotFoundError:
+                raise RemoteError(f"{path} does not exist on {self.target.label}") from None
+            except (OSError, paramiko.SSHException) as e:
+                raise RemoteError(f"cannot list {path} on {self.target.label}: {e}") from None
+
+    def read_bytes(self, path: str) -> bytes:
+        with self._sftp_lock:
+            try:
+                with self.sftp().open(path, "rb") as f:
+                    f.prefetch()
+                    return f.read()
+            except FileNotFoundError:
+                raise RemoteError(f"{path} does not exist on {self.target.label}") from None
+            except (OSError, paramiko.SSHException) as e:
+                raise RemoteError(f"cannot read {path} on {self.target.label}: {e}") from None
+
+    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
+        """Write a remote file via a temporary file in the same folder and an atomic rename;
+        the old file's permission bits are kept (or set to ``mode``)."""
+        d, name = posixpath.split(path)
+        tmp = posixpath.join(d, f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp")
+        with self._sftp_lock:
+            sftp = self.sftp()
+            try:
+                if mode is None:
+                    try:
+                        mode = stat_mod.S_IMODE(sftp.stat(path).st_mode or 0) or None
+                    except FileNotFoundError:
+                        mode = None
+                with sftp.open(tmp, "wb") as f:
+                    f.set_pipelined(True)
+                    f.write(data)
+                if mode is not None:
+                    sftp.chmod(tmp, mode)
+                try:
+                    sftp.posix_rename(tmp, path)
+                except (IOError, paramiko.SSHException):
+                    sftp.rename(tmp, path)  # servers without the posix-rename extension
+            except BaseException as e:
+                try:
+                    sftp.remove(tmp)
+                except Exception:
+                    pass
+                if isinstance(e, (OSError, paramiko.SSHException)):
+                    raise RemoteError(f"cannot write {path} on {self.target.label}: {e}") from None
+                raise
+
+    def sha256(self, path: str) -> str:
+        """sha256 of a remote file, computed on the host."""
+        r = self.run(["sha256sum", "--", path], timeout=600)
+        if r.ok and re.match(r"^[0-9a-f]{64}\b", r.stdout):
+            return r.stdout[:64]
+        script = ("import hashlib,sys\nh=hashlib.sha256()\nf=open(sys.argv[1],'rb')\n"
+                  "for b in iter(lambda: f.read(1<<20), b''): h.update(b)\nprint(h.hexdigest())")
+        r2 = self.run(["python3", "-c", script, path], timeout=600)
+        if r2.ok and re.match(r"^[0-9a-f]{64}$", r2.stdout.strip()):
+            return r2.stdout.strip()
+        why = (r.stderr.strip() or r2.stderr.strip() or "no sha256sum or python3").splitlines()[-1]
+        raise RemoteError(f"cannot hash {path} on {self.target.label}: {why[:200]}")
+
+    def download(self, remote: str, local: str | os.PathLike, *, expected_sha256: str | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> str:
+        """Copy a remote file here atomically (temp file + rename) and return its sha256. With
+        ``expected_sha256`` a mismatch deletes the copy and raises :class:`RemoteError`.
+        ``progress(done_bytes, total_bytes)`` is called as data arrives."""
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.part")
+        h = hashlib.sha256()
+        try:
+            with self._sftp_lock:
+                sftp = self.sftp()
+                total = sftp.stat(remote).st_size or 0
+                done = 0
+                with sftp.open(remote, "rb") as src, open(tmp, "wb") as dst:
+                    src.prefetch(total)
+                    while True:
+                        block = src.read(1 << 20)
+                        if not block:
+                            break
+                        dst.write(block)
+                        h.update(block)
+                        done += len(block)
+                        if progress:
+                            progress(done, total)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+            digest = h.hexdigest()
+            if expected_sha256 and digest != expected_sha256:
+                raise RemoteError(
+                    f"{remote} from {self.target.label} arrived damaged: sha256 {digest[:12]}... "
+                    f"but the host has {expected_sha256[:12]}..."
+                )
+            os.replace(tmp, local)
+            return digest
+        except FileNotFoundError:
+            raise RemoteError(f"{remote} does not exist on {self.target.label}") from None
+        except (paramiko.SSHException, EOFError) as e:
+            raise RemoteError(f"copying {remote} from {self.target.label} failed: {e}") from None
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def remove(self, paths: Iterable[str], folder: str | None = None) -> None:
+        """Delete files (and then the folder, if empty) over SFTP; errors are ignored."""
+        with self._sftp_lock:
+            sftp = self.sftp()
+            for p in paths:
+                try:
+                    sftp.remove(p)
+                except Exception:
+                    pass
+            if folder:
+                try:
+                    sftp.rmdir(folder)
+                except Exception:
+                    pass
+
+    # lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        for f in self._forwards:
+            f.close()
+        self._forwards.clear()
+        with self._sftp_lock:
+            if self._sftp is not None:
+                try:
+                    self._sftp.close()
+                except Exception:
+                    pass
+                self._sftp = None
+        for c in [self._client, *reversed(self._hops)]:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    def __enter__(self) -> "SSHSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
