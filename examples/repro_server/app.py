@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-path", default=None, help="name reported as model_path")
     p.add_argument("--log-level", default="info")
+    from .tp import add_tp_args  # --tp-size & co. (tp.py)
+
+    add_tp_args(p)
     return p
 
 
@@ -56,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[repro %(asctime)s] %(message)s", stream=sys.stderr)
     log = logging.getLogger("repro_server")
+    tp = None
+    if args.tp_size > 1:  # tensor parallelism: tp.py (rank 0 continues here, the other ranks loop there)
+        from . import tp as tp_mod
+
+        if args.tp_rank:
+            return tp_mod.worker_main(args, PRESETS)
+        tp = tp_mod.launch(args, list(sys.argv[1:] if argv is None else argv), PRESETS)
 
     import torch
 
@@ -78,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     context_length = pick("context_length")
     t0 = time.time()
     use_fi = False if args.no_flashinfer else None
-    runner = ModelRunner(cfg, max_total_tokens=max_total, device=args.device, kv_strategy=args.kv_strategy,
+    runner = (tp.runner_cls if tp else ModelRunner)(cfg, max_total_tokens=max_total, device=args.device, kv_strategy=args.kv_strategy,
                          flashinfer_backend=args.flashinfer_backend, use_flashinfer=use_fi, seed=args.seed)
-    sched = Scheduler(runner, max_running_requests=args.max_running_requests, cuda_graph=args.cuda_graph,
+    sched = (tp.scheduler_cls if tp else Scheduler)(runner, max_running_requests=args.max_running_requests, cuda_graph=args.cuda_graph,
                       cuda_graph_max_bs=args.cuda_graph_max_bs, max_context=context_length, seed=args.seed)
     device_name = torch.cuda.get_device_name(runner.device) if runner.device.type == "cuda" else "cpu"
     wbytes = cfg.weight_bytes_per_layer()
@@ -114,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         "kv_pool_rows": max_total + 1, "kv_pool_bytes_per_layer": runner.token_to_kv_pool.bytes_per_layer(),
         "flashinfer": runner.use_flashinfer, "device_name": device_name, "torch_version": torch.__version__,
     }
+    if tp:
+        tp.update_info(info, runner)
     if runner.use_flashinfer:
         import flashinfer
 
