@@ -138,6 +138,21 @@ def test_rank_folder_in_parallel_with_per_rank_tables(tmp_path):
     assert finding(out["ranks"][1], "fp8-kv-cast") is None
 
 
+def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
+    """A one-step EXTEND file of another rank must not be called the straggler of decode."""
+    prof = tmp_path / "profile"
+    prof.mkdir()
+    shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1.1-TP-0-DECODE.trace.json.gz")
+    shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1.1-TP-1-DECODE.trace.json.gz")
+    shutil.copy(TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz",
+                prof / "1.1-TP-1-EXTEND.trace.json.gz")
+    d = diagnose([prof], workers=2)
+    assert len(d.ranks) == 3
+    s = d.straggler
+    assert s["phase"] == "decode" and s["stage"] == "DECODE"
+    assert s["significant"] is False, s  # identical decode ranks; the 29 ms prefill step is not compared
+
+
 def test_cli_json_and_fail_on_gate():
     r = run_cli("diagnose", H200 / "mla_pool_graph.json.gz", "--json", "--fail-on", "fp8-kv-cast")
     assert r.returncode == 1, r.stderr

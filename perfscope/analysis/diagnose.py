@@ -36,18 +36,48 @@ def _worker(args: tuple) -> dict:
         return {"error": str(e), "exit_code": e.exit_code}
 
 
-def straggler(ranks: list[RankAnalysis]) -> Optional[dict]:
-    timed = [r for r in ranks if r.steps.get("median_ms")]
-    if len(timed) < 2:
+def _compute_ms(r: RankAnalysis) -> float:
+    """Kernel time per step that is not communication: the work a rank must finish before its
+    peers can leave their all-reduce (their communication kernels absorb the wait)."""
+    return r.kernel_ms_per_step - r.buckets.get("communication", {}).get("ms_per_step", 0.0)
+
+
+def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[dict]:
+    """The slowest rank among comparable ones: same stage and phase, at least two timed steps.
+
+    Two signals: the longest step (a rank that is late after its last collective), and the most
+    non-communication kernel time (a rank that is late before a collective: every rank's step grows
+    by the same wait, but the late rank's communication kernels wait the least). ``significant``
+    when either exceeds the ranks' median by ``threshold``.
+    """
+    groups: dict = {}
+    for r in ranks:
+        if (r.steps.get("count") or 0) >= 2 and r.steps.get("median_ms"):
+            groups.setdefault((r.stage, r.steps.get("phase")), []).append(r)
+    groups = {k: v for k, v in groups.items() if len(v) >= 2}
+    if not groups:
         return None
-    meds = [r.steps["median_ms"] for r in timed]
-    mid = statistics.median(meds)
-    slow = max(timed, key=lambda r: r.steps["median_ms"])
-    fast = min(timed, key=lambda r: r.steps["median_ms"])
-    return {"rank": slow.rank, "stage": slow.stage, "median_ms": slow.steps["median_ms"],
-            "ranks_median_ms": round(mid, 4), "slower_than_median": round(slow.steps["median_ms"] / mid, 4) if mid else None,
-            "fastest_rank": fast.rank, "spread_ms": round(slow.steps["median_ms"] - fast.steps["median_ms"], 4),
-            "significant": bool(mid and slow.steps["median_ms"] > 1.05 * mid)}
+    key = max(groups, key=lambda k: (k[1] == "decode", len(groups[k])))
+    timed = groups[key]
+    step = {id(r): r.steps["median_ms"] for r in timed}
+    comp = {id(r): _compute_ms(r) for r in timed}
+    mid_step = statistics.median(step.values())
+    mid_comp = statistics.median(comp.values())
+    by_step = max(timed, key=lambda r: step[id(r)])
+    by_comp = max(timed, key=lambda r: comp[id(r)])
+    step_ratio = step[id(by_step)] / mid_step if mid_step else 1.0
+    comp_ratio = comp[id(by_comp)] / mid_comp if mid_comp > 0 else 1.0
+    use_comp = comp_ratio > step_ratio and comp_ratio > threshold
+    slow = by_comp if use_comp else by_step
+    fast = min(timed, key=lambda r: (comp if use_comp else step)[id(r)])
+    return {"rank": slow.rank, "stage": slow.stage, "phase": key[1], "median_ms": slow.steps["median_ms"],
+            "ranks_median_ms": round(mid_step, 4), "slower_than_median": round(max(step_ratio, comp_ratio), 4),
+            "signal": "compute-before-collective" if use_comp else "step-time",
+            "compute_ms": round(comp[id(slow)], 4), "ranks_median_compute_ms": round(mid_comp, 4),
+            "fastest_rank": fast.rank,
+            "spread_ms": round(step[id(slow)] - step[id(fast)], 4) if not use_comp
+            else round(comp[id(slow)] - comp[id(fast)], 4),
+            "significant": bool(max(step_ratio, comp_ratio) > threshold)}
 
 
 def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
