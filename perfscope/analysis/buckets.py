@@ -19,7 +19,8 @@ TABLE: tuple[tuple[str, str, str], ...] = (
     # leaf CPU ops, for traces with no GPU kernels (analysed on their CPU ops, e.g. a CPU server);
     # anchored on op names (`aten::mm`), which no GPU kernel name matches
     ("copy", "copy", r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|stack)$"),
-    ("copy", "gather", r"^aten::(index|index_select|gather|take|embedding|index_put_?)$"),
+    ("copy", "scatter", r"^aten::(index_put_?|scatter_?|scatter_add_?|_index_put_impl_)$"),
+    ("copy", "gather", r"^aten::(index|index_select|gather|take|embedding)$"),
     ("copy", "fill", r"^aten::(fill_|zero_|zeros|empty|empty_strided|empty_like|full)$"),
     ("gemm", "gemm", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|einsum)$"),
     ("attention", "attention", r"^aten::_?scaled_dot_product|^aten::_flash_attention"),
@@ -59,7 +60,9 @@ TABLE: tuple[tuple[str, str, str], ...] = (
                      r"batched_transpose|transpose_kernel|^copy|_copy_|memcpy|CopyFunctor|permute_\w*kernel"),
     ("copy", "kv-write", r"store_kvcache|reshape_and_cache|set_mla_kv_buffer|concat_and_cache|"
                          r"set_kv_buffer|cache_kernel"),
-    ("copy", "gather", r"index_select|indexSelect|indexFunc|gather_kernel|scatter_kernel|index_put|"
+    # scatters write into a tensor (the KV write of `pool[loc] = kv` is an index_put): not gathers
+    ("copy", "scatter", r"scatter_kernel|index_put|indexFuncLarge\w*ReduceAdd|scatter_add"),
+    ("copy", "gather", r"index_select|indexSelect|indexFunc|gather_kernel|"
                        r"index_elementwise|vectorized_gather|index_kernel|(?<!rotary_)embedding"),
     ("copy", "fill", r"FillFunctor|fill_kernel|memset|zero_"),
     # attention (vLLM's split-KV Triton attention ends in `reduce_segments`)

@@ -63,7 +63,7 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
     """What one side of the comparison was: where it came from, on what, and its headline numbers."""
     p = d.primary
     info = _server_info(d, config)
-    timings = (d.run or {}).get("timings") or {}
+    timings = d.timings
     files = [r.file for r in d.ranks]
     return {
         "label": label,
@@ -83,6 +83,7 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
         "idle_ms_per_step": p.idle_ms_per_step,
         "tpot_ms": timings.get("tpot_ms"),
         "ttft_ms": timings.get("ttft_ms"),
+        "tpot_source": timings.get("source"),
         "versions": (d.run or {}).get("versions") or {},
         "config": {k: info[k] for k in CONFIG_KEYS if k in info},
         "findings": [f["id"] for f in p.findings],

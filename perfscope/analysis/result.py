@@ -45,6 +45,18 @@ class Diagnosis:
     straggler: Optional[dict] = None
 
     @property
+    def timings(self) -> dict:
+        """The client-measured timings of a run folder: `perfscope bench`'s (no profiler running)
+        when there are some, else the ones measured during the trace (under the profiler)."""
+        t = (self.run or {}).get("timings") or {}
+        bench = t.get("bench")
+        if isinstance(bench, dict) and bench.get("tpot_ms"):
+            return dict(bench, source="bench", under_profiler=False)
+        if t.get("tpot_ms"):
+            return dict(t, source="trace", under_profiler=bool(t.get("under_profiler", True)))
+        return {}
+
+    @property
     def primary(self) -> RankAnalysis:
         """The decode analysis of the slowest rank (else the slowest analysis of any phase)."""
         pool = [r for r in self.ranks if r.steps.get("phase") == "decode"] or self.ranks

@@ -180,7 +180,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
     p = d.primary
     m = p.meta
     run = d.run or {}
-    timings = run.get("timings") or {}
+    timings = d.timings
     top = max(p.findings, key=lambda f: f.get("ms_per_step") or 0.0) if p.findings else None
     gpus = run.get("gpu") or []
     return {

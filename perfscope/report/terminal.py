@@ -46,9 +46,10 @@ def header(d: Diagnosis) -> Panel:
     if other:
         lines.append("other phases: " + ", ".join(f"{ph['phase']} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)"
                                                   for ph in other))
-    tpot = (d.run.get("timings") or {}).get("tpot_ms") if d.run else None
-    if tpot:
-        lines.append(f"measured TPOT (client): [bold]{_fmt_ms(tpot)} ms[/]")
+    t = d.timings
+    if t.get("tpot_ms"):
+        how = "perfscope bench" if t["source"] == "bench" else "during the trace, under the profiler"
+        lines.append(f"measured TPOT (client, {how}): [bold]{_fmt_ms(t['tpot_ms'])} ms[/]")
     return Panel("\n".join(lines), title="perfscope diagnose", expand=False)
 
 

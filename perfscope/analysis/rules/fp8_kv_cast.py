@@ -115,7 +115,7 @@ class Fp8KvCast(Rule):
             source = "cpu-op shapes"
         elif grid and block:
             elements = math.prod(grid) * math.prod(block) * elements_per_thread(name)
-            tokens = round(elements / latent)
+            tokens = elements // latent  # the grid rounds elements up to a whole block
             source = "kernel launch geometry"
         else:
             return None
@@ -123,12 +123,13 @@ class Fp8KvCast(Rule):
             return None
         if (attr.input_types or k0.kind == "cpu") and src_type is None:
             return None  # the recorded dtypes say this is not an FP8 cast (or there are none to say it is)
+        pool_cfg = ctx.config_value("max_total_num_tokens")
+        pool_sized = isinstance(pool_cfg, int) and pool_cfg > 0 and tokens >= 0.5 * pool_cfg
         gathered = self.gathered_first(kern, idx)
-        if gathered > 0.5:
+        if gathered > 0.5 and not pool_sized:
             return None  # each cast reads a freshly gathered tensor: only the referenced pages
 
         kv_dtype = str(ctx.config_value("kv_cache_dtype", default="") or "")
-        pool_cfg = ctx.config_value("max_total_num_tokens")
         confidence = "high" if src_type else ("high" if "fp8" in kv_dtype else "medium")
         bytes_per_cast = elements * 3  # read 1 B (fp8) + write 2 B (bf16)
         avg_us = sum(kern[i].dur for i in idx) / len(idx)
