@@ -1,6 +1,6 @@
 """Benchmark (not a test): what an HTML report adds over the diagnosis itself, on the 210 MB trace.
 
-    python tests/bench_html.py [TRACE] [--runs N]
+    python benchmarks/html_overhead.py [TRACE] [--runs N]
 
 Runs ``perfscope diagnose TRACE --json`` and ``perfscope diagnose TRACE --json --html OUT`` alternately
 N times each (fresh processes, as a user runs them), and prints the medians, their ratio, the
