@@ -12,14 +12,17 @@ from paths import REPO
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
 
-RUNS = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-11-29" / "runs"
+RESULTS = REPO / "examples" / "gpu_loop" / "results"
+# two pool sizes: 495,000 tokens (the notes' setup) and 250,000 (a size the rule was not tuned on)
+SETS = [RESULTS / "h200-2026-11-29" / "runs", RESULTS / "h200-2026-11-29-pool250k" / "runs"]
 
 
-def _bench_tpot(run: str) -> float:
-    return json.loads((RUNS / run / "bench.json").read_text())["tpot_ms"]
+def _bench_tpot(runs, run: str) -> float:
+    return json.loads((runs / run / "bench.json").read_text())["tpot_ms"]
 
 
-def test_bug_run_top_finding_and_prediction_against_both_fixes():
+@pytest.mark.parametrize("RUNS", SETS, ids=["pool495k", "pool250k"])
+def test_bug_run_top_finding_and_prediction_against_both_fixes(RUNS):
     d = diagnose([RUNS / "bug"]).to_dict()
     f = d["findings"][0]
     assert f["id"] == "fp8-kv-cast" and f["confidence"] == "high"
@@ -27,20 +30,22 @@ def test_bug_run_top_finding_and_prediction_against_both_fixes():
     assert f["evidence"]["pool_tokens"] in (pool, pool + 1)  # SGLang's pool has one extra row (slot 0)
     assert f["evidence"]["casts_per_step"] == 60
     for fixed in ("native", "pages"):
-        assert f["predicted_step_ms_after_fix"] == pytest.approx(_bench_tpot(fixed), rel=0.20), fixed
+        assert f["predicted_step_ms_after_fix"] == pytest.approx(_bench_tpot(RUNS, fixed), rel=0.20), fixed
 
 
-def test_bug_trace_alone_without_server_config_still_fires():
+@pytest.mark.parametrize("RUNS", SETS, ids=["pool495k", "pool250k"])
+def test_bug_trace_alone_without_server_config_still_fires(RUNS):
     trace = next((RUNS / "bug" / "traces").glob("*DECODE*.json.gz"))
     d = diagnose([trace]).to_dict()
     assert d["findings"] and d["findings"][0]["id"] == "fp8-kv-cast"
 
 
+@pytest.mark.parametrize("RUNS", SETS, ids=["pool495k", "pool250k"])
 @pytest.mark.parametrize("run", ["native", "pages"])
-def test_fixed_runs_have_no_cast_and_compare_uses_bench_tpot(run):
+def test_fixed_runs_have_no_cast_and_compare_uses_bench_tpot(RUNS, run):
     after = diagnose([RUNS / run])
     assert "fp8-kv-cast" not in [x["id"] for x in after.primary.findings]
     c = compare(diagnose([RUNS / "bug"]), after)
-    assert c["tpot"]["before_ms"] == pytest.approx(_bench_tpot("bug"), abs=1e-3)  # not the profiled 78 ms
-    assert c["tpot"]["after_ms"] == pytest.approx(_bench_tpot(run), abs=1e-3)
+    assert c["tpot"]["before_ms"] == pytest.approx(_bench_tpot(RUNS, "bug"), abs=1e-3)  # not the profiled 78 ms
+    assert c["tpot"]["after_ms"] == pytest.approx(_bench_tpot(RUNS, run), abs=1e-3)
     assert "fp8-kv-cast" in [f["id"] for f in c["findings"]["gone"]]
