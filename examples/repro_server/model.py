@@ -154,25 +154,27 @@ class ModelRunner:
         self.lm_head = rnd(H, cfg.vocab_size, fan_in=H)
 
     # ------------------------------------------------------------------------------- forward
+    def attention(self, x: torch.Tensor, lw: "_LayerWeights", layer: AttnLayer, fb: ForwardBatch) -> torch.Tensor:
+        """RMSNorm, GEMM 1 (query + new latent KV) and MLA attention of one layer; returns the
+        attention output before the output projection."""
+        cfg = self.model_config
+        nh, L, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        qkv = _rmsnorm(x, lw.norm) @ lw.w_in  # BF16 GEMM 1
+        q = qkv[:, : nh * L]
+        q_rope = qkv[:, nh * L: nh * (L + R)]
+        k = qkv[:, nh * (L + R): nh * (L + R) + L].unsqueeze(1)
+        k_rope = qkv[:, nh * (L + R) + L:].unsqueeze(1)
+        be = self.attn_backend
+        if fb.forward_mode.is_decode():
+            return be.forward_decode(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
+        return be.forward_extend(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run one forward; returns the logits of each request's last token ``[bs, vocab]``."""
-        cfg = self.model_config
-        nh, L, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         x = self.embed[fb.input_ids]
-        be = self.attn_backend
         for lw, layer in zip(self.layers, self.attn_layers):
-            h = _rmsnorm(x, lw.norm)
-            qkv = h @ lw.w_in  # BF16 GEMM 1
-            q = qkv[:, : nh * L]
-            q_rope = qkv[:, nh * L: nh * (L + R)]
-            k = qkv[:, nh * (L + R): nh * (L + R) + L].unsqueeze(1)
-            k_rope = qkv[:, nh * (L + R) + L:].unsqueeze(1)
-            if fb.forward_mode.is_decode():
-                o = be.forward_decode(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
-            else:
-                o = be.forward_extend(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
-            x = x + o @ lw.w_out  # BF16 GEMM 2
+            x = x + self.attention(x, lw, layer, fb) @ lw.w_out  # BF16 GEMM 2
         if fb.last_token_index is not None:
             x = x[fb.last_token_index]
         return _rmsnorm(x, self.final_norm) @ self.lm_head

@@ -265,25 +265,13 @@ def _runner_classes():
 
         @torch.inference_mode()
         def forward(self, fb):
-            cfg = self.model_config
-            nh, L, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
             ar = CTX.all_reduce
             if CTX.straggler_s and CTX.args.straggler_at == "head":
                 time.sleep(CTX.straggler_s)
             x = self.embed[fb.input_ids]
-            be = self.attn_backend
             for lw, layer, (n2, w_up, w_down) in zip(self.layers, self.attn_layers, self.mlp):
-                h = _rmsnorm(x, lw.norm)
-                qkv = h @ lw.w_in  # column-parallel q (local heads) + replicated latent KV
-                q = qkv[:, : nh * L]
-                q_rope = qkv[:, nh * L: nh * (L + R)]
-                k = qkv[:, nh * (L + R): nh * (L + R) + L].unsqueeze(1)
-                k_rope = qkv[:, nh * (L + R) + L:].unsqueeze(1)
-                if fb.forward_mode.is_decode():
-                    o = be.forward_decode(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
-                else:
-                    o = be.forward_extend(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
-                x = x + ar(o @ lw.w_out)  # row-parallel o_proj: all-reduce 1
+                # column-parallel q (local heads) + replicated latent KV, then row-parallel o_proj
+                x = x + ar(self.attention(x, lw, layer, fb) @ lw.w_out)  # all-reduce 1
                 h = _rmsnorm(x, n2)
                 x = x + ar(torch.nn.functional.silu(h @ w_up) @ w_down)  # row-parallel down: all-reduce 2
             if fb.last_token_index is not None:

@@ -42,13 +42,28 @@ def _compute_ms(r: RankAnalysis) -> float:
     return r.kernel_ms_per_step - r.buckets.get("communication", {}).get("ms_per_step", 0.0)
 
 
+NOISE_SIGMAS = 3.0
+
+
+def _noise(ranks: list[RankAnalysis], value) -> float:
+    """Median over ranks of the median absolute deviation of ``value(step)`` across their steps."""
+    mads = []
+    for r in ranks:
+        xs = [value(m) for m in r.per_step]
+        if len(xs) >= 2:
+            med = statistics.median(xs)
+            mads.append(statistics.median(abs(x - med) for x in xs))
+    return statistics.median(mads) if mads else 0.0
+
+
 def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[dict]:
     """The slowest rank among comparable ones: same stage and phase, at least two timed steps.
 
     Two signals: the longest step (a rank that is late after its last collective), and the most
     non-communication kernel time (a rank that is late before a collective: every rank's step grows
     by the same wait, but the late rank's communication kernels wait the least). ``significant``
-    when either exceeds the ranks' median by ``threshold``.
+    when either exceeds the ranks' median by ``threshold`` and by more than ``NOISE_SIGMAS`` times
+    the step-to-step noise (median absolute deviation) of the ranks.
     """
     groups: dict = {}
     for r in ranks:
@@ -65,8 +80,15 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     mid_comp = statistics.median(comp.values())
     by_step = max(timed, key=lambda r: step[id(r)])
     by_comp = max(timed, key=lambda r: comp[id(r)])
+    # a difference only counts when it stands above the step-to-step noise of the ranks
+    step_noise = _noise(timed, lambda m: m.get("gpu_ms") or m.get("cpu_ms") or 0.0)
+    comp_noise = _noise(timed, lambda m: m.get("kernel_ms", 0.0) - (m.get("buckets") or {}).get("communication", 0.0))
     step_ratio = step[id(by_step)] / mid_step if mid_step else 1.0
     comp_ratio = comp[id(by_comp)] / mid_comp if mid_comp > 0 else 1.0
+    if step[id(by_step)] - mid_step <= NOISE_SIGMAS * step_noise:
+        step_ratio = 1.0
+    if comp[id(by_comp)] - mid_comp <= NOISE_SIGMAS * comp_noise:
+        comp_ratio = 1.0
     use_comp = comp_ratio > step_ratio and comp_ratio > threshold
     slow = by_comp if use_comp else by_step
     fast = min(timed, key=lambda r: (comp if use_comp else step)[id(r)])
