@@ -23,7 +23,13 @@ def main():
         return {"ok": False, "reason": "no CUDA device visible to this python"}
     ns = {}
     if len(sys.argv) > 2 and sys.argv[2] != "-":
-        exec(compile(open(sys.argv[2]).read(), "perfscope-snippet", "exec"), ns)
+        # imported from its file, not exec'd from a string: Triton's @jit reads the kernels' source
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("perfscope_fp8kv_snippet", sys.argv[2])
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ns = vars(mod)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     heads, ckv, kpe, pool_rows = 16, 512, 64, 8192

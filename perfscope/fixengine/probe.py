@@ -22,8 +22,10 @@ def run_probe(fix: FixModule, host: FixHost, env: Environment, strategy: str, ti
         return {"ok": False, "reason": f"cannot make a temp folder on {host.label}"}
     try:
         sp = join(host, tmp, "snippet.py")
+        pp = join(host, tmp, "probe.py")
         host.write_bytes_atomic(sp, snippet.read_bytes() if snippet.is_file() else b"")
-        r = host.run([env.python, "-c", script.read_text(encoding="utf-8"), strategy, sp], timeout=timeout)
+        host.write_bytes_atomic(pp, script.read_bytes())  # a file: Triton's @jit needs real source files
+        r = host.run([env.python, pp, strategy, sp], timeout=timeout)
     finally:
         host.run(["rm", "-rf", tmp])
     try:
