@@ -15,9 +15,11 @@ from perfscope.load.discover import TraceFile, TraceSet, discover
 from perfscope.load.reader import load_trace
 
 
-def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None) -> RankAnalysis:
-    """``capture``: graph-capture trace paths (files or folders) that attribute graph-replayed kernels."""
-    trace = load_trace(tf.path)
+def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None,
+                 on_read: Optional[Callable[[int, int], None]] = None) -> RankAnalysis:
+    """``capture``: graph-capture trace paths (files or folders) that attribute graph-replayed kernels;
+    ``on_read(bytes_done, bytes_total)`` follows the reading of the file."""
+    trace = load_trace(tf.path, progress=on_read)
     if not trace.kernels and not trace.cpu_ops and not trace.annotations:
         raise InputError(f"{tf.path}: no events perfscope can use (no kernels, CPU ops or annotations)")
     rank = tf.rank if tf.rank is not None else trace.meta.rank
@@ -104,8 +106,11 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
 
 def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
              on_done: Optional[Callable[[int, int], None]] = None,
-             capture: Optional[list[str | Path]] = None) -> Diagnosis:
-    """Analyse every trace under ``paths``; several files are parsed in parallel processes."""
+             capture: Optional[list[str | Path]] = None,
+             on_read: Optional[Callable[[int, int], None]] = None) -> Diagnosis:
+    """Analyse every trace under ``paths``; several files are parsed in parallel processes.
+    ``on_read(bytes_done, bytes_total)`` follows the reading of a file analysed in this process;
+    ``on_done(files_done, files_total)`` the files."""
     tset: TraceSet = discover(paths)
     cfg = dict(tset.server_info)
     if tset.run_info.get("workload"):
@@ -116,7 +121,7 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
     nproc = workers or min(len(files), os.cpu_count() or 1)
     if len(files) == 1 or nproc <= 1:
         for i, tf in enumerate(files):
-            results[i] = analyze_file(tf, cfg, capture)
+            results[i] = analyze_file(tf, cfg, capture, on_read)
             if on_done:
                 on_done(i + 1, len(files))
     else:

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from perfscope.errors import GateFailed, InputError
 
@@ -79,11 +79,15 @@ def command(
     if json_out or not err.is_terminal:
         d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     else:
-        with Progress(TextColumn("analysing traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
-            task = prog.add_task("analyse", total=None)
+            task = prog.add_task("reading traces", total=None)
             d = diagnose(paths, cfg, workers=workers, capture=capture_trace,
-                         on_done=lambda done, total: prog.update(task, completed=done, total=total))
+                         on_read=lambda done, total: prog.update(
+                             task, description="reading trace" if done < total else "analysing",
+                             completed=done, total=total),
+                         on_done=lambda done, total: prog.update(
+                             task, description=f"analysed {done}/{total} trace files", completed=done, total=total))
     if html is not None:
         from perfscope.report.html import write_diagnosis_html
 
