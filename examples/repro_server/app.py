@@ -50,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", default=None, help="name reported as model_path")
     p.add_argument("--log-level", default="info")
     from .tp import add_tp_args  # --tp-size & co. (tp.py)
+    from .vllm_api import add_args as add_vllm_args  # --api vllm & co. (vllm_api.py)
 
     add_tp_args(p)
+    add_vllm_args(p)
     return p
 
 
@@ -130,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         import flashinfer
 
         info["flashinfer_version"] = getattr(flashinfer, "__version__", "?")
-    httpd = ReproHTTPServer((args.host, args.port), sched, info, api_key=args.api_key,
-                            admin_api_key=args.admin_api_key)
+    if args.api == "vllm":
+        from .vllm_api import make_server
+
+        httpd = make_server((args.host, args.port), sched, info, args)
+    else:
+        httpd = ReproHTTPServer((args.host, args.port), sched, info, api_key=args.api_key,
+                                admin_api_key=args.admin_api_key)
     port = httpd.server_address[1]
     info["port"] = port
     sched.start()

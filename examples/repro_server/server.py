@@ -48,8 +48,8 @@ class ReproHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, addr, scheduler: Scheduler, server_info: dict, api_key: Optional[str] = None,
-                 admin_api_key: Optional[str] = None):
-        super().__init__(addr, Handler)
+                 admin_api_key: Optional[str] = None, handler_cls: Optional[type] = None):
+        super().__init__(addr, handler_cls or Handler)  # handler_cls: vllm_api.VLLMHandler for --api vllm
         self.scheduler = scheduler
         self.server_info_base = server_info
         self.api_key = api_key
@@ -114,9 +114,10 @@ class Handler(BaseHTTPRequestHandler):
             if not self._authorized(path):
                 self._send_json(401, {"error": "Unauthorized"})
                 return
-            fn = ROUTES.get((self.command if self.command != "PUT" else "POST", path))
+            routes = self._routes()
+            fn = routes.get((self.command if self.command != "PUT" else "POST", path))
             if fn is None:
-                if any(p == path for (_, p) in ROUTES):
+                if any(p == path for (_, p) in routes):
                     self._error(405, f"method {self.command} not allowed on {path}")
                 else:
                     self._error(404, f"no endpoint {path}")
@@ -128,6 +129,9 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     do_GET = do_POST = do_PUT = _route
+
+    def _routes(self) -> dict:
+        return ROUTES
 
     # ------------------------------------------------------------------ endpoints
     def health(self) -> None:

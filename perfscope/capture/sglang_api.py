@@ -247,8 +247,13 @@ class SGLangClient:
         """Streamed /generate: yields a :class:`StreamFrame` per ``data:`` frame as it arrives and
         returns at ``data: [DONE]``. ``timeout`` bounds each read (not the whole stream). ``stop``
         (a ``threading.Event``) abandons the stream between frames, closing the connection."""
-        body = dict(payload, stream=True)
-        conn, resp = self._open("POST", "/generate", body, timeout)
+        return self.stream_sse("/generate", dict(payload, stream=True), timeout=timeout, stop=stop)
+
+    def stream_sse(self, path: str, body: Any, timeout: Optional[float] = None,
+                   stop: Optional[Any] = None) -> Iterator[StreamFrame]:
+        """POST ``body`` to ``path`` and yield its SSE ``data:`` frames until ``data: [DONE]``
+        (shared with the vLLM client's /v1/completions)."""
+        conn, resp = self._open("POST", path, body, timeout)
         try:
             buf: list[bytes] = []
             while True:
@@ -257,12 +262,12 @@ class SGLangClient:
                 try:
                     line = resp.readline()
                 except (socket.timeout, TimeoutError):
-                    raise RemoteError(f"POST /generate: no stream data for {conn.timeout:g}s") from None
+                    raise RemoteError(f"POST {path}: no stream data for {conn.timeout:g}s") from None
                 except (OSError, http.client.HTTPException) as e:
-                    raise RemoteError(f"POST /generate: stream cut short ({type(e).__name__})") from None
+                    raise RemoteError(f"POST {path}: stream cut short ({type(e).__name__})") from None
                 t = time.perf_counter()
                 if not line:
-                    raise RemoteError("POST /generate: the stream ended without data: [DONE]")
+                    raise RemoteError(f"POST {path}: the stream ended without data: [DONE]")
                 line = line.rstrip(b"\r\n")
                 if line:
                     buf.append(line)
@@ -278,10 +283,10 @@ class SGLangClient:
                 try:
                     obj = json.loads(data)
                 except ValueError:
-                    raise RemoteError(f"POST /generate: a stream frame is not JSON: {data[:120]!r}") from None
+                    raise RemoteError(f"POST {path}: a stream frame is not JSON: {data[:120]!r}") from None
                 if isinstance(obj, dict) and obj.get("error"):
                     err = obj["error"]
-                    raise RemoteError(f"POST /generate: {err.get('message') if isinstance(err, dict) else err}")
+                    raise RemoteError(f"POST {path}: {err.get('message') if isinstance(err, dict) else err}")
                 yield StreamFrame(t, obj)
         finally:
             conn.close()

@@ -55,6 +55,7 @@ class Endpoint:
 
     target: SSHTarget | None = None
     url: str | None = None
+    port: int | None = None  # the server's HTTP port on the host (None: TraceOptions.port)
 
     @property
     def label(self) -> str:
@@ -70,9 +71,30 @@ class Endpoint:
 
 
 def _api(url: str, opts: TraceOptions):
-    from perfscope.capture import sglang_api
+    from perfscope.capture.vllm_api import client_for
 
-    return sglang_api.SGLangClient(url, api_key=opts.api_key, timeout=opts.http_timeout)
+    return client_for(opts.engine, url, api_key=opts.api_key, timeout=opts.http_timeout)
+
+
+class _Counting:
+    """The load's client, counting streamed frames that carry a new token (vLLM's profile has no
+    num_steps: perfscope stops it after about ``steps`` decode steps' worth of tokens)."""
+
+    def __init__(self, client, on_token: Callable[[], None]):
+        self._c, self._on_token = client, on_token
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def generate_stream(self, payload, timeout=None, stop=None):
+        seen = 0
+        for fr in self._c.generate_stream(payload, timeout=timeout, stop=stop):
+            n = (fr.data.get("meta_info") or {}).get("completion_tokens")
+            if isinstance(n, int) and n > seen:
+                for _ in range(n - seen):
+                    self._on_token()
+                seen = n
+            yield fr
 
 
 class _Load:
@@ -85,9 +107,15 @@ class _Load:
         self.stop_event = threading.Event()
         self.results: list | None = None
         self.completed = 0
+        self.tokens = 0  # streamed tokens, all streams together
+        self._lock = threading.Lock()
         self.error: BaseException | None = None
         self.t0 = self.t1 = 0.0
         self.thread = threading.Thread(target=self._run, name="perfscope-load", daemon=True)
+
+    def _token(self) -> None:
+        with self._lock:
+            self.tokens += 1
 
     def _done(self, rt) -> None:
         if getattr(rt, "ok", False):
@@ -95,9 +123,8 @@ class _Load:
 
     def _run(self) -> None:
         from perfscope.capture import workload
-        from perfscope.capture.sglang_api import SGLangClient
 
-        client = SGLangClient(self.url, api_key=self.opts.api_key, timeout=self.opts.http_timeout)
+        client = _Counting(_api(self.url, self.opts), self._token)
         self.t0 = time.perf_counter()
         try:
             self.results = workload.drive_decode(
@@ -180,14 +207,15 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
     """Trace one server, write ``out_dir`` as a run folder, return what was written."""
     cancel = cancel or threading.Event()
     label = ep.label
+    port = ep.port or opts.port
     say = lambda m: log(f"[{label}] {m}")  # noqa: E731
-    with _host_io(ep, opts) as (io, url):
+    with _host_io(ep, port) as (io, url):
         api = _api(url, opts)
         info = _server_info(api, label)
         version = str(info.get("version") or "")
         say(f"server {opts.engine} {version or '(version unknown)'}, model {info.get('model_path', '?')}, "
             f"tp={info.get('tp_size', 1)}")
-        proc = io.server_process(opts.port) if ep.target is not None else {}
+        proc = io.server_process(port) if ep.target is not None else {}
         versions = io.python_versions(io.python_candidates(proc), want=opts.engine)
         if version:
             versions["server"] = version
@@ -204,7 +232,11 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 raise InputError("--engine vllm needs --profile-dir: the server's torch profiler directory "
                                  "(its --profiler-config torch_profiler_dir, or VLLM_TORCH_PROFILER_DIR)")
             remote_dir = opts.profile_dir
-            baseline = {f.name for f in io.list_traces(remote_dir)}
+            try:  # traces already there are not this run's; vLLM makes the folder at its first trace
+                baseline = {f.name for f in io.list_traces(remote_dir)}
+            except RemoteError as e:
+                if "does not exist" not in str(e):
+                    raise
         else:
             remote_dir = io.mkdtemp(opts.remote_dir)
             made_dir = True
@@ -212,6 +244,9 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 io.chmod(remote_dir, 0o777)  # the server runs as another user and must write here
         profile = {"output_dir": remote_dir, "num_steps": opts.steps, "with_stack": opts.with_stack,
                    "record_shapes": opts.record_shapes, "activities": ["CPU", "GPU"]}
+        if opts.engine == "vllm":  # vLLM's profiler is configured at server start; perfscope stops it
+            profile = {"output_dir": remote_dir, "num_steps": opts.steps, "stopped_by": "perfscope",
+                       "with_stack": None, "record_shapes": None, "activities": None}
         if by_stage:
             profile["profile_by_stage"] = True
         armed = complete = False
@@ -235,7 +270,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             say(f"profiler armed: {opts.steps} steps{' per stage' if by_stage else ''} -> {remote_dir}")
             load = _Load(url, opts).start()
             if opts.engine == "vllm":
-                _wait_vllm_steps(load, opts, cancel)
+                n = _wait_vllm_steps(load, opts, cancel, label)
+                say(f"{n} tokens streamed while profiling: stopping the profiler (vLLM writes its traces now)")
                 api.stop_profile()
             got = _wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
             complete = True
@@ -266,7 +302,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                     "ignore_eos": True, "seed": opts.seed, **workload}
         rundir.write_run(
             out_dir, command=command, kind="trace", engine=opts.engine,
-            host=label if ep.target else None, url=ep.url or f"ssh://{label} -> 127.0.0.1:{opts.port}",
+            host=label if ep.target else None, url=ep.url or f"ssh://{label} -> 127.0.0.1:{port}",
             versions=versions, server_info=info, gpu=gpu, workload=workload, timings=timings,
             profile={**profile, "remote_dir_kept": opts.keep_remote, "started": t_start,
                      "duration_s": round(time.time() - t_start, 3)},
@@ -282,13 +318,13 @@ def _my_uid(io: HostIO) -> int | None:
 
 
 @contextlib.contextmanager
-def _host_io(ep: Endpoint, opts: TraceOptions) -> Iterator[tuple[HostIO, str]]:
+def _host_io(ep: Endpoint, port: int) -> Iterator[tuple[HostIO, str]]:
     if ep.target is None:
         yield LocalHost(), ep.url.rstrip("/")
         return
     session = connect(ep.target)
     try:
-        with session.forward(opts.port) as fwd:
+        with session.forward(port) as fwd:
             yield SSHHost(session), fwd.url
     finally:
         session.close()
@@ -315,19 +351,30 @@ def _stop_quietly(api, say) -> None:
             say(f"warning: /stop_profile failed: {e}")
 
 
-def _wait_vllm_steps(load: _Load, opts: TraceOptions, cancel: threading.Event) -> None:
-    """vLLM profiles until /stop_profile: let the load run about ``steps`` decode steps."""
+def _wait_vllm_steps(load: _Load, opts: TraceOptions, cancel: threading.Event, label: str) -> int:
+    """vLLM profiles until /stop_profile: let the load stream about ``steps`` decode steps (a decode
+    step gives each running stream one token, so ``steps * concurrency`` tokens, plus the first
+    token of each stream, which comes from a prefill). Bounded by ``opts.timeout``; returns the
+    tokens streamed while armed."""
     deadline = time.monotonic() + opts.timeout
-    # one decode step per generated token per stream; wait for the first results, then a bit more
-    t0 = time.monotonic()
-    while time.monotonic() < deadline and not cancel.is_set():
+    want = (opts.steps + 1) * opts.concurrency
+    start = load.tokens
+    while True:
+        if cancel.is_set():
+            raise KeyboardInterrupt
         if load.error is not None:
-            raise load.error
-        if time.monotonic() - t0 > 2.0 and (load.result is not None or time.monotonic() - t0 > 10.0):
-            return
-        time.sleep(0.2)
-    if cancel.is_set():
-        raise KeyboardInterrupt
+            e = load.error
+            raise e if isinstance(e, PerfscopeError) else RemoteError(f"the load on {label} failed: {e}")
+        got = load.tokens - start
+        if got >= want:
+            return got
+        if not load.thread.is_alive():
+            raise RemoteError(f"the load on {label} ended after {got} of {want} tokens")
+        if time.monotonic() > deadline:
+            raise RemoteError(f"the server on {label} streamed {got} of {want} tokens within {opts.timeout:g}s "
+                              "while profiling; the profiler was stopped",
+                              hint="is the server processing requests? raise --timeout for slow servers")
+        time.sleep(0.02)
 
 
 def _wait_complete(io: HostIO, folder: str, expected: int, baseline: set[str], opts: TraceOptions,

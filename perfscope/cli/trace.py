@@ -96,7 +96,9 @@ def command(
     accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key",
                                              help="Record the key of a host never seen before (OpenSSH accept-new). "
                                                   "A changed key is refused regardless."),
-    port: int = typer.Option(30000, "--port", help="The server's HTTP port, on the host's loopback."),
+    port: List[int] = typer.Option([], "--port", help="The server's HTTP port on the host's loopback (default 30000). "
+                                                       "With several --host: one --port for all, or one per --host "
+                                                       "in the same order."),
     engine: str = typer.Option("sglang", "--engine", help="sglang or vllm."),
     profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="vLLM: the server's torch profiler directory "
                                                                           "(where it writes traces)."),
@@ -140,6 +142,14 @@ def command(
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise InputError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
+    if port and any(not 0 < p < 65536 for p in port):
+        raise InputError(f"--port {port}: expected port numbers 1-65535")
+    if url and port:
+        raise InputError("--port goes with --host; with --url the port is in the URL")
+    if len(port) > 1 and len(port) != len(host):
+        raise InputError(f"{len(port)} --port values for {len(host)} --host: give one --port for all hosts, "
+                         "or one per --host in the same order")
+    ports = list(port) * len(host) if len(port) == 1 else list(port) or [None] * len(host)
     if url:
         u = urlparse(url)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -156,8 +166,8 @@ def command(
                 h, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None, jump=jump,
                 known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new_host_key,
                 timeout=connect_timeout,
-            ))
-            for h in host
+            ), port=p)
+            for h, p in zip(host, ports)
         ]
     if out is None:
         out = Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
@@ -166,7 +176,7 @@ def command(
     if output_len < 2:
         raise InputError("--output-len must be at least 2 (decode steps need generated tokens)")
     opts = TraceOptions(
-        port=port, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
+        port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote,
     )
