@@ -82,8 +82,11 @@ def command(
     force: bool = typer.Option(False, "--force", help="--revert even if the file changed after the patch."),
     probe: bool = typer.Option(False, "--probe", help="Run a tiny plan/run of the chosen kernel on the host's GPU first and compare with the cast path."),
     restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy."),
-    health_timeout: float = typer.Option(900.0, "--health-timeout", help="Seconds to wait for the restarted server."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder for --restart-cmd measurements."),
+    health_timeout: float = typer.Option(900.0, "--health-timeout", help="With --restart-cmd: seconds from starting CMD until /health must answer (each restart)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
+    bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
+    bench_output_len: int = typer.Option(64, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
+    bench_requests: int = typer.Option(4, "--bench-requests", min=1, help="With --restart-cmd: measured requests (after 1 warm-up), before and after."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
     """Check a fix and show its diff (nothing changes), --apply it, or --revert it.
@@ -91,8 +94,17 @@ def command(
     The check finds the server's sglang (the interpreter of the process on --port, or --python),
     its version and which known variant the target file is; reads the GPU (nvidia-smi), the
     FlashInfer version and the server's kv_cache_dtype / attention backend; and says which
-    strategy applies and why. Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 host or
-    server failure, 4 refused (nothing changed)."""
+    strategy applies and why.
+
+    With --apply --restart-cmd CMD: measure the server (perfscope bench), patch, run CMD on the host
+    (it must return once the server is restarting on the same port), wait for /health (at most
+    --health-timeout seconds from starting CMD), measure again, and record before/ and after/
+    bench runs, restart.json and fix.json in --out. If the server does not come back healthy (CMD
+    fails, /health does not answer in time, or the benchmark fails), the file is restored byte for
+    byte, CMD is run again, and the command exits 1 with one line saying so.
+
+    Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
+    2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
     from perfscope.fixengine import engine
     from perfscope.fixengine.registry import get
 
@@ -105,12 +117,18 @@ def command(
         raise InputError("--apply and --revert exclude each other")
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
-    if restart_cmd and not apply_:
+    if restart_cmd is not None and not apply_:
         raise InputError("--restart-cmd goes with --apply")
+    if restart_cmd is not None and not restart_cmd.strip():
+        raise InputError("--restart-cmd is empty")
+    if out is not None and restart_cmd is None:
+        raise InputError("--out goes with --restart-cmd (the run folder of the before/after measurement)")
+    if health_timeout <= 0:
+        raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
     if target_file and sglang_root:
         raise InputError("give --target-file or --sglang-root, not both")
     fix = get(fix_id)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     req = engine.FixRequest(
         strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
         server_url=url, port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
@@ -142,10 +160,12 @@ def command(
             rep = engine.revert(fix, fhost, req, env)
         elif apply_:
             if restart_cmd:
-                from perfscope.fixengine.restart import apply_with_restart
+                from perfscope.fixengine.restart import BenchSpec, apply_with_restart
 
-                rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout,
-                                         out=out, log=lambda m: err.print(m, markup=False))
+                rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
+                                         bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
+                                                         num_requests=bench_requests),
+                                         log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
         else:

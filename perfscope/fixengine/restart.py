@@ -3,11 +3,31 @@ re-measure, record before/after in a run folder. If the server does not come bac
 patch is reverted, the server restarted again, and the result says so (Failed, exit 1).
 
 CMD runs on the host with ``sh -c`` and must return once the server is (re)started, e.g.
-``systemctl restart sglang`` or ``docker restart sglang``.
+``systemctl restart sglang`` or ``docker restart sglang``, or a script that stops the old
+process and starts a new one in the background on the same port. Its stdin is /dev/null and its
+output goes to a temporary file on the host (the last lines are shown when it fails), so a
+server it leaves running in the background never holds the command open.
+
+The sequence:
+
+1. check the patch (nothing written); when it would not apply (already applied, refused,
+   skipped) stop there: nothing is measured or restarted;
+2. measure the server as it runs (``perfscope.bench.measure``): ``before/bench.json``;
+3. apply (refused if the file changed during the measurement), ``fix.diff``;
+4. run CMD, then wait until ``/health`` answers: CMD and the wait together get
+   ``health_timeout`` seconds;
+5. measure again: ``after/bench.json``. A benchmark that fails counts as an unhealthy server;
+6. unhealthy: revert the file byte for byte, run CMD again and wait again (the same bound), and
+   end ``Failed`` with one line saying what happened and whether the server answers again.
+
+``restart.json`` (the record: command, TPOT before/after, healthy, reverted, ...) and ``fix.json``
+(the final report) are written last, atomically, whatever the outcome; nothing in the run folder
+is ever half-written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -19,71 +39,166 @@ from perfscope.fixengine.host import FixHost
 from perfscope.fixengine.model import Environment, Failed, FixModule
 from perfscope.util.files import atomic_write_text
 
+RESTART_FILE = "restart.json"
+GRACE_S = 2.0  # after CMD returns, before polling /health: the old process may still answer
 
-def _measure(client, info) -> Optional[dict]:
+# CMD runs in an inner shell whose stdio is a temporary file, not the pipe (local) or SSH channel
+# the outer shell's output goes through: a server CMD starts in the background inherits the file,
+# so the outer shell (and the caller's read of its output) ends when CMD returns.
+_WRAP = ('f=$(mktemp 2>/dev/null) || f=/tmp/perfscope-restart.$$; '
+         'sh -c "$1" </dev/null >"$f" 2>&1; rc=$?; tail -c 2000 "$f"; rm -f "$f"; exit $rc')
+
+
+@dataclasses.dataclass
+class BenchSpec:
+    """The workload measured before and after (fixed prompts: the two runs compare)."""
+
+    input_len: int = 256
+    output_len: int = 64
+    num_requests: int = 4
+    warmup: int = 1
+    concurrency: int = 1
+
+
+def _measure(client, info: dict, spec: BenchSpec):
+    from perfscope.bench.core import measure
+
+    return measure(client, input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency,
+                   num_requests=spec.num_requests, warmup=spec.warmup, server_info=info)
+
+
+def _store(folder: Path, res, url: str, host: FixHost, info: dict, spec: BenchSpec, side: str) -> dict:
+    """``folder/bench.json`` + ``run.json``, as ``perfscope bench --out`` writes them; returns the summary."""
+    from perfscope.cli.bench import _store as store_bench
+
+    argv = ["perfscope", "fix", "--restart-cmd", f"(bench {side} the patch)", "--input-len", str(spec.input_len),
+            "--output-len", str(spec.output_len), "--num-requests", str(spec.num_requests),
+            "--warmup", str(spec.warmup)]
+    store_bench(folder, res, url, host.label if host.remote else None, info, argv)
+    return res.to_dict(per_request=False)
+
+
+def _run_cmd(host: FixHost, cmd: str, timeout: float) -> tuple[bool, str]:
     try:
-        from perfscope.bench.core import measure
-    except ImportError:
-        return None
-    return measure(client, input_len=256, output_len=64, concurrency=1, num_requests=4, warmup=1,
-                   server_info=info).to_dict(per_request=False)
-
-
-def _restart(host: FixHost, cmd: str, client, timeout: float, log) -> tuple[bool, str]:
-    r = host.run_shell(cmd, timeout=600)
+        r = host.run(["sh", "-c", _WRAP, "perfscope-restart", cmd], timeout=max(1.0, timeout))
+    except PerfscopeError as e:  # the command did not return in time, or the host went away
+        return False, f"restart command: {e}"
     if r.rc != 0:
-        return False, f"restart command exited {r.rc}: {(r.stderr or r.stdout).strip()[-300:]}"
-    time.sleep(2.0)  # let the old process go before polling /health
-    try:
-        client.wait_healthy(timeout=timeout, interval=2.0)
-    except PerfscopeError as e:
-        return False, str(e)
+        tail = " ".join((r.stdout or r.stderr or "").strip().splitlines()[-3:])[-300:]
+        return False, f"restart command exited {r.rc}" + (f": {tail}" if tail else "")
     return True, ""
+
+
+def _restart(host: FixHost, cmd: str, client, timeout: float) -> tuple[bool, str]:
+    """Run CMD, then wait for /health; both within ``timeout`` seconds. (ok, why not)."""
+    deadline = time.monotonic() + timeout
+    ok, why = _run_cmd(host, cmd, timeout)
+    if not ok:
+        return False, why
+    time.sleep(max(0.0, min(GRACE_S, deadline - time.monotonic())))
+    left = deadline - time.monotonic()
+    try:
+        client.wait_healthy(timeout=max(0.5, left), interval=min(2.0, max(0.25, left / 10)))
+    except PerfscopeError:
+        return False, f"no healthy answer on {client.base_url}/health within {timeout:g}s of the restart"
+    return True, ""
+
+
+def _tpot(summary: Optional[dict]) -> Optional[float]:
+    v = (summary or {}).get("tpot_ms")
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, env: Environment, cmd: str, *,
                        health_timeout: float = 900.0, out: Optional[Path] = None,
+                       bench: Optional[BenchSpec] = None,
                        log: Callable[[str], None] = print) -> engine.Report:
     from perfscope.capture.sglang_api import SGLangClient
 
     if not req.server_url:
         raise InputError("--restart-cmd needs the server's HTTP API: --url (local) or --host with --port")
-    client = SGLangClient(req.server_url, timeout=60)
+    if not cmd.strip():
+        raise InputError("--restart-cmd is empty")
+    if health_timeout <= 0:
+        raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
+    spec = bench or BenchSpec()
     out = out or Path(f"perfscope-fix-{time.strftime('%Y%m%d-%H%M%S')}")
-    if out.exists() and any(out.iterdir()):
-        raise InputError(f"--out {out} exists and is not empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"--out {out} exists and is not an empty folder")
+    t0 = time.monotonic()
+    client = SGLangClient(req.server_url, timeout=60)
+
+    # 1. check: only a patch that will be written is worth measuring and restarting for
+    rep, after_bytes, _ = engine.plan(fix, host, req, env)
     out.mkdir(parents=True, exist_ok=True)
-    info = client.server_info()
-    log("measuring before the patch ...")
-    before = _measure(client, info)
-    rep = engine.apply(fix, host, req, env)
-    atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
-    if rep.outcome.kind != "applied":
-        return rep
-    atomic_write_text(out / "fix.diff", rep.diff or "")
-    log(f"restarting the server: {cmd}")
-    ok, why = _restart(host, cmd, client, health_timeout, log)
-    record = {"restart_cmd": cmd, "before": before, "after": None, "healthy": ok}
-    if not ok:
-        log(f"server unhealthy after the patch ({why}); reverting and restarting again")
-        back = engine.revert(fix, host, req, env)
-        ok2, why2 = _restart(host, cmd, client, health_timeout, log)
-        record.update(reverted=back.outcome.kind, healthy_after_revert=ok2)
-        atomic_write_text(out / "bench.json", json.dumps(record, indent=2) + "\n")
-        rep.outcome = Failed(
-            f"the server did not come back healthy with the patch ({why}); the patch was reverted "
-            f"({back.outcome.kind}) and the server restarted: "
-            + ("healthy again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now"))
+    record: dict = {"restart_cmd": cmd, "health_timeout_s": health_timeout, "url": req.server_url,
+                    "host": host.label, "workload": dataclasses.asdict(spec), "before": None, "after": None,
+                    "healthy": None, "reverted": None, "healthy_after_revert": None}
+
+    def finish(rep: engine.Report) -> engine.Report:
         rep.extra["run_dir"] = str(out)
+        record.update(outcome=rep.outcome.kind, reason=rep.outcome.reason,
+                      tpot_ms_before=_tpot(record["before"]), tpot_ms_after=_tpot(record["after"]),
+                      seconds=round(time.monotonic() - t0, 1))
+        b, a = record["tpot_ms_before"], record["tpot_ms_after"]
+        record["speedup"] = round(b / a, 2) if b and a else None
+        rep.extra["restart"] = record
+        atomic_write_text(out / RESTART_FILE, json.dumps(record, indent=2, default=str) + "\n")
+        atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
         return rep
-    log("measuring after the patch ...")
-    record["after"] = _measure(client, client.server_info())
-    atomic_write_text(out / "bench.json", json.dumps(record, indent=2) + "\n")
-    rep.extra["run_dir"] = str(out)
-    rep.extra["bench"] = record
-    b = (before or {}).get("tpot_ms", {}) if before else {}
-    a = (record["after"] or {}).get("tpot_ms", {}) if record["after"] else {}
-    if isinstance(b, dict) and isinstance(a, dict) and b.get("median") and a.get("median"):
-        rep.notes.append(f"TPOT median {b['median']:.2f} ms -> {a['median']:.2f} ms "
-                         f"({b['median'] / a['median']:.2f}x); run folder {out}")
-    return rep
+
+    if after_bytes is None:
+        rep.notes.append("nothing was applied, so the server was neither measured nor restarted")
+        return finish(rep)
+
+    # 2. before
+    info = client.server_info()
+    log(f"measuring before the patch ({spec.num_requests} requests, in={spec.input_len} out={spec.output_len}) ...")
+    res = _measure(client, info, spec)
+    record["before"] = _store(out / "before", res, client.base_url, host, info, spec, "before")
+
+    # 3. apply, refused if the file changed while we measured
+    areq = dataclasses.replace(req, expect_sha256=req.expect_sha256 or rep.sha256_before)
+    rep = engine.apply(fix, host, areq, env)
+    if rep.outcome.kind != "applied":
+        return finish(rep)
+    atomic_write_text(out / "fix.diff", rep.diff or "")
+
+    # 4. restart and 5. measure again
+    log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
+    ok, why = _restart(host, cmd, client, health_timeout)
+    if ok:
+        try:
+            info2 = client.server_info()
+            log("healthy; measuring after the patch ...")
+            res2 = _measure(client, info2, spec)
+        except PerfscopeError as e:
+            ok, why = False, f"healthy, but the benchmark failed: {e}"
+        else:
+            record["after"] = _store(out / "after", res2, client.base_url, host, info2, spec, "after")
+    record["healthy"] = ok
+    if ok:
+        b, a = _tpot(record["before"]), _tpot(record["after"])
+        if b and a:
+            rep.notes.append(f"TPOT median {b:.2f} ms -> {a:.2f} ms ({b / a:.2f}x faster); run folder {out}")
+        return finish(rep)
+
+    # 6. unhealthy: put the original back and restart again
+    log(f"server unhealthy after the patch ({why}); reverting and restarting again")
+    try:
+        back = engine.revert(fix, host, req, env)
+        reverted, rwhy = back.outcome.kind == "reverted", back.outcome.reason
+    except PerfscopeError as e:
+        reverted, rwhy = False, str(e)
+    record["reverted"] = reverted
+    ok2, why2 = _restart(host, cmd, client, health_timeout)
+    record["healthy_after_revert"] = ok2
+    if not reverted:
+        rep.outcome = Failed(f"the server did not come back healthy with the patch ({why}); the revert FAILED "
+                             f"({rwhy}), the server restarted: " + ("healthy" if ok2 else f"still unhealthy ({why2})"))
+        return finish(rep)
+    rep.sha256_after = rep.sha256_before
+    rep.outcome = Failed(
+        f"the server did not come back healthy with the patch ({why}); the patch was reverted byte for byte "
+        "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now"))
+    return finish(rep)

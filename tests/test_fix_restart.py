@@ -1,0 +1,230 @@
+"""`perfscope fix fp8-kv-cast --apply --restart-cmd CMD` for real, on CPU: the reproduction server
+runs from a scratch copy (the fix's target is its mla_attention.py), and CMD is a shell script
+that stops it by its pid file and starts it again, detached, on the same port. Nothing is mocked:
+the server is really restarted, really measured, really broken (by the script, when the file
+carries the patch: a stand-in for a patch that stops a server from starting) and really brought
+back with the original file.
+
+Exit codes (perfscope/errors.py): 0 patched and healthy; 1 the server did not come back healthy
+with the patch (the patch was reverted and CMD run again); 2 bad options (nothing touched)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paths import REPO
+from perfscope.capture.sglang_api import SGLangClient
+
+pytest.importorskip("torch")
+
+# 2 layers, 16k-token pool: the whole-pool cast costs ~50-100 ms a step on 2 cores, the fixed
+# step a few ms; small enough that every test here takes 10-25 s.
+SERVER_ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2", "--vocab-size", "256",
+               "--max-total-tokens", "16384", "--threads", "1"]
+BENCH = ["--bench-input-len", "32", "--bench-output-len", "12", "--bench-requests", "2"]
+MARKER = b"perfscope fp8-kv-cast"
+
+# $1: what the script does when mla_attention.py carries the patch: "ok" starts the server as
+# always; "exit" exits 3 without starting anything; "noserve" starts a process that never
+# serves (its output not redirected: it holds stdout open) and exits 0. Each call is logged.
+RESTART_SH = r"""#!/bin/sh
+D=@DIR@
+cd "$D/server" || exit 9
+if grep -q 'perfscope fp8-kv-cast' examples/repro_server/mla_attention.py; then state=patched; else state=original; fi
+echo "$1 $state" >> "$D/calls.log"
+if [ -f "$D/server.pid" ]; then
+    pid=$(cat "$D/server.pid")
+    kill "$pid" 2>/dev/null
+    i=0
+    while kill -0 "$pid" 2>/dev/null; do
+        i=$((i + 1)); [ $i -eq 100 ] && kill -9 "$pid" 2>/dev/null; sleep 0.1
+    done
+    rm -f "$D/server.pid"
+fi
+S=; command -v setsid >/dev/null 2>&1 && S=setsid
+if [ "$state" = patched ] && [ "$1" = exit ]; then
+    echo "the server refuses to start with this file" >&2
+    exit 3
+fi
+if [ "$state" = patched ] && [ "$1" = noserve ]; then
+    $S nohup sleep 600 &
+    echo $! > "$D/server.pid"
+    exit 0
+fi
+$S nohup @PY@ -m examples.repro_server --port @PORT@ @ARGS@ >> "$D/server.log" 2>&1 < /dev/null &
+echo $! > "$D/server.pid"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A scratch copy of the reproduction server, running on a fixed port, started by restart.sh."""
+    from perfscope.demo import copy_server
+
+    target = copy_server(tmp_path)  # tmp_path/server/examples/repro_server/mla_attention.py
+    port = _free_port()
+    script = tmp_path / "restart.sh"
+    script.write_text(RESTART_SH.replace("@DIR@", str(tmp_path)).replace("@PY@", sys.executable)
+                      .replace("@PORT@", str(port)).replace("@ARGS@", " ".join(SERVER_ARGS)))
+    url = f"http://127.0.0.1:{port}"
+    subprocess.run(["sh", str(script), "ok"], check=True, timeout=60, stdout=subprocess.DEVNULL)
+    client = SGLangClient(url, timeout=10)
+    try:
+        client.wait_healthy(timeout=90, interval=0.25)
+    except Exception:
+        pytest.fail(f"the repro server did not start: {(tmp_path / 'server.log').read_text()[-3000:]}")
+    (tmp_path / "calls.log").unlink()
+    site = type("Site", (), {})()
+    site.dir, site.target, site.url, site.port, site.script, site.client = tmp_path, target, url, port, script, client
+    site.original = target.read_bytes()
+    site.state = tmp_path / "state"
+    try:
+        yield site
+    finally:  # stop what restart.sh started last (by its pid), whatever the test left running
+        pidf = tmp_path / "server.pid"
+        if pidf.exists():
+            pid = int(pidf.read_text())
+            try:
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(100):
+                    os.kill(pid, 0)
+                    time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _fix(site, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "perfscope", "fix", "fp8-kv-cast", "--target-file", str(site.target),
+           "--url", site.url, "--port", str(site.port), "--state-dir", str(site.state), *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _calls(site) -> list[str]:
+    p = site.dir / "calls.log"
+    return p.read_text().split("\n")[:-1] if p.exists() else []
+
+
+def _manifest_dir(site) -> Path:
+    (folder,) = (site.state / "fp8-kv-cast").iterdir()
+    return folder
+
+
+def test_restart_measures_before_and_after(site):
+    out = site.dir / "run"
+    r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--health-timeout", "60",
+             "--out", str(out), "--json", *BENCH)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["outcome"] == "applied" and rep["run_dir"] == str(out)
+    assert _calls(site) == ["ok patched"]  # restarted once, with the patched file
+
+    # the file: patched, with a byte-exact backup and a manifest
+    assert MARKER in site.target.read_bytes()
+    man = json.loads((_manifest_dir(site) / "manifest.json").read_text())
+    assert man["sha256_before"] == hashlib.sha256(site.original).hexdigest()
+    assert man["sha256_after"] == _sha(site.target)
+    assert (_manifest_dir(site) / man["backup"]).read_bytes() == site.original
+
+    # the run folder: before/ and after/ bench runs, the record, the final report, the diff
+    assert sorted(p.name for p in out.iterdir()) == ["after", "before", "fix.diff", "fix.json", "restart.json"]
+    rec = json.loads((out / "restart.json").read_text())
+    assert rec["healthy"] is True and rec["outcome"] == "applied" and rec["reverted"] is None
+    before = json.loads((out / "before" / "bench.json").read_text())
+    after = json.loads((out / "after" / "bench.json").read_text())
+    assert before["requests"] == after["requests"] == 2 and not before["failed"] and not after["failed"]
+    # the restarted process runs the patched source: the whole-pool cast is gone
+    assert before["server"]["kv_strategy"] == "pool" and after["server"]["kv_strategy"] != "pool"
+    assert rec["tpot_ms_before"] == before["tpot_ms"] and rec["tpot_ms_after"] == after["tpot_ms"]
+    assert rec["tpot_ms_before"] > 4 * rec["tpot_ms_after"] > 0, rec
+    for side in ("before", "after"):
+        assert json.loads((out / side / "run.json").read_text())["kind"] == "bench"
+    assert json.loads((out / "fix.json").read_text())["outcome"] == "applied"
+    assert "cast_kv_pages" in (out / "fix.diff").read_text() or "perfscope" in (out / "fix.diff").read_text()
+    assert site.client.server_info()["kv_strategy"] != "pool"
+
+    # a second run into the same folder is refused before anything is touched
+    patched = site.target.read_bytes()
+    again = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--out", str(out), *BENCH)
+    assert again.returncode == 2 and "not an empty folder" in again.stderr
+    assert site.target.read_bytes() == patched and _calls(site) == ["ok patched"]
+    # applying again is "already applied": nothing measured, nothing restarted
+    out2 = site.dir / "run2"
+    again = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--out", str(out2), "--json", *BENCH)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["outcome"] == "already-applied"
+    assert _calls(site) == ["ok patched"] and not (out2 / "before").exists()
+
+
+@pytest.mark.parametrize("mode", ["exit", "noserve"])
+def test_unhealthy_after_patch_is_reverted_and_restarted(site, mode):
+    out = site.dir / "run"
+    timeout = "60" if mode == "exit" else "8"  # noserve: the wait for /health must end at the bound
+    t0 = time.monotonic()
+    r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} {mode}", "--health-timeout", timeout,
+             "--out", str(out), *BENCH)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+
+    # one line says what happened, and that the server answers again
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("perfscope: error:")]
+    assert len(errors) == 1, r.stderr
+    line = errors[0]
+    assert "did not come back healthy with the patch" in line and "reverted byte for byte" in line
+    assert "it answers again" in line, line
+    if mode == "exit":
+        assert "restart command exited 3" in line and "refuses to start" in line
+    else:
+        assert "within 8s" in line
+        assert took < 120  # without the bound it would wait for the sleep (600 s) or hang on its stdout
+
+    # the original is back, byte for byte; the restart command ran again with it; the server serves it
+    assert site.target.read_bytes() == site.original
+    assert _calls(site) == [f"{mode} patched", f"{mode} original"]
+    site.client.wait_healthy(timeout=5)
+    assert site.client.server_info()["kv_strategy"] == "pool"
+    res = site.client.generate({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
+    assert res["meta_info"]["completion_tokens"] == 2
+
+    # the manifest is retired (a revert now has nothing to do); the backup stays
+    folder = _manifest_dir(site)
+    assert not (folder / "manifest.json").exists() and list(folder.glob("manifest-reverted-*.json"))
+
+    # the run folder is complete, never half-written: no after/, no temporary files
+    assert sorted(p.name for p in out.iterdir()) == ["before", "fix.diff", "fix.json", "restart.json"]
+    rec = json.loads((out / "restart.json").read_text())
+    assert rec["healthy"] is False and rec["reverted"] is True and rec["healthy_after_revert"] is True
+    assert rec["after"] is None and rec["tpot_ms_before"] > 0 and rec["outcome"] == "failed"
+    rep = json.loads((out / "fix.json").read_text())
+    assert rep["outcome"] == "failed" and rep["reason"] in line
+    assert not [p for p in out.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+def test_restart_options_are_checked_before_anything_runs(site):
+    for args, msg in ((["--restart-cmd", "true"], "--restart-cmd goes with --apply"),
+                      (["--apply", "--restart-cmd", " "], "--restart-cmd is empty"),
+                      (["--apply", "--out", str(site.dir / "x")], "--out goes with --restart-cmd"),
+                      (["--apply", "--restart-cmd", "true", "--health-timeout", "0"], "--health-timeout")):
+        r = _fix(site, *args, timeout=60)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+    assert site.target.read_bytes() == site.original and _calls(site) == []
