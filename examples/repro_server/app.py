@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--cuda-graph", action="store_true", help="capture decode in CUDA graphs (--device cuda)")
     p.add_argument("--cuda-graph-max-bs", type=int, default=16)
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="run the normal loop (build, run, wait, read back, stream) instead of SGLang's overlap "
+                        "scheduler, which launches step N+1 before reading step N's tokens (on by default on CUDA)")
+    p.add_argument("--enable-overlap-schedule", action="store_true",
+                   help="the overlap loop also on CPU (where nothing overlaps: the same code path runs in order)")
     p.add_argument("--attention-backend", default="flashinfer", help="reported in /server_info")
     p.add_argument("--flashinfer-backend", default="auto", help="FlashInfer MLA backend: auto, fa2, fa3")
     p.add_argument("--no-flashinfer", action="store_true", help="use the torch MLA wrapper even on CUDA")
@@ -90,10 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     context_length = pick("context_length")
     t0 = time.time()
     use_fi = False if args.no_flashinfer else None
+    if args.disable_overlap_schedule and args.enable_overlap_schedule:
+        raise SystemExit("--disable-overlap-schedule and --enable-overlap-schedule contradict each other")
+    overlap = not args.disable_overlap_schedule and (args.device.startswith("cuda") or args.enable_overlap_schedule)
+    if tp and overlap:
+        log.info("overlap schedule: off with --tp-size > 1 (the ranks run the normal loop)")
+        overlap = False
     runner = (tp.runner_cls if tp else ModelRunner)(cfg, max_total_tokens=max_total, device=args.device, kv_strategy=args.kv_strategy,
                          flashinfer_backend=args.flashinfer_backend, use_flashinfer=use_fi, seed=args.seed)
     sched = (tp.scheduler_cls if tp else Scheduler)(runner, max_running_requests=args.max_running_requests, cuda_graph=args.cuda_graph,
-                      cuda_graph_max_bs=args.cuda_graph_max_bs, max_context=context_length, seed=args.seed)
+                      cuda_graph_max_bs=args.cuda_graph_max_bs, max_context=context_length, seed=args.seed,
+                      overlap=overlap)
     device_name = torch.cuda.get_device_name(runner.device) if runner.device.type == "cuda" else "cpu"
     wbytes = cfg.weight_bytes_per_layer()
     model_config = {
@@ -115,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_attention_backend": args.attention_backend, "sampling_backend": "pytorch",
         "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "page_size": 1,
         "disable_cuda_graph": not args.cuda_graph, "cuda_graph_max_bs": args.cuda_graph_max_bs,
-        "disable_custom_all_reduce": True, "disable_overlap_schedule": True, "disable_radix_cache": True,
+        "disable_custom_all_reduce": True, "disable_overlap_schedule": not sched.overlap, "disable_radix_cache": True,
         "chunked_prefill_size": -1, "max_running_requests": args.max_running_requests,
         "max_total_num_tokens": max_total, "context_length": context_length, "random_seed": args.seed,
         "enable_metrics": False, "api_key_set": bool(args.api_key), "admin_api_key_set": bool(args.admin_api_key),
@@ -143,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     info["port"] = port
     sched.start()
     log.info("model ready in %.1fs: %d layers, hidden %d, %d heads, pool %d tokens (%.0f MB/layer FP8), "
-             "kv strategy %s (%s), device %s%s", time.time() - t0, cfg.num_hidden_layers, cfg.hidden_size,
+             "kv strategy %s (%s), device %s%s, overlap schedule %s", time.time() - t0, cfg.num_hidden_layers, cfg.hidden_size,
              cfg.num_attention_heads, max_total, runner.token_to_kv_pool.bytes_per_layer() / 1e6, args.kv_strategy,
              strategy_of_source() if args.kv_strategy == "source" else "fixed variant", device_name,
-             ", FlashInfer" if runner.use_flashinfer else "")
+             ", FlashInfer" if runner.use_flashinfer else "", "on" if sched.overlap else "off")
     print(f"repro_server listening on http://{args.host}:{port}", flush=True)
     print("The server is fired up and ready to roll!", flush=True)
 

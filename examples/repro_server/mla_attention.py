@@ -308,10 +308,16 @@ class FlashInferMLAIndicesUpdaterDecode:
         kv_indptr = forward_batch.kv_indptr
         buf = self.attn_backend.kv_indptr
         if kv_indptr.numel() <= buf.numel():
-            buf[: kv_indptr.numel()].copy_(kv_indptr)
+            buf[: kv_indptr.numel()].copy_(kv_indptr, non_blocking=True)  # stream-ordered, no host wait
             kv_indptr = buf[: kv_indptr.numel()]
-        return self.call_begin_forward(wrapper, forward_batch.qo_indptr, kv_indptr,
-                                       forward_batch.kv_indices, forward_batch.kv_lens)
+        qo_indptr, kv_lens = forward_batch.qo_indptr, forward_batch.kv_lens
+        if getattr(forward_batch, "plan_host", None) is not None:
+            # the same arrays on the host: plan() reads its indptrs on the host, and a device copy
+            # would make it wait for the GPU (like SGLang's fast_mla_decode_plan, which plans from
+            # host arrays so the overlap scheduler never blocks on the running step)
+            qo_indptr, kv_indptr, kv_lens = forward_batch.plan_host
+        return self.call_begin_forward(wrapper, qo_indptr, kv_indptr,
+                                       forward_batch.kv_indices, kv_lens)
 
     def call_begin_forward(self, wrapper, q_indptr, kv_indptr, kv_indices, kv_lens) -> torch.Tensor:
         sm_scale = self.scaling
@@ -343,8 +349,10 @@ class FlashInferMLAIndicesUpdaterPrefill:
         self.attn_backend = attn_backend
 
     def update(self, forward_batch, wrapper) -> torch.Tensor:
-        return self.call_begin_forward(wrapper, forward_batch.qo_indptr, forward_batch.kv_indptr,
-                                       forward_batch.kv_indices, forward_batch.kv_lens)
+        qo_indptr, kv_indptr, kv_lens = forward_batch.qo_indptr, forward_batch.kv_indptr, forward_batch.kv_lens
+        if getattr(forward_batch, "plan_host", None) is not None:  # host arrays: no device sync in plan()
+            qo_indptr, kv_indptr, kv_lens = forward_batch.plan_host
+        return self.call_begin_forward(wrapper, qo_indptr, kv_indptr, forward_batch.kv_indices, kv_lens)
 
     def call_begin_forward(self, wrapper, qo_indptr, kv_indptr, kv_indices, kv_lens) -> torch.Tensor:
         sm_scale = self.scaling

@@ -74,6 +74,26 @@ class ForwardBatch:
     extend_num_tokens: int = 0
     last_token_index: Optional[torch.Tensor] = None  # [bs] row of each request's last token
     kv_lens_host: Optional[list] = None  # kv_lens as Python ints (no device sync to read them)
+    # (qo_indptr, kv_indptr, kv_lens) as host tensors (pinned on CUDA): the attention plan reads
+    # them there, so planning needs no device sync (the overlap scheduler plans while the GPU runs)
+    plan_host: Optional[tuple] = None
+
+
+def host_tensor(data, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """``data`` (a list or a CPU tensor) as a CPU tensor of ``dtype``; in page-locked memory when
+    ``pin``, so that a ``non_blocking`` copy to the GPU is asynchronous. The pinned block comes
+    from torch's caching host allocator, which records the copy and does not hand the block out
+    again before the copy has run."""
+    t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t.pin_memory() if pin else t
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: a stream-ordered copy with no host sync when ``t`` is pinned
+    (torch's blocking host-to-device copy synchronises the stream; this one does not)."""
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
 @dataclass
@@ -179,32 +199,54 @@ class ModelRunner:
             x = x[fb.last_token_index]
         return _rmsnorm(x, self.final_norm) @ self.lm_head
 
-    def build_batch(self, mode: ForwardMode, input_ids: list[list[int]], slots: list[list[int]],
-                    new_slots: list[list[int]]) -> ForwardBatch:
+    def build_batch(self, mode: ForwardMode, input_ids, slots, new_slots: list[list[int]]) -> ForwardBatch:
         """``input_ids[i]`` the tokens this forward feeds for request i, ``slots[i]`` every pool row
-        request i reads (its whole context, the new tokens included), ``new_slots[i]`` those it writes."""
+        request i reads (its whole context, the new tokens included), ``new_slots[i]`` those it writes.
+
+        ``slots[i]`` may be a list of ints or a 1-D CPU tensor (cheaper: no per-token Python work).
+        For a decode batch ``input_ids`` may instead be a 1-D tensor of one token per request,
+        already on the device (the overlap scheduler feeds the previous step's sampled tokens
+        without reading them back). On CUDA every host array goes up through pinned memory with
+        asynchronous copies: building a batch never waits for the GPU."""
         dev = self.device
-        bs = len(input_ids)
-        qo, kvp = [0], [0]
-        for ids, s in zip(input_ids, slots):
-            qo.append(qo[-1] + len(ids))
-            kvp.append(kvp[-1] + len(s))
-        flat_ids = [t for ids in input_ids for t in ids]
-        flat_kv = [r for s in slots for r in s]
-        flat_new = [r for s in new_slots for r in s]
+        pin = dev.type == "cuda"
+        bs = len(slots)
         i32 = torch.int32
-        last = None if mode.is_decode() else torch.tensor([qo[i + 1] - 1 for i in range(bs)], device=dev)
+        kv_lens = [len(s) for s in slots]
+        if isinstance(input_ids, torch.Tensor):
+            if not mode.is_decode() or input_ids.dim() != 1 or input_ids.numel() != bs:
+                raise ValueError("a tensor of input ids must be a decode batch's one token per request")
+            q_lens = [1] * bs
+            ids = input_ids if input_ids.device == dev else input_ids.to(dev, non_blocking=True)
+            ids = ids.to(torch.long)
+        else:
+            q_lens = [len(i) for i in input_ids]
+            ids = to_device(host_tensor([t for i in input_ids for t in i], torch.long, pin), dev)
+        qo, kvp = [0], [0]
+        for a, b in zip(q_lens, kv_lens):
+            qo.append(qo[-1] + a)
+            kvp.append(kvp[-1] + b)
+        if any(isinstance(s, torch.Tensor) for s in slots):
+            flat_kv = torch.cat([torch.as_tensor(s, dtype=i32) for s in slots])
+        else:
+            flat_kv = [r for s in slots for r in s]
+        flat_new = [r for s in new_slots for r in s]
+        qo_h, kvp_h, lens_h = host_tensor(qo, i32, pin), host_tensor(kvp, i32, pin), host_tensor(kv_lens, i32, pin)
+        last = None
+        if not mode.is_decode():
+            last = to_device(host_tensor([qo[i + 1] - 1 for i in range(bs)], torch.long, pin), dev)
         return ForwardBatch(
             forward_mode=mode, batch_size=bs,
-            input_ids=torch.tensor(flat_ids, dtype=torch.long, device=dev),
-            out_cache_loc=torch.tensor(flat_new, dtype=torch.long, device=dev),
-            qo_indptr=torch.tensor(qo, dtype=i32, device=dev),
-            kv_indptr=torch.tensor(kvp, dtype=i32, device=dev),
-            kv_indices=torch.tensor(flat_kv, dtype=i32, device=dev),
-            kv_lens=torch.tensor([len(s) for s in slots], dtype=i32, device=dev),
-            extend_num_tokens=len(flat_ids),
+            input_ids=ids,
+            out_cache_loc=to_device(host_tensor(flat_new, torch.long, pin), dev),
+            qo_indptr=to_device(qo_h, dev),
+            kv_indptr=to_device(kvp_h, dev),
+            kv_indices=to_device(host_tensor(flat_kv, i32, pin), dev),
+            kv_lens=to_device(lens_h, dev),
+            extend_num_tokens=sum(q_lens),
             last_token_index=last,
-            kv_lens_host=[len(s) for s in slots],
+            kv_lens_host=kv_lens,
+            plan_host=(qo_h, kvp_h, lens_h),
         )
 
     def run_batch(self, fb: ForwardBatch) -> torch.Tensor:
@@ -229,6 +271,7 @@ class CudaGraphRunner:
             self.batch_sizes.append(max_bs)
         self.graphs: dict[int, tuple] = {}
         self.replay_events: Optional[tuple] = None  # (start, end) CUDA events recorded around g.replay()
+        self._qo_host: dict[int, torch.Tensor] = {}  # pinned [0, 1, .., bs] per captured size (the plan's qo_indptr)
         self._capture_all()
 
     def _capture_all(self) -> None:
@@ -263,37 +306,44 @@ class CudaGraphRunner:
         longest = max(fb.kv_lens_host) if fb.kv_lens_host else int(fb.kv_lens.max())
         return fb.forward_mode.is_decode() and fb.batch_size <= self.max_bs and longest <= self.max_context
 
-    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+    def replay(self, fb: ForwardBatch, ready_event=None) -> torch.Tensor:
+        """Copy the batch into the captured buffers, plan, and launch the graph. Nothing here waits
+        for the GPU (host arrays go up through pinned memory; the plan reads host arrays), so the
+        overlap scheduler can call it while the previous step still runs. ``ready_event`` (a CUDA
+        event) is recorded after the plan's copies and before the replay: once it has fired, the
+        plan's page-locked staging buffers may be written by the next plan."""
         bs = next(b for b in self.batch_sizes if b >= fb.batch_size)
         g, sfb, wrapper, out = self.graphs[bs]
         n, pad = fb.batch_size, bs - fb.batch_size
-        dev = fb.kv_lens.device
         if pad:
             sfb.input_ids[n:].zero_()
             sfb.out_cache_loc[n:].zero_()  # padded requests write slot 0, the dummy slot
-        sfb.input_ids[:n].copy_(fb.input_ids)
-        sfb.out_cache_loc[:n].copy_(fb.out_cache_loc)
-        if fb.kv_lens_host is not None:  # lengths known on the host: no small kernels to pad them
-            lens = list(fb.kv_lens_host) + [1] * pad
-            ptr = [0]
-            for x in lens:
-                ptr.append(ptr[-1] + x)
-            kv_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-            kv_indptr = torch.tensor(ptr, dtype=torch.int32, device=dev)
-        else:
-            kv_lens = torch.cat([fb.kv_lens, torch.ones(pad, dtype=torch.int32, device=dev)])
-            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
-            kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        total = fb.kv_indices.numel() + pad
-        sfb.kv_indices[: fb.kv_indices.numel()].copy_(fb.kv_indices)
+        sfb.input_ids[:n].copy_(fb.input_ids, non_blocking=True)
+        sfb.out_cache_loc[:n].copy_(fb.out_cache_loc, non_blocking=True)
+        # lengths known on the host: no small kernels to pad them, no device read-back
+        lens = list(fb.kv_lens_host) if fb.kv_lens_host is not None else [int(x) for x in fb.kv_lens.tolist()]
+        lens += [1] * pad
+        ptr = [0]
+        for x in lens:
+            ptr.append(ptr[-1] + x)
+        kv_lens = host_tensor(lens, torch.int32, True)
+        kv_indptr = host_tensor(ptr, torch.int32, True)
+        qo = self._qo_host.get(bs)
+        if qo is None:
+            qo = self._qo_host[bs] = host_tensor(list(range(bs + 1)), torch.int32, True)
+        m = fb.kv_indices.numel()
+        total = m + pad
+        sfb.kv_indices[:m].copy_(fb.kv_indices, non_blocking=True)
         if pad:
-            sfb.kv_indices[fb.kv_indices.numel(): total].zero_()  # each padded request reads slot 0
+            sfb.kv_indices[m:total].zero_()  # each padded request reads slot 0
         self.r.attn_backend.init_forward_metadata(
-            ForwardBatch(ForwardMode.DECODE, bs, sfb.input_ids, sfb.out_cache_loc, sfb.qo_indptr, kv_indptr,
-                         sfb.kv_indices[:total], kv_lens),
+            ForwardBatch(ForwardMode.DECODE, bs, sfb.input_ids, sfb.out_cache_loc, qo, kv_indptr,
+                         sfb.kv_indices[:total], kv_lens, kv_lens_host=lens, plan_host=(qo, kv_indptr, kv_lens)),
             decode_wrapper=wrapper,
         )
         self.r.attn_backend.forward_metadata.kv_indices = sfb.kv_indices  # the captured tensor
+        if ready_event is not None:
+            ready_event.record()
         if self.replay_events is not None:  # stepbench: GPU time of the graph alone (no plan, no input copies)
             self.replay_events[0].record()
         g.replay()

@@ -5,6 +5,20 @@ One thread owns the model. HTTP threads hand it requests and control messages (p
 start/stop) through queues; it processes control messages between forwards, like SGLang's
 ``process_input_requests``. Each forward is one profiler step, wrapped in a
 ``record_function("step[DECODE bs=N]")`` / ``step[EXTEND bs=N toks=T]`` annotation.
+
+Two loops, as SGLang has (``event_loop_normal`` / ``event_loop_overlap``):
+
+* normal (``--disable-overlap-schedule``; the default on CPU): build a batch, run it, wait for the
+  GPU, read the sampled tokens back, stream them, repeat. The GPU idles during the host work.
+* overlap (the default on CUDA, as in SGLang): step N+1 is launched before step N's tokens are
+  read back. The sampled tokens stay on the device and are the next decode step's input ids
+  directly; each step copies its tokens to pinned host memory asynchronously, and the host reads
+  them (and streams them) while the GPU runs the next step. Building a batch and planning the
+  attention read host arrays only, so launching never waits for the GPU. A request finishes when
+  its result is read: at ``max_new_tokens`` nothing more is launched for it; at EOS the one step
+  already launched for it is discarded (SGLang does the same). Batches with sampled requests
+  (``temperature > 0``, sampled on the host) run synchronously, so the random stream is the
+  normal loop's. Greedy tokens are the same in both loops.
 """
 
 from __future__ import annotations
@@ -40,6 +54,26 @@ class Req:
     finished: bool = False
     created: float = field(default_factory=time.time)
     cancelled: bool = False
+    # overlap loop
+    launched: int = 0  # output tokens whose forward has been launched
+    inflight: int = 0  # launched forwards whose tokens have not been read back yet
+    last_tok: Optional[tuple] = None  # (device tensor, index): the latest sampled token, not read back
+    slots_t: Optional[torch.Tensor] = None  # slots as a CPU int32 tensor (cheap page-table slices)
+
+
+@dataclass
+class _Launched:
+    """A forward the overlap loop has launched and not yet read back."""
+
+    mode: ForwardMode
+    reqs: list
+    tokens: torch.Tensor  # [bs] sampled token ids, on the device
+    host: torch.Tensor  # the same, copied (asynchronously, pinned) to the host
+    done: Optional[object]  # CUDA event after the host copy (None on CPU)
+    ready: Optional[object] = None  # CUDA event the reader waits on (the next launch's, when there is one)
+    t_launch: float = 0.0
+    sync: bool = False  # tokens were sampled on the host (temperature > 0): host already exact
+    host_tokens: Optional[list] = None
 
 
 class ProfileError(Exception):
@@ -98,6 +132,10 @@ class ProfilerManager:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         if not acts:
             acts = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            # the overlap loop may have a step in flight: let it finish outside the trace, so the
+            # trace holds no kernel whose launch it did not see (stop() synchronises as well)
+            torch.cuda.synchronize(self.device)
         self.torch_profiler = torch.profiler.profile(activities=acts, with_stack=self.with_stack,
                                                      record_shapes=self.record_shapes)
         self.torch_profiler.start()
@@ -173,8 +211,15 @@ class Scheduler:
     EOS_ID = 0
 
     def __init__(self, runner: ModelRunner, *, max_running_requests: int = 64, cuda_graph: bool = False,
-                 cuda_graph_max_bs: int = 16, max_context: int = 8192, seed: int = 0):
+                 cuda_graph_max_bs: int = 16, max_context: int = 8192, seed: int = 0,
+                 overlap: Optional[bool] = None):
         self.runner = runner
+        # SGLang's overlap scheduler: on by default on CUDA; on CPU it runs the same code path with
+        # nothing to overlap (each op runs as it is called), which tests use to check the tokens
+        self.overlap = runner.device.type == "cuda" if overlap is None else bool(overlap)
+        self._inflight: Optional[_Launched] = None
+        self._admitted: list[Req] = []
+        self._last_done = 0.0
         self.max_running = max_running_requests
         self.waiting: "queue.Queue[Req]" = queue.Queue()
         self.control: "queue.Queue[tuple[str, dict, Future]]" = queue.Queue()
@@ -232,6 +277,9 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 self._process_control()
+                if self.overlap:
+                    self._overlap_iteration()
+                    continue
                 batch_new = self._admit()
                 if batch_new:
                     self._run(ForwardMode.EXTEND, batch_new)
@@ -243,7 +291,7 @@ class Scheduler:
         except BaseException as e:  # noqa: BLE001
             self.error = e
             log.exception("scheduler died")
-            for r in self.running:
+            for r in self.running + self._admitted:
                 r.out.put(("error", f"scheduler error: {e}"))
 
     def _admit(self) -> list[Req]:
@@ -314,3 +362,152 @@ class Scheduler:
             else:
                 out.append(int(greedy[i]))
         return out
+
+    # ------------------------------------------------------------------ the overlap loop
+    def _overlap_iteration(self) -> None:
+        """Launch the next forward (if any), then read back and stream the previous one."""
+        mode, reqs = self._next_batch()
+        if reqs and self._inflight is not None and any(r.temperature and r.temperature > 0 for r in reqs):
+            # sampled on the host: read the previous step first, as the normal loop would have
+            self._resolve(self._inflight)
+            self._inflight = None
+            mode, reqs = self._next_batch()
+        launched = self._launch(mode, reqs) if reqs else None
+        if self._inflight is not None:
+            self._resolve(self._inflight)
+        self._inflight = None
+        if launched is not None and launched.sync:
+            self._resolve(launched)
+            launched = None
+        self._inflight = launched
+        if launched is None and not self.running and not self._admitted:
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    def _next_batch(self) -> tuple[ForwardMode, list[Req]]:
+        if not self._admitted:
+            self._admitted = self._admit()
+        if self._admitted:
+            return ForwardMode.EXTEND, self._admitted
+        ready = []
+        for r in list(self.running):
+            if r.finished:
+                continue
+            if r.cancelled and r.inflight == 0:  # its client is gone: nothing more to compute
+                self._finish(r, "stop", emit=False)
+                continue
+            if r.cancelled or r.launched >= r.max_new_tokens:
+                continue  # its last token is in flight
+            ready.append(r)
+        return ForwardMode.DECODE, ready
+
+    def _launch(self, mode: ForwardMode, reqs: list[Req]) -> _Launched:
+        runner = self.runner
+        cuda = runner.device.type == "cuda"
+        for r in reqs:
+            if r.slots_t is None:
+                r.slots_t = torch.tensor(r.slots, dtype=torch.int32)
+        if mode.is_extend():
+            ids = [r.input_ids for r in reqs]
+            ctx = [r.slots_t[: len(r.input_ids)] for r in reqs]
+            new = [r.slots[: len(r.input_ids)] for r in reqs]
+            tag = f"step[EXTEND bs={len(reqs)} toks={sum(len(i) for i in ids)}]"
+        else:
+            ids = self._device_input_ids(reqs)
+            n = [len(r.input_ids) + r.launched for r in reqs]  # the context, the fed token's row included
+            ctx = [r.slots_t[:k] for r, k in zip(reqs, n)]
+            new = [[r.slots[k - 1]] for r, k in zip(reqs, n)]
+            tag = f"step[DECODE bs={len(reqs)}]"
+        sync = any(r.temperature and r.temperature > 0 for r in reqs)
+        fb = runner.build_batch(mode, ids, ctx, new)
+        self.profiler.before_forward(mode)
+        t0 = time.perf_counter()
+        ready = torch.cuda.Event() if cuda else None
+        host_tokens = None
+        with torch.profiler.record_function(tag):
+            if self.graph_runner is not None and self.graph_runner.can_run(fb):
+                logits = self.graph_runner.replay(fb, ready_event=ready)
+            else:
+                runner.attn_backend.init_forward_metadata(fb)
+                if ready is not None:
+                    ready.record()
+                logits = runner.forward(fb)
+            if sync:
+                host_tokens = self._sample(logits, reqs)
+                tokens = torch.tensor(host_tokens, dtype=torch.long, device=runner.device)
+                host, done = tokens, None
+            else:
+                tokens = logits.argmax(-1)
+                if cuda:
+                    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                    host.copy_(tokens, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record()
+                else:
+                    host, done = tokens, None
+        self.profiler.after_forward()
+        if self._inflight is not None and ready is not None:
+            # the previous step's reader waits for this launch's copies to have run too: FlashInfer's
+            # plan stages its work list in one page-locked buffer per wrapper, which the next plan
+            # overwrites (the event fires right after the previous step, so it costs no time)
+            self._inflight.ready = ready
+        if mode.is_extend():
+            self.running.extend(reqs)
+            self._admitted = []
+        for i, r in enumerate(reqs):
+            r.launched += 1
+            r.inflight += 1
+            r.last_tok = (tokens, i)
+        return _Launched(mode, list(reqs), tokens, host, done, t_launch=t0, sync=sync, host_tokens=host_tokens)
+
+    def _device_input_ids(self, reqs: list[Req]) -> torch.Tensor:
+        """Each request's latest sampled token, gathered on the device (one tensor as is when the
+        batch is the previous step's, else one concatenation of slices: no host read-back)."""
+        runs: list[list] = []  # [source tensor, first index, count]
+        for r in reqs:
+            src, i = r.last_tok
+            if runs and runs[-1][0] is src and runs[-1][1] + runs[-1][2] == i:
+                runs[-1][2] += 1
+            else:
+                runs.append([src, i, 1])
+        if len(runs) == 1 and runs[0][1] == 0 and runs[0][2] == runs[0][0].numel():
+            return runs[0][0]
+        return torch.cat([src[i:i + k] for src, i, k in runs])
+
+    def _resolve(self, job: _Launched) -> None:
+        """Read a launched forward's tokens back (waiting for the GPU) and stream them."""
+        if job.host_tokens is not None:
+            toks = job.host_tokens
+        else:
+            ev = job.ready or job.done
+            if ev is not None:
+                ev.synchronize()
+            toks = job.host.tolist()
+        now = time.perf_counter()
+        dt = now - max(job.t_launch, self._last_done)  # per-step period when steps run back to back
+        self._last_done = now
+        self.step_times.append((job.mode.name, len(job.reqs), dt))
+        del self.step_times[:-1000]
+        for r, t in zip(job.reqs, toks):
+            r.inflight -= 1
+            t = int(t)
+            if r.finished:
+                continue  # launched before its EOS was read: discarded
+            r.output_ids.append(t)
+            done = len(r.output_ids) >= r.max_new_tokens or (not r.ignore_eos and t == self.EOS_ID)
+            if done or r.cancelled:
+                reason = "length" if len(r.output_ids) >= r.max_new_tokens else "stop"
+                r.out.put(("token", (t, reason)))
+                self._finish(r, reason, emit=False)
+            else:
+                r.out.put(("token", (t, None)))
+
+    def _finish(self, r: Req, reason: str, emit: bool = True) -> None:
+        """Mark ``r`` finished, drop it from the running batch and free its pool rows. A step still
+        in flight for it may write one of those rows; a later request given that row writes it in a
+        later forward on the same stream, so the order holds."""
+        r.finished = True
+        self.running = [x for x in self.running if x is not r]
+        self.runner.allocator.free(r.slots)
+        if emit:
+            r.out.put(("token", (r.output_ids[-1] if r.output_ids else self.EOS_ID, reason)))
