@@ -82,6 +82,8 @@ def _run_cmd(host: FixHost, cmd: str, timeout: float) -> tuple[bool, str]:
     try:
         r = host.run(["sh", "-c", _WRAP, "perfscope-restart", cmd], timeout=max(1.0, timeout))
     except PerfscopeError as e:  # the command did not return in time, or the host went away
+        if "timed out" in str(e):
+            return False, f"the restart command did not return within {timeout:g}s"
         return False, f"restart command: {e}"
     if r.rc != 0:
         tail = " ".join((r.stdout or r.stderr or "").strip().splitlines()[-3:])[-300:]
@@ -98,7 +100,7 @@ def _restart(host: FixHost, cmd: str, client, timeout: float) -> tuple[bool, str
     time.sleep(max(0.0, min(GRACE_S, deadline - time.monotonic())))
     left = deadline - time.monotonic()
     try:
-        client.wait_healthy(timeout=max(0.5, left), interval=min(2.0, max(0.25, left / 10)))
+        client.wait_healthy(timeout=max(0.5, left), interval=0.5)
     except PerfscopeError:
         return False, f"no healthy answer on {client.base_url}/health within {timeout:g}s of the restart"
     return True, ""
