@@ -156,6 +156,9 @@ def test_trace_two_hosts_end_to_end(sshd, tmp_path, capsys):
     files = [r["file"] for r in d["ranks"]]
     assert len(files) == len(info.files) >= 2
     assert {Path(f).parent.parent.name for f in files} == set(dirs)  # both hosts' traces analysed
+    assert {r["meta"].get("host") for r in d["ranks"]} == set(labels)  # each rank names its host
+    rc, table, _ = run_cli(["diagnose", str(out), "--workers", "1"], capsys)
+    assert rc == 0 and "Per rank" in table and "host" in table
     assert "fp8-kv-cast" in [x["id"] for x in d["findings"]]
 
 

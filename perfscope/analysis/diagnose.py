@@ -27,7 +27,10 @@ def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None,
     if capture:
         from perfscope.analysis.capture_map import CaptureSet
         cap = CaptureSet.load(capture)
-    return analyze_trace(trace, config, rank=rank, stage=tf.stage, capture=cap)
+    ra = analyze_trace(trace, config, rank=rank, stage=tf.stage, capture=cap)
+    if getattr(tf, "host", None):
+        ra.meta["host"] = tf.host  # several hosts: the per-rank table names each rank's host
+    return ra
 
 
 def _worker(args: tuple) -> dict:

@@ -22,6 +22,7 @@ class TraceFile:
     path: Path
     rank: Optional[int] = None  # from the name; the trace's distributedInfo may refine it
     stage: Optional[str] = None  # "EXTEND" | "DECODE" when SGLang split the profile by stage
+    host: Optional[str] = None  # the host it came from (a several-host run folder of `perfscope trace`)
 
 
 @dataclass
@@ -61,7 +62,7 @@ def discover(paths: list[str | Path]) -> TraceSet:
             run_dir, run_info = p, run.data
             if not run.files:
                 raise InputError(f"{p}: run folder lists no trace files")
-            files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage) for f in run.files)
+            files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host) for f in run.files)
         elif p.is_dir():
             found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
             if not found:
@@ -69,5 +70,5 @@ def discover(paths: list[str | Path]) -> TraceSet:
             files.extend(_describe(q) for q in found)
         else:
             files.append(_describe(p))
-    files.sort(key=lambda f: (f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
+    files.sort(key=lambda f: (f.host or "", f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
     return TraceSet(files=files, run_dir=run_dir, run_info=run_info)

@@ -107,13 +107,16 @@ def ranks_table(d: Diagnosis) -> Optional[Table]:
     if len(d.ranks) < 2:
         return None
     t = Table(title="Per rank", title_justify="left")
+    hosts = [(r.meta or {}).get("host") for r in d.ranks]
+    if len(set(hosts)) > 1:  # a several-host run: which host each rank ran on
+        t.add_column("host", justify="left")
     for c in ("rank", "stage", "steps", "median ms", "copy", "gemm", "attention", "comm", "idle ms"):
         t.add_column(c, justify="right" if c not in ("stage",) else "left")
     strag = (d.straggler or {}).get("rank")
-    for r in d.ranks:
+    for r, h in zip(d.ranks, hosts):
         b = r.buckets
         mark = " [red](straggler)[/]" if strag == r.rank and (d.straggler or {}).get("significant") else ""
-        t.add_row(f"{r.rank if r.rank is not None else '-'}{mark}", r.stage or "", str(r.steps.get("count")),
+        t.add_row(*([escape(h or "-")] if len(set(hosts)) > 1 else []), f"{r.rank if r.rank is not None else '-'}{mark}", r.stage or "", str(r.steps.get("count")),
                   _fmt_ms(r.steps.get("median_ms")), *(f"{b[x]['share']:.0%}" for x in ("copy", "gemm", "attention", "communication")),
                   _fmt_ms(r.idle_ms_per_step))
     return t
