@@ -207,8 +207,8 @@ class Loop:
                 "--context-length", "8192", "--seed", "0", *self.size_args()]
         if self.cuda:
             argv += ["--cuda-graph", "--cuda-graph-max-bs", "4", "--flashinfer-backend", a.flashinfer_backend]
-        else:
-            argv += ["--threads", "2"]
+        else:  # the overlap scheduler is the CUDA default; on CPU the same code path runs in order
+            argv += ["--threads", "2", "--enable-overlap-schedule"]
         env = dict(os.environ)
         # the scratch copy must win over the repository's examples/ package
         env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -237,7 +237,8 @@ class Loop:
         info = _get_json(url + "/server_info")
         self.summary["servers"][tag].update(startup_s=up, kv_strategy=info.get("kv_strategy"),
                                             flashinfer=info.get("flashinfer_version"),
-                                            device_name=info.get("device_name"))
+                                            device_name=info.get("device_name"),
+                                            disable_overlap_schedule=info.get("disable_overlap_schedule"))
         print(f"[{now_s():6.1f}s] server {tag} up in {up}s (kv_strategy {info.get('kv_strategy')})", flush=True)
         return url
 

@@ -1,0 +1,136 @@
+"""The reproduction server's overlap scheduler (examples/repro_server/scheduler.py), run for real on
+CPU, where it runs the same code path with nothing to overlap: it must give the normal loop's greedy
+tokens (concurrent requests, EOS mid-stream, one-token requests), free every pool row, keep one
+``step[...]`` annotation per forward, and report itself in /server_info as SGLang does. The CUDA
+side (pinned copies, events, graph replay) cannot run here; run_loop.py runs it on a GPU."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from perfscope.capture.sglang_api import SGLangClient
+from reproserver import start_repro
+
+torch = pytest.importorskip("torch")
+
+from examples.repro_server.model import ModelConfig, ModelRunner  # noqa: E402
+from examples.repro_server.scheduler import Req, Scheduler  # noqa: E402
+
+POOL = 4000
+
+
+def _serve(overlap: bool, specs: list[dict], eos: int | None = None) -> tuple[list, int, Scheduler]:
+    """Submit every request before the scheduler starts (the batches are then the same in both
+    loops), collect each request's (tokens, finish reason)."""
+    cfg = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, vocab_size=256)
+    runner = ModelRunner(cfg, max_total_tokens=POOL, device="cpu")
+    sched = Scheduler(runner, overlap=overlap)
+    if eos is not None:
+        sched.EOS_ID = eos
+    reqs = [Req(rid=str(i), input_ids=s["ids"], max_new_tokens=s["n"], temperature=s.get("t", 0.0),
+                ignore_eos=s.get("ignore_eos", True)) for i, s in enumerate(specs)]
+    for r in reqs:
+        sched.submit(r)
+    sched.start()
+    out = []
+    try:
+        for r in reqs:
+            toks = []
+            while True:
+                kind, payload = r.out.get(timeout=120)
+                assert kind == "token", payload
+                toks.append(payload[0])
+                if payload[1]:
+                    out.append((toks, payload[1]))
+                    break
+        deadline = time.monotonic() + 10
+        while sched.running and time.monotonic() < deadline:  # the last step is read, then freed
+            time.sleep(0.01)
+    finally:
+        sched.shutdown()
+    assert sched.error is None
+    return out, runner.allocator.available_size(), sched
+
+
+SPECS = [{"ids": [1, 2, 3, 4, 5], "n": 12}, {"ids": [7, 8, 9], "n": 6}, {"ids": [3] * 20, "n": 9},
+         {"ids": [5, 6], "n": 1}]
+
+
+def test_overlap_gives_the_normal_loops_greedy_tokens():
+    normal, free_n, sn = _serve(False, SPECS)
+    over, free_o, so = _serve(True, SPECS)
+    assert [len(t) for t, _ in normal] == [12, 6, 9, 1]
+    assert over == normal
+    assert free_n == free_o == POOL  # every pool row back
+    assert so.overlap and not sn.overlap
+    # one forward per step, each timed once: the extend, then 11 decodes (the longest request)
+    modes = [m for m, _, _ in so.step_times]
+    assert modes[0] == "EXTEND" and modes.count("EXTEND") == 1 and modes.count("DECODE") == 11
+    assert [m for m, _, _ in sn.step_times] == modes
+
+
+def test_overlap_eos_mid_stream_discards_the_step_in_flight():
+    ref, _, _ = _serve(False, [{"ids": [1, 2, 3, 4, 5], "n": 12}])
+    eos = ref[0][0][4]  # the 5th greedy token: make it the EOS token
+    specs = [{"ids": [1, 2, 3, 4, 5], "n": 12, "ignore_eos": False}, {"ids": [7, 8, 9], "n": 8}]
+    normal, free_n, _ = _serve(False, specs, eos=eos)
+    over, free_o, so = _serve(True, specs, eos=eos)
+    assert normal[0] == (ref[0][0][:5], "stop")
+    assert over == normal and free_n == free_o == POOL
+    # the overlap loop launched one more step for the first request (discarded when its EOS was read)
+    assert len(so.step_times) >= 8
+
+
+def test_sampled_requests_run_synchronously_with_the_same_random_stream():
+    specs = [{"ids": [1, 2, 3], "n": 6, "t": 0.8}, {"ids": [4, 5, 6], "n": 5}]
+    normal, _, _ = _serve(False, specs)
+    over, free, _ = _serve(True, specs)
+    assert over == normal and free == POOL
+
+
+def _steps(path: Path) -> list[str]:
+    with gzip.open(path, "rt") as f:
+        ev = json.load(f)["traceEvents"]
+    return [e["name"] for e in ev if e.get("name", "").startswith("step[") and e.get("ph") == "X"
+            and e.get("cat") != "gpu_user_annotation"]
+
+
+def test_server_overlap_flag_tokens_and_trace(tmp_path):
+    payload = {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 7, "temperature": 0,
+                                                                  "ignore_eos": True}}
+    with start_repro(log_dir=tmp_path) as (url, _):
+        c = SGLangClient(url)
+        assert c.server_info()["disable_overlap_schedule"] is True  # CPU default: the normal loop
+        normal = c.generate(payload)["output_ids"]
+    with start_repro("--enable-overlap-schedule", log_dir=tmp_path) as (url, _):
+        c = SGLangClient(url)
+        assert c.server_info()["disable_overlap_schedule"] is False
+        frames = list(c.generate_stream(payload, timeout=60))
+        assert [f.data["meta_info"]["completion_tokens"] for f in frames] == list(range(1, 8))
+        assert frames[-1].data["output_ids"] == normal
+        assert frames[-1].data["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+        out = tmp_path / "prof"
+        c.start_profile(output_dir=str(out), num_steps=4)
+        assert c.generate(payload)["output_ids"] == normal
+        deadline = time.monotonic() + 60
+        while not list(out.glob("*.trace.json.gz")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (path,) = list(out.glob("*.trace.json.gz"))
+        assert _steps(path) == ["step[EXTEND bs=1 toks=5]"] + ["step[DECODE bs=1]"] * 3  # one per forward
+
+
+def test_overlap_flags_contradict(tmp_path):
+    import subprocess
+    import sys
+
+    from reproserver import REPO, TINY
+
+    p = subprocess.run([sys.executable, "-m", "examples.repro_server", "--port", "0", *TINY,
+                        "--enable-overlap-schedule", "--disable-overlap-schedule"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "contradict" in p.stderr
