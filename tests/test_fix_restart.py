@@ -36,7 +36,8 @@ MARKER = b"perfscope fp8-kv-cast"
 
 # $1: what the script does when mla_attention.py carries the patch: "ok" starts the server as
 # always; "exit" exits 3 without starting anything; "noserve" starts a process that never
-# serves (its output not redirected: it holds stdout open) and exits 0. Each call is logged.
+# serves (its output not redirected: it holds stdout open) and exits 0; "hang" does not return
+# (until its sleep, in server.pid, is killed). Each call is logged.
 RESTART_SH = r"""#!/bin/sh
 D=@DIR@
 cd "$D/server" || exit 9
@@ -55,6 +56,13 @@ S=; command -v setsid >/dev/null 2>&1 && S=setsid
 if [ "$state" = patched ] && [ "$1" = exit ]; then
     echo "the server refuses to start with this file" >&2
     exit 3
+fi
+if [ "$state" = patched ] && [ "$1" = hang ]; then
+    sleep 120 &
+    echo $! > "$D/server.pid"
+    touch "$D/hanging"
+    wait
+    exit 1
 fi
 if [ "$state" = patched ] && [ "$1" = noserve ]; then
     $S nohup sleep 600 &
@@ -220,14 +228,20 @@ def test_unhealthy_after_patch_is_reverted_and_restarted(site, mode):
     assert not [p for p in out.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
 
 
-def test_restart_options_are_checked_before_anything_runs(site):
+def test_restart_options_are_checked_before_anything_runs(tmp_path):
+    from perfscope.demo import copy_server
+
+    target = copy_server(tmp_path)
+    original = target.read_bytes()
+    site = type("Site", (), {"target": target, "url": f"http://127.0.0.1:{_free_port()}", "port": 1,
+                             "state": tmp_path / "state", "dir": tmp_path})()
     for args, msg in ((["--restart-cmd", "true"], "--restart-cmd goes with --apply"),
                       (["--apply", "--restart-cmd", " "], "--restart-cmd is empty"),
-                      (["--apply", "--out", str(site.dir / "x")], "--out goes with --restart-cmd"),
+                      (["--apply", "--out", str(tmp_path / "x")], "--out goes with --restart-cmd"),
                       (["--apply", "--restart-cmd", "true", "--health-timeout", "0"], "--health-timeout")):
         r = _fix(site, *args, timeout=60)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
-    assert site.target.read_bytes() == site.original and _calls(site) == []
+    assert target.read_bytes() == original and not (tmp_path / "state").exists()
 
 
 def test_restart_over_ssh(site, sshd):
@@ -247,3 +261,32 @@ def test_restart_over_ssh(site, sshd):
     rec = json.loads((out / "restart.json").read_text())
     assert rec["healthy"] is True and rec["tpot_ms_before"] > 4 * rec["tpot_ms_after"] > 0, rec
     assert json.loads((out / "after" / "bench.json").read_text())["server"]["kv_strategy"] != "pool"
+
+
+def test_ctrl_c_during_the_restart_leaves_a_complete_record(site):
+    out = site.dir / "run"
+    cmd = [sys.executable, "-m", "perfscope", "fix", "fp8-kv-cast", "--target-file", str(site.target),
+           "--url", site.url, "--port", str(site.port), "--state-dir", str(site.state), "--apply",
+           "--restart-cmd", f"sh {site.script} hang", "--out", str(out), *BENCH]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (site.dir / "hanging").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert _calls(site) == ["hang patched"], proc.poll()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    rec = json.loads((out / "restart.json").read_text())
+    assert rec["stopped_by"] == "KeyboardInterrupt" and rec["healthy"] is None and rec["after"] is None
+    rep = json.loads((out / "fix.json").read_text())
+    assert rep["outcome"] == "applied" and any("still patched" in n and "--revert" in n for n in rep["notes"])
+    assert not [p for p in out.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+    # the note's advice works: the original comes back byte for byte
+    assert MARKER in site.target.read_bytes()
+    r = _fix(site, "--revert", "--json", timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["outcome"] == "reverted", r.stderr[-2000:]
+    assert site.target.read_bytes() == site.original

@@ -165,7 +165,19 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     if rep.outcome.kind != "applied":
         return finish(rep)
     atomic_write_text(out / "fix.diff", rep.diff or "")
+    try:
+        return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, out,
+                                   health_timeout, log)
+    except BaseException as e:  # Ctrl-C (or worse) after the patch was written: the record says where it stands
+        record["stopped_by"] = type(e).__name__
+        rep.notes.append(f"stopped ({type(e).__name__}) before the restart was verified: {rep.path} is "
+                         + ("the original again" if record.get("reverted") else
+                            f"still patched (undo with perfscope fix {fix.id} --revert)"))
+        finish(rep)
+        raise
 
+
+def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, out, health_timeout, log):
     # 4. restart and 5. measure again
     log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
     ok, why = _restart(host, cmd, client, health_timeout)
