@@ -134,3 +134,81 @@ def test_overlap_flags_contradict(tmp_path):
                         "--enable-overlap-schedule", "--disable-overlap-schedule"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "contradict" in p.stderr
+
+
+# ------------------------------------------------------------------ the CUDA-graph replay, eagerly
+# CUDA graphs cannot run here. A test double stands in for torch.cuda.CUDAGraph only: "replay"
+# re-runs the forward on the captured buffers, so CudaGraphRunner.replay's own code (padding to a
+# captured size, host-side plan arrays, the backend's in-place kv_indptr, the captured kv_indices)
+# runs for real, with the torch MLA wrapper in its CUDA-graph mode.
+
+
+class _EagerGraph:
+    def __init__(self, runner, fb, out):
+        self.runner, self.fb, self.out = runner, fb, out
+
+    def replay(self):
+        with torch.inference_mode():
+            self.out.copy_(self.runner.forward(self.fb))
+
+
+def _eager_graph_runner(runner, max_bs: int, max_context: int):
+    from examples.repro_server import model as M
+    from examples.repro_server.mla_attention import make_mla_wrapper
+
+    class EagerGraphRunner(M.CudaGraphRunner):
+        def _capture_all(self):
+            r, be = self.r, self.r.attn_backend
+            self.ws = be.workspace_buffer
+            for bs in self.batch_sizes:
+                qo = torch.arange(bs + 1, dtype=torch.int32)
+                kvp = torch.arange(bs + 1, dtype=torch.int32)
+                kvi = torch.zeros(self.max_bs * self.max_context, dtype=torch.int32)
+                kvl = torch.ones(bs, dtype=torch.int32)
+                w = make_mla_wrapper(self.ws, use_flashinfer=False, use_cuda_graph=True, qo_indptr=qo,
+                                     kv_indptr=kvp, kv_indices=kvi, kv_len_arr=kvl, max_kv_len=self.max_context)
+                fb = M.ForwardBatch(M.ForwardMode.DECODE, bs, torch.zeros(bs, dtype=torch.long),
+                                    torch.zeros(bs, dtype=torch.long), qo, kvp, kvi, kvl)
+                be.init_forward_metadata(fb, decode_wrapper=w)
+                out = r.forward(fb)
+                self.graphs[bs] = (_EagerGraph(r, fb, out), fb, w, out)
+
+    return EagerGraphRunner(runner, max_bs, max_context)
+
+
+def test_graph_replay_logic_with_overlap_gives_the_same_tokens(monkeypatch):
+    from examples.repro_server import model as M
+
+    real = M.host_tensor
+    monkeypatch.setattr(M, "host_tensor", lambda data, dtype, pin: real(data, dtype, False))  # no pinned memory on CPU
+    specs = [{"ids": [1, 2, 3, 4, 5], "n": 10}, {"ids": [7, 8, 9], "n": 6}, {"ids": [3] * 20, "n": 8}]
+    ref, _, _ = _serve(False, specs)
+
+    cfg = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, vocab_size=256)
+    runner = ModelRunner(cfg, max_total_tokens=POOL, device="cpu")
+    sched = Scheduler(runner, overlap=True)
+    sched.graph_runner = _eager_graph_runner(runner, 4, 64)  # bs 3 runs padded to the captured 4
+    replays = []
+    orig = sched.graph_runner.replay
+    sched.graph_runner.replay = lambda fb, ready_event=None: replays.append(fb.batch_size) or orig(fb, ready_event)
+    reqs = [Req(rid=str(i), input_ids=s["ids"], max_new_tokens=s["n"], temperature=0.0, ignore_eos=True)
+            for i, s in enumerate(specs)]
+    for r in reqs:
+        sched.submit(r)
+    sched.start()
+    got = []
+    try:
+        for r in reqs:
+            toks = []
+            while True:
+                kind, payload = r.out.get(timeout=120)
+                assert kind == "token", payload
+                toks.append(payload[0])
+                if payload[1]:
+                    got.append((toks, payload[1]))
+                    break
+    finally:
+        sched.shutdown()
+    assert sched.error is None
+    assert got == ref
+    assert replays and 3 in replays and 1 in replays  # padded (3 -> 4) and exact sizes replayed

@@ -217,8 +217,8 @@ class ModelRunner:
             if not mode.is_decode() or input_ids.dim() != 1 or input_ids.numel() != bs:
                 raise ValueError("a tensor of input ids must be a decode batch's one token per request")
             q_lens = [1] * bs
-            ids = input_ids if input_ids.device == dev else input_ids.to(dev, non_blocking=True)
-            ids = ids.to(torch.long)
+            ids = input_ids if input_ids.device.type == dev.type else input_ids.to(dev, non_blocking=True)
+            ids = ids.to(torch.long)  # no-op for sampled ids (int64)
         else:
             q_lens = [len(i) for i in input_ids]
             ids = to_device(host_tensor([t for i in input_ids for t in i], torch.long, pin), dev)
