@@ -67,13 +67,10 @@ def _measure(client, info: dict, spec: BenchSpec):
                    num_requests=spec.num_requests, warmup=spec.warmup, server_info=info)
 
 
-def _store(folder: Path, res, url: str, host: FixHost, info: dict, spec: BenchSpec, side: str) -> dict:
+def _store(folder: Path, res, url: str, host: FixHost, info: dict, argv: list[str]) -> dict:
     """``folder/bench.json`` + ``run.json``, as ``perfscope bench --out`` writes them; returns the summary."""
     from perfscope.cli.bench import _store as store_bench
 
-    argv = ["perfscope", "fix", "--restart-cmd", f"(bench {side} the patch)", "--input-len", str(spec.input_len),
-            "--output-len", str(spec.output_len), "--num-requests", str(spec.num_requests),
-            "--warmup", str(spec.warmup)]
     store_bench(folder, res, url, host.label if host.remote else None, info, argv)
     return res.to_dict(per_request=False)
 
@@ -129,6 +126,8 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         raise InputError(f"--out {out} exists and is not an empty folder")
     t0 = time.monotonic()
     client = SGLangClient(req.server_url, timeout=60)
+    argv = ["perfscope", "fix", fix.id, "--apply", "--restart-cmd", cmd, "--bench-input-len", str(spec.input_len),
+            "--bench-output-len", str(spec.output_len), "--bench-requests", str(spec.num_requests)]
 
     # 1. check: only a patch that will be written is worth measuring and restarting for
     rep, after_bytes, _ = engine.plan(fix, host, req, env)
@@ -157,7 +156,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     info = client.server_info()
     log(f"measuring before the patch ({spec.num_requests} requests, in={spec.input_len} out={spec.output_len}) ...")
     res = _measure(client, info, spec)
-    record["before"] = _store(out / "before", res, client.base_url, host, info, spec, "before")
+    record["before"] = _store(out / "before", res, client.base_url, host, info, argv)
 
     # 3. apply, refused if the file changed while we measured
     areq = dataclasses.replace(req, expect_sha256=req.expect_sha256 or rep.sha256_before)
@@ -166,7 +165,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         return finish(rep)
     atomic_write_text(out / "fix.diff", rep.diff or "")
     try:
-        return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, out,
+        return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out,
                                    health_timeout, log)
     except BaseException as e:  # Ctrl-C (or worse) after the patch was written: the record says where it stands
         record["stopped_by"] = type(e).__name__
@@ -177,7 +176,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         raise
 
 
-def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, out, health_timeout, log):
+def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out, health_timeout, log):
     # 4. restart and 5. measure again
     log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
     ok, why = _restart(host, cmd, client, health_timeout)
@@ -189,7 +188,7 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         except PerfscopeError as e:
             ok, why = False, f"healthy, but the benchmark failed: {e}"
         else:
-            record["after"] = _store(out / "after", res2, client.base_url, host, info2, spec, "after")
+            record["after"] = _store(out / "after", res2, client.base_url, host, info2, argv)
     record["healthy"] = ok
     if ok:
         b, a = _tpot(record["before"]), _tpot(record["after"])
