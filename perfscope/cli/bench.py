@@ -14,12 +14,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from perfscope.bench.store import store
 from perfscope.errors import InputError
 
 NAME = "bench"
 ORDER = 60
 
-BENCH_FILE = "bench.json"
 
 
 @contextlib.contextmanager
@@ -57,23 +57,6 @@ def _table(res, label: str) -> Table:
                  f"failed {res.failed}   TPOT = (latency - TTFT) / (output_tokens - 1)")
     t.caption_justify = "left"
     return t
-
-
-def _store(out: Path, res, url: str, host: Optional[str], info: dict, argv: list[str]) -> Path:
-    from perfscope.capture import rundir
-    from perfscope.util.files import atomic_write_text
-
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / BENCH_FILE
-    atomic_write_text(path, json.dumps(res.to_dict(), indent=2) + "\n")
-    summary = {k: v for k, v in res.to_dict(per_request=False).items() if k not in ("workload", "server", "errors")}
-    if (out / rundir.RUN_FILE).is_file():  # an existing run folder (e.g. a trace): add the bench to it
-        rundir.update_run(out, timings={"bench": summary})
-    else:
-        rundir.write_run(out, command=argv, kind="bench", host=host, url=url, server_info=info,
-                         versions={"server": info.get("version")} if info.get("version") else None,
-                         workload=res.workload, timings=summary)
-    return path
 
 
 def command(
@@ -137,7 +120,7 @@ def command(
     argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", host]) + [
         "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
         "--num-requests", str(num_requests), "--warmup", str(warmup), "--seed", str(seed)]
-    stored = _store(out, res, base, label, info, argv) if out is not None else None
+    stored = store(out, res, base, label, info, argv) if out is not None else None
     if json_out:
         d = res.to_dict()
         if stored:

@@ -69,7 +69,7 @@ def _measure(client, info: dict, spec: BenchSpec):
 
 def _store(folder: Path, res, url: str, host: FixHost, info: dict, argv: list[str]) -> dict:
     """``folder/bench.json`` + ``run.json``, as ``perfscope bench --out`` writes them; returns the summary."""
-    from perfscope.cli.bench import _store as store_bench
+    from perfscope.bench.store import store as store_bench
 
     store_bench(folder, res, url, host.label if host.remote else None, info, argv)
     return res.to_dict(per_request=False)
