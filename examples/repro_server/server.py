@@ -130,6 +130,22 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = _route
 
+    def _start_event_stream(self, content_type: str) -> None:
+        """Headers of a chunked server-sent-events reply (SGLang's /generate, vLLM's /v1/completions)."""
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    @staticmethod
+    def _next_output(req, timeout: float = 600) -> tuple:
+        """The next (kind, payload) the scheduler produced for ``req``."""
+        try:
+            return req.out.get(timeout=timeout)
+        except queue.Empty:
+            return "error", "timed out waiting for the scheduler"
+
     def _routes(self) -> dict:
         return ROUTES
 
@@ -217,19 +233,12 @@ class Handler(BaseHTTPRequestHandler):
         self.server.scheduler.submit(req)
         stream = bool(body.get("stream", False))
         if stream:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            self._start_event_stream("text/event-stream")
         out_ids: list[int] = []
         finish = None
         try:
             while True:
-                try:
-                    kind, payload = req.out.get(timeout=600)
-                except queue.Empty:
-                    kind, payload = "error", "timed out waiting for the scheduler"
+                kind, payload = self._next_output(req)
                 if kind == "error":
                     if stream:
                         self._chunk(b"data: " + json.dumps({"error": {"message": payload, "code": 500}}).encode()

@@ -32,7 +32,6 @@ import hmac
 import json
 import logging
 import os
-import queue
 import socket
 import time
 import uuid
@@ -217,11 +216,7 @@ class VLLMHandler(Handler):
         self.server.scheduler.submit(req)
         stream = bool(body.get("stream", False))
         if stream:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            self._start_event_stream("text/event-stream; charset=utf-8")
         out: list[int] = []
         finish = None
 
@@ -236,10 +231,7 @@ class VLLMHandler(Handler):
 
         try:
             while True:
-                try:
-                    kind, payload = req.out.get(timeout=600)
-                except queue.Empty:
-                    kind, payload = "error", "timed out waiting for the scheduler"
+                kind, payload = self._next_output(req)
                 if kind == "error":
                     if stream:
                         self._chunk(b"data: " + json.dumps({"error": {"object": "error", "message": payload,
