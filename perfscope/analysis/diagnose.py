@@ -61,14 +61,18 @@ def _noise(ranks: list[RankAnalysis], value) -> float:
     return statistics.median(mads) if mads else 0.0
 
 
+CPU_OPS_THRESHOLD = 1.25  # ranks of a CPU-only trace share the host's cores: their timings are noisier
+
+
 def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[dict]:
     """The slowest rank among comparable ones: same stage and phase, at least two timed steps.
 
     Two signals: the longest step (a rank that is late after its last collective), and the most
     non-communication kernel time (a rank that is late before a collective: every rank's step grows
     by the same wait, but the late rank's communication kernels wait the least). ``significant``
-    when either exceeds the ranks' median by ``threshold`` and by more than ``NOISE_SIGMAS`` times
-    the step-to-step noise (median absolute deviation) of the ranks.
+    when either exceeds the ranks' median by ``threshold`` (``CPU_OPS_THRESHOLD`` for CPU-only
+    traces, whose ranks share the host's cores) and by more than ``NOISE_SIGMAS`` times the
+    step-to-step noise (median absolute deviation) of the ranks.
     """
     groups: dict = {}
     for r in ranks:
@@ -79,6 +83,8 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
         return None
     key = max(groups, key=lambda k: (k[1] == "decode", len(groups[k])))
     timed = groups[key]
+    if all(r.steps.get("analysed_on") == "cpu-ops" for r in timed):
+        threshold = max(threshold, CPU_OPS_THRESHOLD)
     step = {id(r): r.steps["median_ms"] for r in timed}
     comp = {id(r): _compute_ms(r) for r in timed}
     mid_step = statistics.median(step.values())
@@ -104,7 +110,7 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
             "fastest_rank": fast.rank,
             "spread_ms": round(step[id(slow)] - step[id(fast)], 4) if not use_comp
             else round(comp[id(slow)] - comp[id(fast)], 4),
-            "significant": bool(max(step_ratio, comp_ratio) > threshold)}
+            "threshold": threshold, "significant": bool(max(step_ratio, comp_ratio) > threshold)}
 
 
 def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
