@@ -57,6 +57,9 @@ def pass_steps(st: State) -> None:
     st.phase = st.stepset.primary_phase
     st.steps = [s for s in st.stepset.steps if s.phase == st.phase and s.kernels] or \
                [s for s in st.stepset.steps if s.phase == st.phase]
+    if st.trace.meta.repaired_names:
+        st.notes.append(f"{st.trace.meta.repaired_names} event name(s) held unescaped quotes (a torch profiler "
+                        "bug that breaks the JSON) and were repaired on load")
     if st.cpu_only:
         st.notes.append("no GPU kernels in this trace: analysed on its CPU ops (leaf ops stand in for kernels)")
 

@@ -92,6 +92,7 @@ class TraceMeta:
     with_stack: bool = False
     record_shapes: bool = False
     lax_events: int = 0  # events that needed the slow, untyped decoder
+    repaired_names: int = 0  # event names with bare quotes (a torch profiler bug) escaped on load
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

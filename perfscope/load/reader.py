@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -96,12 +97,43 @@ def _truthy(v: Any) -> bool:
     return str(v).strip().lower() in ("1", "true")
 
 
+# Kineto does not escape event names: torch's profiler sometimes records a Python function name
+# with quotes in it (`"name": "x.py(0): "finish_reason"",`), which breaks the JSON. Such values
+# are repaired (their bare quotes escaped) when, and only when, the file fails to parse. A value
+# ends at the quote that is followed by `,` and a newline or the next known key.
+_NAME_VALUE = re.compile(rb'("name": ")([^\n]*?)("(?=[ \t]*,[ \t]*(?:\r?\n|"(?:pid|tid|ts|dur|cat|ph|args|id|bp|s)"[ \t]*:)))')
+_BARE_QUOTE = re.compile(rb'(?<!\\)"')
+
+
+def repair_names(buf: bytes | bytearray) -> tuple[bytes, int]:
+    """Escape bare quotes inside ``"name": "..."`` values; returns (bytes, values fixed)."""
+    fixed = 0
+
+    def one(m: re.Match) -> bytes:
+        nonlocal fixed
+        inner = m.group(2)
+        if b'"' not in inner:
+            return m.group(0)
+        fixed += 1
+        return m.group(1) + _BARE_QUOTE.sub(rb'\\"', inner) + m.group(3)
+
+    return _NAME_VALUE.sub(one, bytes(buf)), fixed
+
+
 def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
     """Decode Kineto JSON bytes into a :class:`Trace`. Non-Kineto JSON -> InputError."""
+    repaired = 0
     try:
         top = TOP.decode(buf)
     except msgspec.DecodeError as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
+        fixed_buf, repaired = repair_names(buf)
+        try:
+            if not repaired:
+                raise msgspec.DecodeError(str(e))
+            buf = fixed_buf
+            top = TOP.decode(buf)
+        except msgspec.DecodeError:
+            raise InputError(f"{path}: not valid JSON ({e})") from None
     except msgspec.ValidationError as e:
         raise InputError(f"{path}: not a Kineto trace: {e}") from None
     if top.traceEvents is None:
@@ -110,7 +142,7 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
                              "not a Kineto profiler trace; export the profiler's chrome trace instead")
         raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
 
-    meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents))
+    meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents), repaired_names=repaired)
     _fill_meta(meta, top)
 
     kernels: list[Kernel] = []

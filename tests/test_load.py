@@ -1,0 +1,92 @@
+"""Trace loading edge cases on real traces: torch's unescaped names, broken JSON, string metadata."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+
+import pytest
+
+from paths import H200, TRACELENS
+from perfscope.errors import InputError
+from perfscope.load.reader import load_trace, parse
+
+
+def _real_json() -> bytes:
+    return gzip.open(H200 / "mla_pool_graph.json.gz").read()
+
+
+def test_unescaped_quotes_in_a_name_are_repaired():
+    """torch's profiler wrote `"name": "torch/profiler/_cupti_monitor.py(0): "finish_reason"",` into
+    a trace of the reproduction server (seen here under load); Kineto does not escape names. The
+    broken line is made here by editing one python_function name of a real trace."""
+    raw = _real_json()
+    marker = b'"name": "mla_cast_repro.py('
+    i = raw.index(marker)
+    j = raw.index(b'",', i)
+    broken = raw[:j] + b' "finish_reason"' + raw[j:]
+    with pytest.raises(Exception):
+        __import__("json").loads(broken)  # really broken JSON
+    t = parse(broken, "edited.json")
+    assert t.meta.repaired_names == 1
+    assert any(f.name.endswith('"finish_reason"') for f in t.frames)
+    assert len(t.kernels) == len(parse(raw, "orig.json").kernels)
+
+
+def test_repaired_trace_is_diagnosed_with_a_note(tmp_path):
+    raw = _real_json()
+    i = raw.index(b'"name": "mla_cast_repro.py(')
+    j = raw.index(b'",', i)
+    p = tmp_path / "broken.json.gz"
+    p.write_bytes(gzip.compress(raw[:j] + b' "x"' + raw[j:]))
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(p), "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = __import__("json").loads(r.stdout)
+    assert any("unescaped quotes" in n for n in d["notes"])
+    assert d["findings"][0]["id"] == "fp8-kv-cast"
+
+
+def test_json_broken_elsewhere_is_still_refused(tmp_path):
+    raw = _real_json()
+    k = raw.index(b'"ph": "X"')
+    p = tmp_path / "bad.json"
+    p.write_bytes(raw[:k] + b'"ph" "X"' + raw[k + 9:])
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_trace(p)
+
+
+def test_string_metadata_is_read():
+    """TraceLens's traces store deviceProperties/distributedInfo as Python reprs (strings)."""
+    t = load_trace(TRACELENS / "b200" / "eager_trace.json.gz")
+    assert t.meta.device_name == "NVIDIA B200" and t.meta.compute_capability == "10.0"
+    assert t.meta.rank == 0 and t.meta.world_size == 8
+
+
+def test_repair_in_one_field_per_line_layout():
+    """torch 2.13 writes one field per line; these lines are copied from the reproduction server's
+    broken trace (the rest of that file was ordinary)."""
+    text = b"""{"traceEvents": [
+  {
+    "ph": "X",
+    "cat": "python_function",
+    "name": "torch/profiler/_cupti_monitor.py(0): "finish_reason"",
+    "pid": 14547,
+    "tid": 14550,
+    "ts": 5089951209973.664,
+    "dur": 126.138
+    ,
+    "args": {
+      "Python parent id": 427, "Python id": 428, "Ev Idx": 1499
+    }
+  },
+  {
+    "ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": 14547, "tid": 14550,
+    "ts": 5089951209980.0, "dur": 5.0
+  }
+]}"""
+    t = parse(text, "repro.json")
+    assert t.meta.repaired_names == 1
+    assert [f.name for f in t.frames] == ['torch/profiler/_cupti_monitor.py(0): "finish_reason"']
+    assert [o.name for o in t.cpu_ops] == ["aten::copy_"]
