@@ -189,16 +189,21 @@ class TPContext:
         return self._nccl(x)
 
     # ----------------------------------------------------------------- batch / control broadcast
+    # gloo's broadcast returns on the root as soon as the bytes are sent: the barrier after it keeps
+    # the ranks in lockstep here, outside the step annotation, so a rank that is late after its last
+    # collective makes the others wait before their next step, not inside it (as SGLang's scheduler)
     def send(self, msg: dict) -> None:
         import torch.distributed as dist
 
         dist.broadcast_object_list([msg], src=0, group=self.cpu_group)
+        dist.barrier(group=self.cpu_group)
 
     def recv(self) -> dict:
         import torch.distributed as dist
 
         box = [None]
         dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        dist.barrier(group=self.cpu_group)
         return box[0]
 
     def server_info(self, runner) -> dict:

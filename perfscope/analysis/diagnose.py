@@ -108,8 +108,8 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
             "signal": "compute-before-collective" if use_comp else "step-time",
             "compute_ms": round(comp[id(slow)], 4), "ranks_median_compute_ms": round(mid_comp, 4),
             "fastest_rank": fast.rank,
-            "spread_ms": round(step[id(slow)] - step[id(fast)], 4) if not use_comp
-            else round(comp[id(slow)] - comp[id(fast)], 4),
+            "spread_ms": round(max(step.values()) - min(step.values()), 4),  # step time, slowest - fastest
+            "compute_spread_ms": round(max(comp.values()) - min(comp.values()), 4),
             "threshold": threshold, "significant": bool(max(step_ratio, comp_ratio) > threshold)}
 
 
