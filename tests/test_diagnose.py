@@ -207,3 +207,29 @@ def test_bad_inputs_get_one_clear_line(tmp_path):
 def test_help_explains():
     r = run_cli("diagnose", "--help")
     assert r.returncode == 0 and "--fail-on" in r.stdout and "--json" in r.stdout
+
+
+def _rank(rank, step_ms, kernel_ms, comm_ms, on="gpu-kernels", n=8):
+    from perfscope.analysis.result import RankAnalysis
+
+    per_step = [{"gpu_ms": step_ms + (0.01 * (i % 3)), "kernel_ms": kernel_ms,
+                 "buckets": {"communication": comm_ms}} for i in range(n)]
+    return RankAnalysis(file=f"r{rank}", rank=rank, stage="DECODE", meta={},
+                        steps={"phase": "decode", "count": n, "median_ms": step_ms, "analysed_on": on},
+                        phases=[], buckets={"communication": {"ms_per_step": comm_ms, "share": 0.0}},
+                        sub_buckets={}, kernel_ms_total=0.0, gpu_ms_total=0.0, kernel_ms_per_step=kernel_ms,
+                        idle_ms_per_step=0.0, ops=[], findings=[], per_step=per_step, timeline={})
+
+
+def test_rank_late_before_a_collective_is_found_by_its_compute_time():
+    """Every rank's step is 11 ms (the all-reduce makes them wait for each other), but rank 2 needs
+    10 ms of non-communication kernels where the others need 6 and spend the rest waiting in NCCL."""
+    from perfscope.analysis.diagnose import straggler
+
+    ranks = [_rank(0, 11.0, 11.0, 5.0), _rank(1, 11.0, 11.0, 5.0), _rank(2, 11.0, 11.0, 1.0)]
+    s = straggler(ranks)
+    assert s["significant"] and s["rank"] == 2 and s["signal"] == "compute-before-collective"
+    assert s["compute_spread_ms"] == pytest.approx(4.0)
+    # on CPU-only traces op wall time includes descheduling: that signal is not trusted there
+    cpu = [_rank(r.rank, 11.0, 11.0, r.buckets["communication"]["ms_per_step"], on="cpu-ops") for r in ranks]
+    assert straggler(cpu)["significant"] is False

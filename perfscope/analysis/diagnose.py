@@ -71,7 +71,7 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     non-communication kernel time (a rank that is late before a collective: every rank's step grows
     by the same wait, but the late rank's communication kernels wait the least). ``significant``
     when either exceeds the ranks' median by ``threshold`` (``CPU_OPS_THRESHOLD`` for CPU-only
-    traces, whose ranks share the host's cores) and by more than ``NOISE_SIGMAS`` times the
+    traces, whose ranks share the host's cores, and step time alone there) and by more than ``NOISE_SIGMAS`` times the
     step-to-step noise (median absolute deviation) of the ranks.
     """
     groups: dict = {}
@@ -83,7 +83,8 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
         return None
     key = max(groups, key=lambda k: (k[1] == "decode", len(groups[k])))
     timed = groups[key]
-    if all(r.steps.get("analysed_on") == "cpu-ops" for r in timed):
+    cpu_only = all(r.steps.get("analysed_on") == "cpu-ops" for r in timed)
+    if cpu_only:
         threshold = max(threshold, CPU_OPS_THRESHOLD)
     step = {id(r): r.steps["median_ms"] for r in timed}
     comp = {id(r): _compute_ms(r) for r in timed}
@@ -98,7 +99,9 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     comp_ratio = comp[id(by_comp)] / mid_comp if mid_comp > 0 else 1.0
     if step[id(by_step)] - mid_step <= NOISE_SIGMAS * step_noise:
         step_ratio = 1.0
-    if comp[id(by_comp)] - mid_comp <= NOISE_SIGMAS * comp_noise:
+    if comp[id(by_comp)] - mid_comp <= NOISE_SIGMAS * comp_noise or cpu_only:
+        # on CPU-only traces an op's wall time includes the time its process was descheduled: a rank
+        # that shares a busy core looks "late before the collective" without being the cause
         comp_ratio = 1.0
     use_comp = comp_ratio > step_ratio and comp_ratio > threshold
     slow = by_comp if use_comp else by_step
