@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, Unauthorized
+from perfscope.load.reader import repair_names
 from reproserver import REPO, repro, start_repro  # noqa: F401  (repro is a fixture)
 
 SGLANG_NAME = re.compile(r"^(?:(?P<prefix>[\w.]+)-)?(?P<id>\d+\.\d+)-TP-(?P<tp>\d+)(?:-(?P<stage>EXTEND|DECODE))?"
@@ -38,8 +39,8 @@ def _wait_files(d: Path, n: int, timeout: float = 60.0) -> list[Path]:
 
 
 def _events(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        doc = json.load(f)
+    with gzip.open(path) as f:  # repair_names: torch sometimes leaves quotes in a name unescaped
+        doc = json.loads(repair_names(f.read())[0])
     assert isinstance(doc.get("traceEvents"), list) and doc["traceEvents"]
     return doc["traceEvents"]
 

@@ -22,6 +22,7 @@ import pytest
 from perfscope.capture import rundir
 from perfscope.capture.vllm_api import VLLMClient, parse_cache_config
 from perfscope.cli import main
+from perfscope.load.reader import parse
 from reproserver import start_repro
 
 pytestmark = pytest.mark.usefixtures("no_agent")
@@ -63,7 +64,7 @@ def _check_vllm_run(out: Path, profile_dir: Path, stale: Path, capsys) -> None:
     assert len(info.files) == 1
     f = info.files[0]
     assert VLLM_NAME.match(f.path.name), f.path.name
-    assert json.loads(gzip.decompress(f.path.read_bytes()))["traceEvents"]
+    assert parse(gzip.decompress(f.path.read_bytes()), f.rel).meta.events > 0  # a complete Kineto trace
     # the copied trace was removed from the server's dir; the one that was there before was not touched
     assert not (profile_dir / f.path.name).exists() and stale.exists()
     d = diagnose_json(out, capsys)
