@@ -25,7 +25,7 @@ from rich.console import Console
 from perfscope.errors import InputError, PerfscopeError, RemoteError
 from perfscope.util.files import atomic_write_text, resource_dir
 
-_LISTEN = re.compile(r"listening on (http://[\d.]+:\d+)")
+_LISTEN = re.compile(r"listening on (http://\S+)")
 
 
 @dataclass
@@ -43,6 +43,24 @@ class DemoConfig:
     extra_server_args: list[str] = field(default_factory=list)
 
 
+def read_server_url(proc: subprocess.Popen, timeout: float) -> Optional[str]:
+    """The URL the reproduction server prints once it serves (``repro_server listening on
+    http://HOST:PORT``), read from its stdout; None if it exits or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.stdout is not None:
+        line = proc.stdout.readline()
+        if isinstance(line, bytes):
+            line = line.decode(errors="replace")
+        if not line:
+            if proc.poll() is not None:
+                return None
+            continue
+        m = _LISTEN.search(line)
+        if m:
+            return m.group(1)
+    return None
+
+
 class Server:
     """The reproduction server as a child process, started from the scratch copy."""
 
@@ -57,22 +75,13 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "examples.repro_server", "--port", "0", *self.args],
                                      cwd=self.root, stdout=subprocess.PIPE, stderr=logf, env=env,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline().decode(errors="replace")
-            if not line:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            m = _LISTEN.search(line)
-            if m:
-                self.url = m.group(1)
-                # keep draining stdout so the server never blocks on a full pipe
-                import threading
+        self.url = read_server_url(self.proc, timeout)
+        if self.url:
+            # keep draining stdout so the server never blocks on a full pipe
+            import threading
 
-                threading.Thread(target=self._drain, daemon=True).start()
-                return self.url
+            threading.Thread(target=self._drain, daemon=True).start()
+            return self.url
         self.stop()
         raise RemoteError(f"the reproduction server did not start (see {self.log})")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from perfscope.demo import read_server_url
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2", "--max-total-tokens", "4000",
@@ -31,14 +32,7 @@ def start_repro(*extra: str, env: dict | None = None, log_dir: Path | None = Non
     proc = subprocess.Popen([sys.executable, "-m", "examples.repro_server", "--port", "0", *TINY, *extra],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True,
                             env={**os.environ, **(env or {})})
-    url = None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        line = proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+)", line or "")
-        if m:
-            url = m.group(1)
-            break
+    url = read_server_url(proc, timeout)
     if url is None:
         proc.kill()
         pytest.fail(f"repro server did not start: {log.read_text()[-3000:]}")

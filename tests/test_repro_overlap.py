@@ -25,6 +25,17 @@ from examples.repro_server.scheduler import Req, Scheduler  # noqa: E402
 POOL = 4000
 
 
+def _tokens(r) -> tuple[list, str]:
+    """A request's streamed tokens and its finish reason, as the scheduler puts them on r.out."""
+    toks = []
+    while True:
+        kind, payload = r.out.get(timeout=120)
+        assert kind == "token", payload
+        toks.append(payload[0])
+        if payload[1]:
+            return toks, payload[1]
+
+
 def _serve(overlap: bool, specs: list[dict], eos: int | None = None) -> tuple[list, int, Scheduler]:
     """Submit every request before the scheduler starts (the batches are then the same in both
     loops), collect each request's (tokens, finish reason)."""
@@ -38,17 +49,8 @@ def _serve(overlap: bool, specs: list[dict], eos: int | None = None) -> tuple[li
     for r in reqs:
         sched.submit(r)
     sched.start()
-    out = []
     try:
-        for r in reqs:
-            toks = []
-            while True:
-                kind, payload = r.out.get(timeout=120)
-                assert kind == "token", payload
-                toks.append(payload[0])
-                if payload[1]:
-                    out.append((toks, payload[1]))
-                    break
+        out = [_tokens(r) for r in reqs]
         deadline = time.monotonic() + 10
         while sched.running and time.monotonic() < deadline:  # the last step is read, then freed
             time.sleep(0.01)
@@ -197,17 +199,8 @@ def test_graph_replay_logic_with_overlap_gives_the_same_tokens(monkeypatch):
     for r in reqs:
         sched.submit(r)
     sched.start()
-    got = []
     try:
-        for r in reqs:
-            toks = []
-            while True:
-                kind, payload = r.out.get(timeout=120)
-                assert kind == "token", payload
-                toks.append(payload[0])
-                if payload[1]:
-                    got.append((toks, payload[1]))
-                    break
+        got = [_tokens(r) for r in reqs]
     finally:
         sched.shutdown()
     assert sched.error is None

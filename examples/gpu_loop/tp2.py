@@ -35,7 +35,6 @@ import argparse
 import io
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +42,8 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+
+from perfscope.demo import read_server_url
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = time.monotonic()
@@ -142,14 +143,7 @@ class TP2:
         argv = self.server_argv(extra)
         rec["argv"] = argv
         proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=log, text=True)
-        url = None
-        deadline = time.monotonic() + min(self.a.start_timeout, self.left() - 30)
-        while time.monotonic() < deadline and proc.poll() is None:
-            line = proc.stdout.readline()
-            m = re.search(r"listening on (http://\S+)", line or "")
-            if m:
-                url = m.group(1)
-                break
+        url = read_server_url(proc, min(self.a.start_timeout, self.left() - 30))
         try:
             if url is None:
                 rec.update(status="failed", reason="server did not start",
