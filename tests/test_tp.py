@@ -59,6 +59,13 @@ def straggler_run(tmp_path_factory):
     return d / "run", info
 
 
+def _why(d: dict) -> str:
+    """The whole straggler verdict and each rank's step times, for a failure message."""
+    steps = {r["rank"]: [round(m.get("cpu_ms") or m.get("gpu_ms") or 0, 1) for m in r.get("per_step", [])]
+             for r in d["ranks"]}
+    return json.dumps({"straggler": d["straggler"], "step_ms": steps})
+
+
 def _decode_files(run: Path) -> list[Path]:
     files = sorted((run / "traces").glob("*-DECODE.trace.json.gz"))
     assert len(files) == 2, files
@@ -106,8 +113,9 @@ def test_diagnose_per_rank_communication_and_cast(tp_run):
 
 def test_no_straggler_without_injection(tp_run):
     run, _ = tp_run
-    s = _diagnose(*_decode_files(run))["straggler"]
-    assert s is not None and s["significant"] is False, s
+    d = _diagnose(*_decode_files(run))
+    s = d["straggler"]
+    assert s is not None and s["significant"] is False, _why(d)
 
 
 def test_injected_straggler_is_found(straggler_run):
@@ -115,8 +123,9 @@ def test_injected_straggler_is_found(straggler_run):
     assert info["straggler"] == {"rank": 1, "ms": STRAGGLER_MS, "at": "tail"}
     d = _diagnose(*_decode_files(run))
     s = d["straggler"]
-    assert s["significant"] is True and s["rank"] == 1 and s["fastest_rank"] == 0, s
-    assert s["spread_ms"] > 0.7 * STRAGGLER_MS, s
+    assert s["significant"] is True and s["rank"] == 1 and s["fastest_rank"] == 0, _why(d)
+    assert s["others_median_ms"] == min(r["steps"]["median_ms"] for r in d["ranks"]), _why(d)
+    assert s["spread_ms"] > 0.7 * STRAGGLER_MS, _why(d)
     # the other rank waited outside its step (in the next batch broadcast): its step did not grow
     med = {r["rank"]: r["steps"]["median_ms"] for r in d["ranks"]}
     assert med[0] < med[1] - 0.7 * STRAGGLER_MS, med

@@ -70,7 +70,7 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     Two signals: the longest step (a rank that is late after its last collective), and the most
     non-communication kernel time (a rank that is late before a collective: every rank's step grows
     by the same wait, but the late rank's communication kernels wait the least). ``significant``
-    when either exceeds the ranks' median by ``threshold`` (``CPU_OPS_THRESHOLD`` for CPU-only
+    when either exceeds the median of the other ranks by ``threshold`` (``CPU_OPS_THRESHOLD`` for CPU-only
     traces, whose ranks share the host's cores, and step time alone there) and by more than ``NOISE_SIGMAS`` times the
     step-to-step noise (median absolute deviation) of the ranks.
     """
@@ -88,32 +88,43 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
         threshold = max(threshold, CPU_OPS_THRESHOLD)
     step = {id(r): r.steps["median_ms"] for r in timed}
     comp = {id(r): _compute_ms(r) for r in timed}
-    mid_step = statistics.median(step.values())
-    mid_comp = statistics.median(comp.values())
     by_step = max(timed, key=lambda r: step[id(r)])
     by_comp = max(timed, key=lambda r: comp[id(r)])
+    # the reference is the median of the *other* ranks: with two ranks, a median that includes the
+    # candidate itself would halve a straggler's lead
+    ref_step = _median_of_others(timed, step, by_step)
+    ref_comp = _median_of_others(timed, comp, by_comp)
     # a difference only counts when it stands above the step-to-step noise of the ranks
     step_noise = _noise(timed, lambda m: m.get("gpu_ms") or m.get("cpu_ms") or 0.0)
     comp_noise = _noise(timed, lambda m: m.get("kernel_ms", 0.0) - (m.get("buckets") or {}).get("communication", 0.0))
-    step_ratio = step[id(by_step)] / mid_step if mid_step else 1.0
-    comp_ratio = comp[id(by_comp)] / mid_comp if mid_comp > 0 else 1.0
-    if step[id(by_step)] - mid_step <= NOISE_SIGMAS * step_noise:
+    step_ratio = step[id(by_step)] / ref_step if ref_step > 0 else 1.0
+    comp_ratio = comp[id(by_comp)] / ref_comp if ref_comp > 0 else 1.0
+    if step[id(by_step)] - ref_step <= NOISE_SIGMAS * step_noise:
         step_ratio = 1.0
-    if comp[id(by_comp)] - mid_comp <= NOISE_SIGMAS * comp_noise or cpu_only:
+    if comp[id(by_comp)] - ref_comp <= NOISE_SIGMAS * comp_noise or cpu_only:
         # on CPU-only traces an op's wall time includes the time its process was descheduled: a rank
         # that shares a busy core looks "late before the collective" without being the cause
         comp_ratio = 1.0
     use_comp = comp_ratio > step_ratio and comp_ratio > threshold
     slow = by_comp if use_comp else by_step
     fast = min(timed, key=lambda r: (comp if use_comp else step)[id(r)])
+    mid_step = statistics.median(step.values())
     return {"rank": slow.rank, "stage": slow.stage, "phase": key[1], "median_ms": slow.steps["median_ms"],
-            "ranks_median_ms": round(mid_step, 4), "slower_than_median": round(max(step_ratio, comp_ratio), 4),
+            "ranks_median_ms": round(mid_step, 4),
+            "others_median_ms": round(_median_of_others(timed, step, slow), 4),
+            "slower_than_others": round(max(step_ratio, comp_ratio), 4),
+            "slower_than_median": round(step[id(slow)] / mid_step if mid_step else 1.0, 4),
             "signal": "compute-before-collective" if use_comp else "step-time",
-            "compute_ms": round(comp[id(slow)], 4), "ranks_median_compute_ms": round(mid_comp, 4),
+            "compute_ms": round(comp[id(slow)], 4), "ranks_median_compute_ms": round(statistics.median(comp.values()), 4),
             "fastest_rank": fast.rank,
             "spread_ms": round(max(step.values()) - min(step.values()), 4),  # step time, slowest - fastest
             "compute_spread_ms": round(max(comp.values()) - min(comp.values()), 4),
+            "noise_ms": round(step_noise, 4),
             "threshold": threshold, "significant": bool(max(step_ratio, comp_ratio) > threshold)}
+
+
+def _median_of_others(timed: list[RankAnalysis], value: dict, rank: RankAnalysis) -> float:
+    return statistics.median(value[id(r)] for r in timed if r is not rank)
 
 
 def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,

@@ -197,5 +197,5 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         s = d.straggler or {}
         if s.get("significant"):
             c.print(f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
-                    f"{s['slower_than_median']:.2f}x the ranks' median")
+                    f"{s['slower_than_others']:.2f}x the other ranks' median ({s['signal']})")
     c.print(findings_panel(p))
