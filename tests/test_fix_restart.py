@@ -87,6 +87,21 @@ def _sha(p: Path) -> str:
 @pytest.fixture
 def site(tmp_path):
     """A scratch copy of the reproduction server, running on a fixed port, started by restart.sh."""
+    yield from _site(tmp_path)
+
+
+@pytest.fixture
+def keyed_site(tmp_path, monkeypatch):
+    """The same, guarded by an API key (the server reads REPRO_API_KEY; restart.sh passes the
+    environment on, so the restarted server wants the same key)."""
+    monkeypatch.setenv("REPRO_API_KEY", KEY)
+    yield from _site(tmp_path)
+
+
+KEY = "s3cret-fix-key-4242"
+
+
+def _site(tmp_path):
     from perfscope.demo import copy_server
 
     target = copy_server(tmp_path)  # tmp_path/server/examples/repro_server/mla_attention.py
@@ -290,3 +305,22 @@ def test_ctrl_c_during_the_restart_leaves_a_complete_record(site):
     r = _fix(site, "--revert", "--json", timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["outcome"] == "reverted", r.stderr[-2000:]
     assert site.target.read_bytes() == site.original
+
+
+def test_restart_against_a_keyed_server(keyed_site):
+    site = keyed_site
+    out = site.dir / "run"
+    # without the key: /server_info answers 401, so nothing is measured, patched or restarted
+    r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--out", str(out), *BENCH)
+    assert r.returncode == 3 and "API key" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert site.target.read_bytes() == site.original and _calls(site) == []
+    # the key, named by its variable: measured, patched, restarted, measured again
+    out = site.dir / "run-keyed"
+    r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--api-key-env", "REPRO_API_KEY",
+             "--health-timeout", "60", "--out", str(out), "--json", *BENCH)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((out / "restart.json").read_text())
+    assert rec["healthy"] is True and rec["tpot_ms_before"] > 4 * rec["tpot_ms_after"] > 0, rec
+    assert _calls(site) == ["ok patched"]
+    written = "".join(f.read_text() for f in out.rglob("*") if f.is_file())
+    assert KEY not in r.stdout + r.stderr + written

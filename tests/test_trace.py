@@ -228,3 +228,21 @@ def test_one_host_failing_stops_the_others_profiles(sshd, stuck_server, tmp_path
     assert time.monotonic() - t0 < 45
     if "/start_profile" in calls:
         assert calls.index("/stop_profile") > calls.index("/start_profile")
+
+
+def test_a_long_output_len_does_not_hold_the_trace(repro_server, tmp_path, capsys, monkeypatch):
+    """The load stops once the traces are complete: a request still streaming then is cut, and its
+    tokens are timed (TTFT, TPOT) without waiting for the rest of its --output-len."""
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    out = tmp_path / "run"
+    rc, stdout, err = run_cli(
+        ["trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "4", "--input-len", "16",
+         "--output-len", "4000", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out), "--json"],
+        capsys)
+    assert rc == 0, err
+    info = rundir.read_run(out, verify=True)
+    t = info.timings
+    assert t["requests"] == 0 and t["requests_cut"] == 1, t
+    assert 4 <= t["output_tokens"] < 4000 and t["tpot_ms"] > 0 and t["ttft_ms"] > 0, t
+    assert t["e2e_ms"] is None  # no request ended: no end-to-end latency
+    assert info.workload["output_len"] == 4000 and len(info.files) >= 1

@@ -140,28 +140,32 @@ class _Load:
         self.thread.start()
         return self
 
-    def finish(self, cancel: threading.Event, max_wait: float) -> None:
-        """Let running requests end so that at least one per stream is measured, then stop."""
-        deadline = time.monotonic() + max_wait
-        while (self.completed < self.opts.concurrency and self.thread.is_alive() and not cancel.is_set()
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-        self.stop()
-
     def stop(self, wait: float = 30.0) -> None:
         self.stop_event.set()
         self.thread.join(timeout=wait)
 
     def summary(self) -> tuple[dict, dict]:
-        """(workload dict, timings dict) for run.json."""
+        """(workload dict, timings dict) for run.json. The load stops as soon as the traces are
+        complete, so requests still streaming then are cut: their tokens count towards TTFT and
+        TPOT (``requests_cut``), not towards end-to-end latency."""
         if not self.results:
             return {}, {}
+        import dataclasses
+
         from perfscope.bench.core import summarize
 
-        r = summarize(self.results, (self.t1 or time.perf_counter()) - self.t0).to_dict()
-        timings = {k: r[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "itl_p50_ms", "itl_p90_ms",
-                                       "itl_p99_ms", "stats_ms", "tpot_definition", "requests", "failed",
+        cut = [t for t in self.results if not t.ok and not t.error and t.output_tokens > 1]
+        whole = [t for t in self.results if t.ok]
+        timed = whole + [dataclasses.replace(t, ok=True) for t in cut]
+        r = summarize(timed, (self.t1 or time.perf_counter()) - self.t0).to_dict()
+        timings = {k: r[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "itl_p50_ms", "itl_p90_ms",
+                                       "itl_p99_ms", "stats_ms", "tpot_definition", "failed",
                                        "output_tokens", "throughput_tok_s", "duration_s") if k in r}
+        timings["requests"] = len(whole)
+        timings["requests_cut"] = len(cut)
+        timings["e2e_ms"] = summarize(whole, 1.0).e2e_ms if whole else None
+        if "stats_ms" in timings:
+            timings["stats_ms"] = {**timings["stats_ms"], "e2e": summarize(whole, 1.0).stats_ms["e2e"] if whole else None}
         return {}, timings
 
 
@@ -274,8 +278,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 say(f"{n} tokens streamed while profiling: stopping the profiler (vLLM writes its traces now)")
                 api.stop_profile()
             got = _wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
-            complete = True
-            load.finish(cancel, max_wait=opts.timeout)
+            complete = True  # the load stops now: requests still streaming are cut, their tokens timed
         finally:
             if load is not None:
                 load.stop(wait=5 if not complete else 60)

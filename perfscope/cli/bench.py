@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfscope.bench.store import store
+from perfscope.cli import _apikey
 from perfscope.errors import InputError
 
 NAME = "bench"
@@ -77,9 +77,7 @@ def command(
     warmup: int = typer.Option(2, "--warmup", min=0, help="Warm-up requests before measuring (not counted)."),
     seed: int = typer.Option(0, "--seed", help="Prompt seed: the same seed sends the same prompts."),
     timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds to wait for any one reply or stream frame."),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", metavar="VAR",
-                                              help="Environment variable holding the server's API key "
-                                                   "(sent as Bearer; never printed or stored)."),
+    api_key_env: Optional[str] = _apikey.option(),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to store bench.json in "
                                                                  "(an existing trace run folder gets it added)."),
@@ -100,11 +98,7 @@ def command(
             raise InputError(f"--url {url!r}: expected http://HOST:PORT")
         if u.username or u.password:
             raise InputError("--url must not carry credentials; use --api-key-env")
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise InputError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
+    api_key = _apikey.read(api_key_env)
     ssh = {"user": ssh_user, "port": ssh_port, "identity": str(identity) if identity else None, "jump": jump,
            "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
     err = Console(stderr=True, highlight=False)

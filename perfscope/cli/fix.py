@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from perfscope.cli import _apikey
 from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
 
 NAME = "fix"
@@ -70,6 +71,7 @@ def command(
     known_hosts: Optional[Path] = typer.Option(None, "--known-hosts", help="known_hosts file to check the host key against."),
     accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Record an unknown host key (never a changed one)."),
     url: Optional[str] = typer.Option(None, "--url", help="Server URL reachable from here, for /server_info (local servers)."),
+    api_key_env: Optional[str] = _apikey.option(),
     port: int = typer.Option(30000, "--port", help="The server's HTTP port on the host (finds its process; SSH-forwarded)."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="Override: the server's kv_cache_dtype."),
     attention_backend: Optional[str] = typer.Option(None, "--attention-backend", help="Override: flashinfer, fa3, ..."),
@@ -130,7 +132,7 @@ def command(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     req = engine.FixRequest(
         strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
-        server_url=url, port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
+        server_url=url, api_key=_apikey.read(api_key_env), port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
         overrides={"kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend, "compute_cap": gpu_cc,
                    "flashinfer_version": flashinfer_version, "sglang_version": sglang_version},
     )

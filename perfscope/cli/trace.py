@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
 import sys
 from datetime import datetime
@@ -16,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from perfscope.cli import _apikey
 from perfscope.errors import InputError
 
 NAME = "trace"
@@ -107,12 +107,10 @@ def command(
     steps: int = typer.Option(20, "--steps", min=1, help="Forward steps to profile (num_steps; per stage with SGLang 0.4.7+)."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Parallel request streams while profiling."),
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
-    output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos)."),
+    output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos); requests still streaming when the traces are complete are cut."),
     timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", metavar="VAR",
-                                              help="Environment variable holding the server's API key "
-                                                   "(sent as Bearer; never printed or stored)."),
+    api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
@@ -137,11 +135,7 @@ def command(
         raise InputError(f"--engine {engine}: expected sglang or vllm")
     if engine == "vllm" and not profile_dir:
         raise InputError("--engine vllm needs --profile-dir (the server's torch profiler directory)")
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise InputError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
+    api_key = _apikey.read(api_key_env)
     if port and any(not 0 < p < 65536 for p in port):
         raise InputError(f"--port {port}: expected port numbers 1-65535")
     if url and port:

@@ -51,6 +51,7 @@ class FixRequest:
     target: Optional[str] = None  # target name, e.g. sglang-fa3
     python: Optional[str] = None
     server_url: Optional[str] = None  # reachable from here (local, or an SSH forward)
+    api_key: Optional[str] = field(default=None, repr=False)  # the server's, from --api-key-env; never stored
     port: int = 30000  # the server's port on the host, to find its process
     state_dir: Optional[str] = None
     force: bool = False
@@ -121,7 +122,7 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
         from perfscope.capture.sglang_api import SGLangClient
 
         try:
-            info = SGLangClient(req.server_url, timeout=10).server_info()
+            info = SGLangClient(req.server_url, api_key=req.api_key, timeout=10).server_info()
         except PerfscopeError as e:
             env.notes.append(f"server info not read: {e}")
             info = {}

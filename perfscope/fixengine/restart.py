@@ -125,7 +125,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {out} exists and is not an empty folder")
     t0 = time.monotonic()
-    client = SGLangClient(req.server_url, timeout=60)
+    client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
     argv = ["perfscope", "fix", fix.id, "--apply", "--restart-cmd", cmd, "--bench-input-len", str(spec.input_len),
             "--bench-output-len", str(spec.output_len), "--bench-requests", str(spec.num_requests)]
 
