@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from paths import TRACES
 from perfscope.capture import rundir
 from perfscope.capture.hostio import LocalHost, SSHHost, gzip_intact_local, parse_nvidia_smi, _listen_pid
 from perfscope.capture.ssh import connect
@@ -176,7 +177,7 @@ def test_truncated_file_is_detected_and_wait_is_bounded(sshd, tmp_path):
     (folder / SGL_NAME).write_bytes(data[: len(data) // 2])  # a writer that died half way
     with connect(sshd.target()) as s:
         io = SSHHost(s)
-        assert io.gzip_bad([str(folder / SGL_NAME)]) == [str(folder / SGL_NAME)]
+        assert io.incomplete([str(folder / SGL_NAME)]) == [str(folder / SGL_NAME)]
         t0 = time.monotonic()
         with pytest.raises(RemoteError, match=r"did not complete within 2s \(0 of 1 trace file\(s\) complete; "
                                               r"incomplete: " + SGL_NAME.replace(".", r"\.")):
@@ -210,3 +211,23 @@ def test_host_probes_over_ssh(sshd, tmp_path):
         # the sshd we started listens on a port: ss finds its process
         proc = io.server_process(sshd.port)
         assert proc.get("pid") == sshd.proc.pid or proc == {} or proc.get("pid")
+
+
+def test_plain_json_trace_is_complete_when_it_closes(sshd, tmp_path):
+    """vLLM can write uncompressed traces: such a file counts as complete once its JSON closes,
+    checked on the host (python3 there) and here after the copy."""
+    from perfscope.capture.hostio import trace_file_complete
+
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    # the end of a real Kineto trace (shared H200 trace), and the same file cut right after an event
+    data = gzip.decompress((TRACES / "h200-mla-fp8-kv" / "mla_fp8_graph.json.gz").read_bytes())
+    whole, half = folder / "h_1.1700000000000000001.pt.trace.json", folder / "h_1.1700000000000000002.pt.trace.json"
+    whole.write_bytes(data)
+    half.write_bytes(data[: data.rindex(b"}", 0, data.rindex(b"]")) + 1])  # ends with an event's "}"
+    with connect(sshd.target()) as s:
+        io = SSHHost(s)
+        assert [f.name for f in io.list_traces(str(folder))] == [whole.name, half.name]
+        assert io.incomplete([str(whole), str(half)]) == [str(half)]
+    assert LocalHost().incomplete([str(whole), str(half)]) == [str(half)]
+    assert trace_file_complete(whole) and not trace_file_complete(half)

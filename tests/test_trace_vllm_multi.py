@@ -27,7 +27,7 @@ from reproserver import start_repro
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 
-VLLM_NAME = re.compile(r"^[^/]+_\d+\.\d{16,}\.pt\.trace\.json\.gz$")  # torch's tensorboard_trace_handler
+VLLM_NAME = re.compile(r"^[^/]+_\d+\.\d{16,}\.pt\.trace\.json(\.gz)?$")  # torch's tensorboard_trace_handler
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -64,7 +64,9 @@ def _check_vllm_run(out: Path, profile_dir: Path, stale: Path, capsys) -> None:
     assert len(info.files) == 1
     f = info.files[0]
     assert VLLM_NAME.match(f.path.name), f.path.name
-    assert parse(gzip.decompress(f.path.read_bytes()), f.rel).meta.events > 0  # a complete Kineto trace
+    raw = f.path.read_bytes()
+    raw = gzip.decompress(raw) if f.path.name.endswith(".gz") else raw
+    assert parse(raw, f.rel).meta.events > 0  # a complete Kineto trace
     # the copied trace was removed from the server's dir; the one that was there before was not touched
     assert not (profile_dir / f.path.name).exists() and stale.exists()
     d = diagnose_json(out, capsys)
@@ -110,6 +112,29 @@ def test_trace_vllm_through_sshd(sshd, vllm_server, tmp_path, capsys):
     assert rc == 0, err
     info = rundir.read_run(out)
     assert info.host == f"{sshd.user}@127.0.0.1:{sshd.port}" and info.versions.get("torch")
+    _check_vllm_run(out, pdir, stale, capsys)
+
+
+def test_trace_vllm_plain_json_through_sshd(sshd, tmp_path, capsys):
+    """vLLM with its profiler's gzip off (VLLM_TORCH_PROFILER_USE_GZIP=0, which saves the server the
+    compression): plain ``.pt.trace.json`` files are waited for (complete when the JSON closes),
+    copied, hash-checked and diagnosed like gzipped ones."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    stale = pdir / "otherhost_1.1700000000000000000.pt.trace.json"
+    stale.write_bytes(b'{"traceEvents": []}')
+    with start_repro("--api", "vllm", "--torch-profiler-dir", str(pdir),
+                     env={"VLLM_TORCH_PROFILER_RECORD_SHAPES": "1", "VLLM_TORCH_PROFILER_USE_GZIP": "0"},
+                     log_dir=tmp_path) as (url, _):
+        out = tmp_path / "run"
+        rc, _, err = run_cli(["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+                              "--identity", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts),
+                              "--port", url.rsplit(":", 1)[1], "--engine", "vllm", "--profile-dir", str(pdir),
+                              "--steps", "4", "--input-len", "16", "--output-len", "24", "--timeout", "60",
+                              "--out", str(out)], capsys)
+        assert rc == 0, err
+    (f,) = rundir.read_run(out).files
+    assert f.path.name.endswith(".pt.trace.json"), f.path.name
     _check_vllm_run(out, pdir, stale, capsys)
 
 

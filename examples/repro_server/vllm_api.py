@@ -297,6 +297,7 @@ def make_server(addr, sched, info: dict, args) -> ReproHTTPServer:
             sched.runner.device, args.torch_profiler_dir, worker_name(args.vllm_worker_name),
             record_shapes=_env_flag("VLLM_TORCH_PROFILER_RECORD_SHAPES", False),
             with_stack=_env_flag("VLLM_TORCH_PROFILER_WITH_STACK", True),
+            use_gzip=_env_flag("VLLM_TORCH_PROFILER_USE_GZIP", True),
         )
     info.update({"api": "vllm", "torch_profiler_dir": args.torch_profiler_dir})
     httpd = ReproHTTPServer(addr, sched, info, api_key=args.api_key, handler_cls=VLLMHandler)

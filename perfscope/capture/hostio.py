@@ -19,7 +19,9 @@ from typing import Callable, Sequence
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
 from perfscope.util.files import sha256_file
 
-TRACE_SUFFIXES = (".trace.json.gz",)
+# gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
+# saves the server tens of seconds per trace)
+TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
 
 # The python program that reports versions; run with the server's interpreter.
 _VERSIONS_PY = r"""
@@ -48,13 +50,20 @@ except Exception:
 print(json.dumps(out))
 """
 
-_GZIP_CHECK_PY = r"""
-import sys, zlib
+# Run on the host with the server's files as arguments; prints the incomplete ones. The same test
+# as trace_file_complete() below (a remote python3 need not have perfscope).
+_COMPLETE_CHECK_PY = r"""
+import re, sys, zlib
 bad = []
 for p in sys.argv[1:]:
     try:
-        d = zlib.decompressobj(31)
         with open(p, "rb") as f:
+            if not p.endswith(".gz"):
+                f.seek(max(0, f.seek(0, 2) - 4096))
+                if not re.search(rb'\]\s*,\s*"traceName"\s*:[^\]]*\}\s*$', f.read()):
+                    bad.append(p)
+                continue
+            d = zlib.decompressobj(31)
             while True:
                 b = f.read(1 << 20)
                 if not b:
@@ -83,6 +92,23 @@ NVSMI_FIELDS = [
     ("temperature.gpu", "temperature_c", float),
     ("utilization.gpu", "utilization_pct", float),
 ]
+
+
+def trace_file_complete(path: str | os.PathLike) -> bool:
+    """A ``.gz`` trace: its gzip stream ends (:func:`gzip_intact_local`). A plain JSON trace: it
+    ends as Kineto ends every trace, the event list closed, then ``"traceName"`` and the closing
+    brace (a writer still going, or one that died, has not written them)."""
+    if str(path).endswith(".gz"):
+        return gzip_intact_local(path)
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            return _KINETO_END.search(f.read()) is not None
+    except OSError:
+        return False
+
+
+_KINETO_END = re.compile(rb'\]\s*,\s*"traceName"\s*:[^\]]*\}\s*$')
 
 
 def gzip_intact_local(path: str | os.PathLike) -> bool:
@@ -162,20 +188,26 @@ class HostIO:
     def list_traces(self, folder: str) -> list[RemoteFile]:
         raise NotImplementedError
 
-    def gzip_bad(self, paths: list[str]) -> list[str] | None:
-        """The paths whose gzip stream is not complete, checked on the host; None if the host
-        has neither gzip nor python3 (the local check after download still runs)."""
+    def incomplete(self, paths: list[str]) -> list[str] | None:
+        """The paths whose trace is not complete yet (:func:`trace_file_complete`), checked on the
+        host; None if the host has neither python3 nor gzip/tail (the local check after download
+        still runs)."""
         if not paths:
             return []
-        r = self.run(["python3", "-c", _GZIP_CHECK_PY, *paths], timeout=300)
+        r = self.run(["python3", "-c", _COMPLETE_CHECK_PY, *paths], timeout=300)
         if r.ok:
             return [p for p in r.stdout.splitlines() if p]
         bad = []
         for p in paths:
-            r = self.run(["gzip", "-t", "--", p], timeout=300)
+            if p.endswith(".gz"):
+                r = self.run(["gzip", "-t", "--", p], timeout=300)
+                ok = r.ok
+            else:
+                r = self.run(["tail", "-c", "64", "--", p], timeout=60)
+                ok = r.ok and r.stdout.rstrip().endswith("}")
             if r.rc in (126, 127):
                 return None
-            if not r.ok:
+            if not ok:
                 bad.append(p)
         return bad
 
@@ -323,8 +355,8 @@ class LocalHost(HostIO):
                 out.append(RemoteFile(e.name, e.path, st.st_size, st.st_mtime))
         return sorted(out, key=lambda f: f.name)
 
-    def gzip_bad(self, paths):
-        return [p for p in paths if not gzip_intact_local(p)]
+    def incomplete(self, paths):
+        return [p for p in paths if not trace_file_complete(p)]
 
     def sha256(self, path):
         return sha256_file(path)

@@ -4,7 +4,7 @@
 Layout::
 
     RUN_DIR/run.json                    what was run, where, versions, server config, timings, files
-    RUN_DIR/traces/*.trace.json.gz      one Kineto chrome trace per rank (per stage), as the server named it
+    RUN_DIR/traces/*.trace.json[.gz]    one Kineto chrome trace per rank (per stage), as the server named it
 
 Several hosts (``trace --host a --host b``): every host gets a complete run folder of its own,
 ``RUN_DIR/<host>/``, and ``RUN_DIR/run.json`` lists them under ``members`` and lists every host's
@@ -323,7 +323,7 @@ def read_run(path: str | Path, *, verify: bool = False) -> RunInfo:
 
 def trace_files(run_dir: str | Path) -> list[Path]:
     """The trace files of a run folder: those run.json lists, or, in a folder without run.json,
-    ``traces/*.trace.json.gz`` (else ``*.trace.json.gz`` in the folder itself). InputError if none."""
+    ``traces/*.trace.json[.gz]`` (else the same in the folder itself). InputError if none."""
     run_dir = Path(run_dir)
     if (run_dir / RUN_FILE).is_file():
         files = read_run(run_dir).traces()
@@ -336,4 +336,4 @@ def trace_files(run_dir: str | Path) -> list[Path]:
         found = sorted({p for g in TRACE_GLOBS for p in d.glob(g) if p.is_file()})
         if found:
             return found
-    raise InputError(f"no trace files (*.trace.json.gz) in {run_dir} or {run_dir / TRACES_DIR}")
+    raise InputError(f"no trace files (*.trace.json, *.trace.json.gz) in {run_dir} or {run_dir / TRACES_DIR}")

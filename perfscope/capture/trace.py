@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
 from perfscope.capture import rundir
-from perfscope.capture.hostio import HostIO, LocalHost, SSHHost, gzip_intact_local
+from perfscope.capture.hostio import HostIO, LocalHost, SSHHost, trace_file_complete
 from perfscope.capture.ssh import SSHTarget, ServerDown, connect
 from perfscope.errors import InputError, PerfscopeError, RemoteError
 
@@ -294,9 +294,9 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             task = progress.add_task(f"{label} {f.name}", total=f.size) if progress else None
             cb = (lambda done, total, t=task: progress.update(t, completed=done)) if progress else None
             digest = io.fetch(f.path, local, digest_remote, cb)
-            if not gzip_intact_local(local):
+            if not trace_file_complete(local):
                 local.unlink()
-                raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream does not end): "
+                raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
                                   "the server may have crashed while writing it")
             files.append(rundir.file_entry(out_dir, local, host=label if ep.target else None, sha256=digest))
         if files and not opts.keep_remote:
@@ -383,7 +383,7 @@ def _wait_vllm_steps(load: _Load, opts: TraceOptions, cancel: threading.Event, l
 def _wait_complete(io: HostIO, folder: str, expected: int, baseline: set[str], opts: TraceOptions,
                    load: _Load | None, cancel: threading.Event, label: str, say) -> list:
     """Poll ``folder`` until ``expected`` new trace files are complete: size unchanged over two
-    polls and the gzip stream intact (checked on the host). Bounded by ``opts.timeout``."""
+    polls and the gzip stream (or plain JSON) complete (checked on the host). Bounded by ``opts.timeout``."""
     deadline = time.monotonic() + opts.timeout
     prev: dict[str, tuple[int, float]] = {}
     intact: set[str] = set()
@@ -399,7 +399,7 @@ def _wait_complete(io: HostIO, folder: str, expected: int, baseline: set[str], o
         stable = [f for f in files if f.size > 0 and prev.get(f.name) == cur[f.name]]
         unchecked = [f.path for f in stable if f.name not in intact]
         if unchecked:
-            bad = io.gzip_bad(unchecked)
+            bad = io.incomplete(unchecked)
             ok = set(unchecked) - set(bad or []) if bad is not None else set(unchecked)
             intact |= {f.name for f in stable if f.path in ok}
         for name in list(intact):
