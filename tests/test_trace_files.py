@@ -11,12 +11,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from paths import TRACES
+
 from perfscope.capture import rundir
-from perfscope.capture.hostio import LocalHost, SSHHost, gzip_intact_local, parse_nvidia_smi, _listen_pid
+from perfscope.capture.hostio import (
+    LocalHost,
+    SSHHost,
+    _listen_pid,
+    gzip_intact_local,
+    parse_nvidia_smi,
+)
+from perfscope.capture.options import TraceOptions
 from perfscope.capture.ssh import connect
-from perfscope.capture.trace import TraceOptions, _expected_files, _wait_complete, host_dirname
+from perfscope.capture.trace import host_dirname
+from perfscope.capture.wait import expected_files, wait_complete
 from perfscope.errors import InputError, RemoteError
 
 pytestmark = pytest.mark.usefixtures("no_agent")
@@ -118,12 +126,12 @@ def test_multi_host_run_folder(tmp_path):
 
 
 def test_expected_files_and_names():
-    assert _expected_files({"tp_size": 8}, by_stage=False) == 8
-    assert _expected_files({"tp_size": 8}, by_stage=True) == 16
-    assert _expected_files({"tp_size": 2, "dp_size": 4}, by_stage=False) == 8
-    assert _expected_files({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True}, by_stage=False) == 8
-    assert _expected_files({"tp_size": 16, "nnodes": 2}, by_stage=False) == 8
-    assert _expected_files({}, by_stage=False) == 1
+    assert expected_files({"tp_size": 8}, by_stage=False) == 8
+    assert expected_files({"tp_size": 8}, by_stage=True) == 16
+    assert expected_files({"tp_size": 2, "dp_size": 4}, by_stage=False) == 8
+    assert expected_files({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True}, by_stage=False) == 8
+    assert expected_files({"tp_size": 16, "nnodes": 2}, by_stage=False) == 8
+    assert expected_files({}, by_stage=False) == 1
     taken: set[str] = set()
     assert [host_dirname(x, taken) for x in ("root@gpu1:22", "gpu1", "10.0.0.1")] == ["gpu1_22", "gpu1", "10.0.0.1"]
 
@@ -162,9 +170,9 @@ def test_wait_returns_only_complete_files(sshd, tmp_path, over_ssh):
     logs = []
     if over_ssh:
         with connect(sshd.target()) as s:
-            got = _wait_complete(SSHHost(s), str(folder), 1, set(), opts, None, threading.Event(), "h", logs.append)
+            got = wait_complete(SSHHost(s), str(folder), 1, set(), opts, None, threading.Event(), "h", logs.append)
     else:
-        got = _wait_complete(LocalHost(), str(folder), 1, set(), opts, None, threading.Event(), "h", logs.append)
+        got = wait_complete(LocalHost(), str(folder), 1, set(), opts, None, threading.Event(), "h", logs.append)
     writer.join()
     assert [f.name for f in got] == [SGL_NAME] and got[0].size == len(data)
     assert gzip_intact_local(folder / SGL_NAME)
@@ -181,7 +189,7 @@ def test_truncated_file_is_detected_and_wait_is_bounded(sshd, tmp_path):
         t0 = time.monotonic()
         with pytest.raises(RemoteError, match=r"did not complete within 2s \(0 of 1 trace file\(s\) complete; "
                                               r"incomplete: " + SGL_NAME.replace(".", r"\.")):
-            _wait_complete(io, str(folder), 1, set(), TraceOptions(timeout=2, poll_s=0.3), None,
+            wait_complete(io, str(folder), 1, set(), TraceOptions(timeout=2, poll_s=0.3), None,
                            threading.Event(), "h", print)
         assert time.monotonic() - t0 < 10
     assert not gzip_intact_local(folder / SGL_NAME)
@@ -194,7 +202,7 @@ def test_wait_counts_every_rank(sshd, tmp_path):
     (folder / "1.0-TP-0.trace.json.gz").write_bytes(_trace_bytes(10))
     with connect(sshd.target()) as s:
         with pytest.raises(RemoteError, match="1 of 2 trace file"):
-            _wait_complete(SSHHost(s), str(folder), 2, set(), TraceOptions(timeout=1.5, poll_s=0.3), None,
+            wait_complete(SSHHost(s), str(folder), 2, set(), TraceOptions(timeout=1.5, poll_s=0.3), None,
                            threading.Event(), "h", print)
 
 

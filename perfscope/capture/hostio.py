@@ -8,7 +8,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import zlib

@@ -2,8 +2,9 @@
 
 Per host: reach the HTTP API (through an SSH port forward, or ``--url``), read the server's config,
 make a fresh folder on the host, arm the profiler, drive decode load until every rank's trace is
-complete (size stable over two polls and gzip intact), copy the traces back with a sha256 check,
-collect versions / GPU / timings, and write the run folder (:mod:`perfscope.capture.rundir`).
+complete (size stable over two polls and gzip or JSON intact: :mod:`perfscope.capture.wait`; the
+load: :mod:`perfscope.capture.load`), copy the traces back with a sha256 check, collect versions /
+GPU / timings, and write the run folder (:mod:`perfscope.capture.rundir`).
 Whatever happens after the profiler was armed (error, timeout, Ctrl-C), ``/stop_profile`` is sent
 before returning, so no profiler is left running on the server.
 """
@@ -15,38 +16,21 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 from urllib.parse import urlparse
 
 from perfscope.capture import rundir
 from perfscope.capture.hostio import HostIO, LocalHost, SSHHost, trace_file_complete
-from perfscope.capture.ssh import SSHTarget, ServerDown, connect
+from perfscope.capture.load import TraceLoad
+from perfscope.capture.load import api as _api
+from perfscope.capture.options import TraceOptions
+from perfscope.capture.ssh import ServerDown, SSHTarget, connect
+from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
 from perfscope.errors import InputError, PerfscopeError, RemoteError
 
 log_fn = Callable[[str], None]
-
-
-@dataclass
-class TraceOptions:
-    port: int = 30000
-    steps: int = 20
-    engine: str = "sglang"  # or "vllm"
-    concurrency: int = 1
-    input_len: int = 256
-    output_len: int = 256
-    timeout: float = 300.0  # for the whole wait for complete traces, per host
-    http_timeout: float = 30.0
-    api_key: str | None = field(default=None, repr=False)  # never written anywhere
-    remote_dir: str = "/tmp"  # where the fresh output folder is made (sglang)
-    profile_dir: str | None = None  # vLLM: the server's torch profiler dir
-    by_stage: bool | None = None  # None: when the server's version supports it
-    with_stack: bool = True
-    record_shapes: bool = True
-    keep_remote: bool = False
-    poll_s: float = 1.0
-    seed: int = 0
 
 
 @dataclass
@@ -64,130 +48,10 @@ class Endpoint:
         return urlparse(self.url).netloc or "local"
 
 
-# ----------------------------------------------------------------------------- server access
-
-# The HTTP client and the load driver belong to perfscope.capture.sglang_api / workload; these two
-# functions are the only places that call them.
-
-
-def _api(url: str, opts: TraceOptions):
-    from perfscope.capture.vllm_api import client_for
-
-    return client_for(opts.engine, url, api_key=opts.api_key, timeout=opts.http_timeout)
-
-
-class _Counting:
-    """The load's client, counting streamed frames that carry a new token (vLLM's profile has no
-    num_steps: perfscope stops it after about ``steps`` decode steps' worth of tokens)."""
-
-    def __init__(self, client, on_token: Callable[[], None]):
-        self._c, self._on_token = client, on_token
-
-    def __getattr__(self, name):
-        return getattr(self._c, name)
-
-    def generate_stream(self, payload, timeout=None, stop=None):
-        seen = 0
-        for fr in self._c.generate_stream(payload, timeout=timeout, stop=stop):
-            n = (fr.data.get("meta_info") or {}).get("completion_tokens")
-            if isinstance(n, int) and n > seen:
-                for _ in range(n - seen):
-                    self._on_token()
-                seen = n
-            yield fr
-
-
-class _Load:
-    """Decode load in a background thread until ``stop()``: ``concurrency`` streams of
-    ``output_len`` tokens with ignore_eos, new requests as old ones end (the workload driver's
-    ``drive_decode``; summarised as ``perfscope bench`` summarises)."""
-
-    def __init__(self, url: str, opts: TraceOptions):
-        self.url, self.opts = url, opts
-        self.stop_event = threading.Event()
-        self.results: list | None = None
-        self.completed = 0
-        self.tokens = 0  # streamed tokens, all streams together
-        self._lock = threading.Lock()
-        self.error: BaseException | None = None
-        self.t0 = self.t1 = 0.0
-        self.thread = threading.Thread(target=self._run, name="perfscope-load", daemon=True)
-
-    def _token(self) -> None:
-        with self._lock:
-            self.tokens += 1
-
-    def _done(self, rt) -> None:
-        if getattr(rt, "ok", False):
-            self.completed += 1
-
-    def _run(self) -> None:
-        from perfscope.capture import workload
-
-        client = _Counting(_api(self.url, self.opts), self._token)
-        self.t0 = time.perf_counter()
-        try:
-            self.results = workload.drive_decode(
-                client, self.opts.concurrency, self.opts.input_len, self.opts.output_len, seed=self.opts.seed,
-                stop=self.stop_event, timeout=self.opts.http_timeout, on_done=self._done,
-            )
-        except BaseException as e:  # reported by the waiter
-            self.error = e
-        finally:
-            self.t1 = time.perf_counter()
-
-    def start(self) -> "_Load":
-        self.thread.start()
-        return self
-
-    def stop(self, wait: float = 30.0) -> None:
-        self.stop_event.set()
-        self.thread.join(timeout=wait)
-
-    def summary(self) -> tuple[dict, dict]:
-        """(workload dict, timings dict) for run.json. The load stops as soon as the traces are
-        complete, so requests still streaming then are cut: their tokens count towards TTFT and
-        TPOT (``requests_cut``), not towards end-to-end latency."""
-        if not self.results:
-            return {}, {}
-        import dataclasses
-
-        from perfscope.bench.core import summarize
-
-        cut = [t for t in self.results if not t.ok and not t.error and t.output_tokens > 1]
-        whole = [t for t in self.results if t.ok]
-        timed = whole + [dataclasses.replace(t, ok=True) for t in cut]
-        r = summarize(timed, (self.t1 or time.perf_counter()) - self.t0).to_dict()
-        timings = {k: r[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "itl_p50_ms", "itl_p90_ms",
-                                       "itl_p99_ms", "stats_ms", "tpot_definition", "failed",
-                                       "output_tokens", "throughput_tok_s", "duration_s") if k in r}
-        timings["requests"] = len(whole)
-        timings["requests_cut"] = len(cut)
-        timings["e2e_ms"] = summarize(whole, 1.0).e2e_ms if whole else None
-        if "stats_ms" in timings:
-            timings["stats_ms"] = {**timings["stats_ms"], "e2e": summarize(whole, 1.0).stats_ms["e2e"] if whole else None}
-        return {}, timings
-
-
 def _version_tuple(v: str | None) -> tuple[int, ...]:
     if not v:
         return ()
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:4])
-
-
-def _expected_files(info: dict, by_stage: bool) -> int:
-    """Trace files one profile writes: one per scheduler process (x2 with by-stage), on this node."""
-    def num(k, d=1):
-        try:
-            return max(int(info.get(k) or d), 1)
-        except (TypeError, ValueError):
-            return d
-
-    n = num("tp_size") * num("pp_size")
-    if num("dp_size") > 1 and not info.get("enable_dp_attention"):
-        n *= num("dp_size")
-    n = max(n // num("nnodes"), 1)
-    return n * (2 if by_stage else 1)
 
 
 def _is_not_running(err: BaseException) -> bool:
@@ -227,7 +91,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         by_stage = opts.by_stage
         if by_stage is None:
             by_stage = opts.engine == "sglang" and _version_tuple(version) >= (0, 4, 7)
-        expected = _expected_files(info, by_stage) if opts.engine == "sglang" else 1
+        expected = expected_files(info, by_stage) if opts.engine == "sglang" else 1
         # the folder the server writes to
         baseline: set[str] = set()
         made_dir = False
@@ -254,7 +118,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         if by_stage:
             profile["profile_by_stage"] = True
         armed = complete = False
-        load: _Load | None = None
+        load: TraceLoad | None = None
         got: list = []
         t_start = time.time()
         try:
@@ -272,12 +136,12 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 raise
             armed = True
             say(f"profiler armed: {opts.steps} steps{' per stage' if by_stage else ''} -> {remote_dir}")
-            load = _Load(url, opts).start()
+            load = TraceLoad(url, opts).start()
             if opts.engine == "vllm":
-                n = _wait_vllm_steps(load, opts, cancel, label)
+                n = wait_vllm_steps(load, opts, cancel, label)
                 say(f"{n} tokens streamed while profiling: stopping the profiler (vLLM writes its traces now)")
                 api.stop_profile()
-            got = _wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
+            got = wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
             complete = True  # the load stops now: requests still streaming are cut, their tokens timed
         finally:
             if load is not None:
@@ -352,80 +216,6 @@ def _stop_quietly(api, say) -> None:
     except Exception as e:  # 'no profile running' is fine; anything else is reported, not raised
         if not _is_not_running(e):
             say(f"warning: /stop_profile failed: {e}")
-
-
-def _wait_vllm_steps(load: _Load, opts: TraceOptions, cancel: threading.Event, label: str) -> int:
-    """vLLM profiles until /stop_profile: let the load stream about ``steps`` decode steps (a decode
-    step gives each running stream one token, so ``steps * concurrency`` tokens, plus the first
-    token of each stream, which comes from a prefill). Bounded by ``opts.timeout``; returns the
-    tokens streamed while armed."""
-    deadline = time.monotonic() + opts.timeout
-    want = (opts.steps + 1) * opts.concurrency
-    start = load.tokens
-    while True:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        if load.error is not None:
-            e = load.error
-            raise e if isinstance(e, PerfscopeError) else RemoteError(f"the load on {label} failed: {e}")
-        got = load.tokens - start
-        if got >= want:
-            return got
-        if not load.thread.is_alive():
-            raise RemoteError(f"the load on {label} ended after {got} of {want} tokens")
-        if time.monotonic() > deadline:
-            raise RemoteError(f"the server on {label} streamed {got} of {want} tokens within {opts.timeout:g}s "
-                              "while profiling; the profiler was stopped",
-                              hint="is the server processing requests? raise --timeout for slow servers")
-        time.sleep(0.02)
-
-
-def _wait_complete(io: HostIO, folder: str, expected: int, baseline: set[str], opts: TraceOptions,
-                   load: _Load | None, cancel: threading.Event, label: str, say) -> list:
-    """Poll ``folder`` until ``expected`` new trace files are complete: size unchanged over two
-    polls and the gzip stream (or plain JSON) complete (checked on the host). Bounded by ``opts.timeout``."""
-    deadline = time.monotonic() + opts.timeout
-    prev: dict[str, tuple[int, float]] = {}
-    intact: set[str] = set()
-    quiet_since: float | None = None
-    while True:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        if load is not None and load.error is not None and not isinstance(load.error, KeyboardInterrupt):
-            e = load.error
-            raise e if isinstance(e, PerfscopeError) else RemoteError(f"the load on {label} failed: {e}")
-        files = [f for f in io.list_traces(folder) if f.name not in baseline]
-        cur = {f.name: (f.size, f.mtime) for f in files}
-        stable = [f for f in files if f.size > 0 and prev.get(f.name) == cur[f.name]]
-        unchecked = [f.path for f in stable if f.name not in intact]
-        if unchecked:
-            bad = io.incomplete(unchecked)
-            ok = set(unchecked) - set(bad or []) if bad is not None else set(unchecked)
-            intact |= {f.name for f in stable if f.path in ok}
-        for name in list(intact):
-            if name in prev and prev[name] != cur.get(name):
-                intact.discard(name)  # it grew again
-        done = [f for f in files if f.name in intact and prev.get(f.name) == cur[f.name]]
-        if len(done) >= expected and len(done) == len(files):
-            # one more quiet poll: a late rank's file may still appear
-            if quiet_since is None:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= opts.poll_s:
-                return sorted(done, key=lambda f: f.name)
-        else:
-            quiet_since = None
-        if time.monotonic() > deadline:
-            partial = [f.name for f in files if f.name not in intact]
-            detail = f"{len(done)} of {expected} trace file(s) complete"
-            if partial:
-                detail += f"; incomplete: {', '.join(partial[:4])}"
-            raise RemoteError(
-                f"the profile on {label} did not complete within {opts.timeout:g}s ({detail}) in {folder}; "
-                "the profiler was stopped",
-                hint="is the server processing requests? raise --timeout for slow servers",
-            )
-        prev = cur
-        time.sleep(opts.poll_s)
 
 
 # ------------------------------------------------------------------------------- several hosts

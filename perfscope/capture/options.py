@@ -1,0 +1,26 @@
+"""What ``perfscope trace`` was asked to do, shared by the tracer, its load and its waits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TraceOptions:
+    port: int = 30000
+    steps: int = 20
+    engine: str = "sglang"  # or "vllm"
+    concurrency: int = 1
+    input_len: int = 256
+    output_len: int = 256
+    timeout: float = 300.0  # for the whole wait for complete traces, per host
+    http_timeout: float = 30.0
+    api_key: str | None = field(default=None, repr=False)  # never written anywhere
+    remote_dir: str = "/tmp"  # where the fresh output folder is made (sglang)
+    profile_dir: str | None = None  # vLLM: the server's torch profiler dir
+    by_stage: bool | None = None  # None: when the server's version supports it
+    with_stack: bool = True
+    record_shapes: bool = True
+    keep_remote: bool = False
+    poll_s: float = 1.0
+    seed: int = 0
