@@ -202,8 +202,8 @@ class HostIO:
                 r = self.run(["gzip", "-t", "--", p], timeout=300)
                 ok = r.ok
             else:
-                r = self.run(["tail", "-c", "64", "--", p], timeout=60)
-                ok = r.ok and r.stdout.rstrip().endswith("}")
+                r = self.run(["tail", "-c", "4096", "--", p], timeout=60)
+                ok = r.ok and _KINETO_END.search(r.stdout.encode()) is not None
             if r.rc in (126, 127):
                 return None
             if not ok:
