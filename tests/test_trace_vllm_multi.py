@@ -138,6 +138,30 @@ def test_trace_vllm_plain_json_through_sshd(sshd, tmp_path, capsys):
     _check_vllm_run(out, pdir, stale, capsys)
 
 
+def test_trace_vllm_two_ranks(tmp_path, capsys):
+    """vLLM with tensor parallelism: one trace per worker, named {hostname}_{pid} (no rank in the
+    name); /stop_profile replies once both are written. Both come back, and diagnose tells the
+    ranks apart by the traces' own distributedInfo."""
+    pdir = tmp_path / "profiles"
+    with start_repro("--api", "vllm", "--tp-size", "2", "--mlp-size", "128", "--torch-profiler-dir", str(pdir),
+                     env={"VLLM_TORCH_PROFILER_RECORD_SHAPES": "1"}, log_dir=tmp_path) as (url, _):
+        out = tmp_path / "run"
+        rc, _, err = run_cli(["trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
+                              "--input-len", "16", "--output-len", "24", "--timeout", "90", "--out", str(out)],
+                             capsys)
+        assert rc == 0, err
+    files = rundir.read_run(out, verify=True).files
+    assert len(files) == 2 and all(VLLM_NAME.match(f.path.name) for f in files), [f.path.name for f in files]
+    assert len({f.path.name.split(".")[0] for f in files}) == 2  # one worker (pid) each
+    d = diagnose_json(out, capsys)
+    ranks = sorted(r["rank"] for r in d["ranks"])
+    assert ranks == [0, 1], ranks  # from distributedInfo: the names carry no rank
+    for r in d["ranks"]:
+        assert r["meta"]["world_size"] == 2
+        assert "fp8-kv-cast" in [x["id"] for x in r["findings"]], r["rank"]
+    assert d["straggler"] is not None and d["straggler"]["significant"] is False, d["straggler"]
+
+
 def test_trace_vllm_without_profiler_dir(tmp_path, capsys):
     # a vLLM server started without a torch profiler dir has no /start_profile: a clear message
     with start_repro("--api", "vllm", log_dir=tmp_path) as (url, _):

@@ -14,7 +14,9 @@ Layout, as SGLang runs an MLA model with TP (DeepSeek, ``--tp N``):
   projection (SGLang's ``RowParallelLinear`` with ``reduce_results``). The MLP exists only in TP
   mode (``--mlp-size``, the total intermediate size, split across ranks);
 * each rank has its own torch profiler: ``/start_profile`` is applied on every rank with one
-  ``profile_id``, so one profile writes ``{id}-TP-{r}[-EXTEND|-DECODE].trace.json.gz`` per rank.
+  ``profile_id``, so one profile writes ``{id}-TP-{r}[-EXTEND|-DECODE].trace.json.gz`` per rank;
+  with ``--api vllm``, each rank has vLLM's worker profiler (one ``*.pt.trace.json[.gz]`` per
+  worker), and ``/stop_profile`` replies once every rank wrote its trace, as vLLM's does.
 
 Backends: gloo on CPU; NCCL on CUDA (rank r on ``cuda:(base + r)``), always with
 ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLink multicast stays off).
@@ -107,6 +109,12 @@ class TPContext:
         self._symm = None
         if self.cuda and args.allreduce == "custom":
             self._setup_custom()
+
+    def trace_written(self) -> None:
+        """Every rank waits here after a stop: rank 0's reply then follows the last trace file."""
+        import torch.distributed as dist
+
+        dist.barrier(group=self.cpu_group)
 
     # one-shot all-reduce over torch symmetric memory (P2P loads over NVLink; no multimem/multicast)
     def _setup_custom(self) -> None:
@@ -302,6 +310,7 @@ def _runner_classes():
             import queue
 
             sent = False
+            done = []  # replies wait until the other ranks have the control (vLLM: wrote their traces)
             while True:
                 try:
                     kind, payload, fut = self.control.get_nowait()
@@ -318,12 +327,17 @@ def _runner_classes():
                         CTX.outbox.append(("stop_profile", {}))
                     else:
                         raise ValueError(f"unknown control {kind}")
-                    fut.set_result(fut_result)
+                    done.append((fut, fut_result))
                     sent = True
                 except BaseException as e:  # noqa: BLE001 - handed back to the HTTP thread
                     fut.set_exception(e)
             if sent:  # the other ranks get it now, not at the next batch (there may be none)
-                CTX.send({"control": _take_outbox(), "step": None})
+                control = _take_outbox()
+                CTX.send({"control": control, "step": None})
+                if CTX.args.api == "vllm" and any(k == "stop_profile" for k, _ in control):
+                    CTX.trace_written()
+            for fut, result in done:
+                fut.set_result(result)
 
         def shutdown(self) -> None:
             super().shutdown()
@@ -464,18 +478,28 @@ def worker_main(args, presets: dict) -> int:
                         kv_strategy=args.kv_strategy, flashinfer_backend=args.flashinfer_backend,
                         use_flashinfer=use_fi, seed=args.seed)
     graph = CudaGraphRunner(runner, args.cuda_graph_max_bs, pick("context_length")) if args.cuda_graph else None
-    prof = ProfilerManager(runner.device, tp_rank=CTX.rank)
+    vllm = args.api == "vllm"
+    if vllm and args.torch_profiler_dir:
+        from .vllm_api import make_profiler
+
+        prof = make_profiler(runner.device, args, CTX.rank)
+    else:
+        prof = ProfilerManager(runner.device, tp_rank=CTX.rank)
     log.info("TP rank %d ready on %s", CTX.rank, runner.device)
     while True:
         msg = CTX.recv()
+        stopped = False
         for kind, payload in msg.get("control") or []:
             try:
                 if kind == "start_profile":
                     prof.init(payload)
                 elif kind == "stop_profile":
+                    stopped = True
                     prof.stop_all()
             except ProfileError as e:
                 log.warning("rank %d: %s", CTX.rank, e)
+        if stopped and vllm:
+            CTX.trace_written()  # vLLM's /stop_profile replies once every worker wrote its trace
         if msg.get("exit"):
             break
         step = msg.get("step")

@@ -288,17 +288,20 @@ def add_args(p) -> None:
                         "{instance}-rank-0.{ns}.pt.trace.json.gz (rank)")
 
 
+def make_profiler(device: torch.device, args, rank: int) -> VLLMProfiler:
+    """One worker's profiler (with ``--tp-size N``, every rank has one: one trace per worker)."""
+    return VLLMProfiler(
+        device, args.torch_profiler_dir, worker_name(args.vllm_worker_name, rank),
+        record_shapes=_env_flag("VLLM_TORCH_PROFILER_RECORD_SHAPES", False),
+        with_stack=_env_flag("VLLM_TORCH_PROFILER_WITH_STACK", True),
+        use_gzip=_env_flag("VLLM_TORCH_PROFILER_USE_GZIP", True),
+    )
+
+
 def make_server(addr, sched, info: dict, args) -> ReproHTTPServer:
     """The vLLM-speaking HTTP server; swaps the scheduler's profiler for vLLM's behaviour."""
-    if getattr(args, "tp_size", 1) > 1:
-        raise SystemExit("--api vllm supports --tp-size 1 only")
     if args.torch_profiler_dir:
-        sched.profiler = VLLMProfiler(
-            sched.runner.device, args.torch_profiler_dir, worker_name(args.vllm_worker_name),
-            record_shapes=_env_flag("VLLM_TORCH_PROFILER_RECORD_SHAPES", False),
-            with_stack=_env_flag("VLLM_TORCH_PROFILER_WITH_STACK", True),
-            use_gzip=_env_flag("VLLM_TORCH_PROFILER_USE_GZIP", True),
-        )
+        sched.profiler = make_profiler(sched.runner.device, args, rank=0)
     info.update({"api": "vllm", "torch_profiler_dir": args.torch_profiler_dir})
     httpd = ReproHTTPServer(addr, sched, info, api_key=args.api_key, handler_cls=VLLMHandler)
     httpd.torch_profiler_dir = args.torch_profiler_dir
