@@ -246,3 +246,25 @@ def test_a_long_output_len_does_not_hold_the_trace(repro_server, tmp_path, capsy
     assert 4 <= t["output_tokens"] < 4000 and t["tpot_ms"] > 0 and t["ttft_ms"] > 0, t
     assert t["e2e_ms"] is None  # no request ended: no end-to-end latency
     assert info.workload["output_len"] == 4000 and len(info.files) >= 1
+
+
+def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, capsys, monkeypatch):
+    """--bench N: after the trace, the same workload is measured with no profiler running and
+    stored in the run folder; diagnose then reports that TPOT, not the profiled one."""
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    out = tmp_path / "run"
+    rc, stdout, err = run_cli(
+        ["trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
+         "--output-len", "8", "--bench", "2", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out),
+         "--json"], capsys)
+    assert rc == 0, err
+    assert "without the profiler" in err
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["requests"] == 2 and bench["workload"]["output_len"] == 8 and bench["tpot_ms"] > 0
+    t = rundir.read_run(out).timings
+    assert t["bench"]["tpot_ms"] == bench["tpot_ms"] and t["tpot_ms"] > 0  # both kept
+    assert json.loads(stdout)["timings"]["bench"]["tpot_ms"] == bench["tpot_ms"]
+    rc, dout, err = run_cli(["diagnose", str(out), "--json"], capsys)
+    assert rc == 0, err
+    timing = json.loads(dout)["run"]["timings"]
+    assert timing["bench"]["tpot_ms"] == bench["tpot_ms"]

@@ -239,3 +239,15 @@ def test_plain_json_trace_is_complete_when_it_closes(sshd, tmp_path):
         assert io.incomplete([str(whole), str(half)]) == [str(half)]
     assert LocalHost().incomplete([str(whole), str(half)]) == [str(half)]
     assert trace_file_complete(whole) and not trace_file_complete(half)
+
+
+def test_writers_temporary_files_are_not_traces(sshd, tmp_path):
+    """A server that writes under a hidden temporary name and renames when done (the repro server
+    does): the temporary file is not listed, so it never counts as a rank's trace."""
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / f".tmp-{SGL_NAME}").write_bytes(_trace_bytes(10)[:20])
+    (folder / SGL_NAME).write_bytes(_trace_bytes(10))
+    with connect(sshd.target()) as s:
+        assert [f.name for f in SSHHost(s).list_traces(str(folder))] == [SGL_NAME]
+    assert [f.name for f in LocalHost().list_traces(str(folder))] == [SGL_NAME]

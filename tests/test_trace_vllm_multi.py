@@ -90,6 +90,19 @@ def test_vllm_client_reads_config(vllm_server):
         "block_size": "16", "cache_dtype": "fp8"}
 
 
+def test_bench_vllm(vllm_server, tmp_path, capsys):
+    url, _, _ = vllm_server
+    out = tmp_path / "b"
+    rc, stdout, err = run_cli(["bench", "--url", url, "--engine", "vllm", "--input-len", "8", "--output-len", "6",
+                               "--num-requests", "2", "--warmup", "1", "--out", str(out), "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(stdout)
+    assert d["requests"] == 2 and d["failed"] == 0 and d["tpot_ms"] > 0
+    assert d["stats_ms"]["itl"]["n"] == 2 * 5  # 6 tokens per request: 5 inter-token gaps, as streamed
+    run = rundir.read_run(out)
+    assert run.engine == "vllm" and run.data["kind"] == "bench" and "--engine" in run.data["command"]
+
+
 def test_trace_vllm_url_end_to_end(vllm_server, tmp_path, capsys):
     url, pdir, stale = vllm_server
     out = tmp_path / "run"

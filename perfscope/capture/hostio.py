@@ -22,6 +22,13 @@ from perfscope.util.files import sha256_file
 # saves the server tens of seconds per trace)
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
 
+
+
+def is_trace_name(name: str) -> bool:
+    """A trace file's name; hidden names are writers' temporary files (renamed when complete)."""
+    return name.endswith(TRACE_SUFFIXES) and not name.startswith(".")
+
+
 # The python program that reports versions; run with the server's interpreter.
 _VERSIONS_PY = r"""
 import json, sys, platform
@@ -310,7 +317,7 @@ class SSHHost(HostIO):
     def list_traces(self, folder):
         out = []
         for e in self.s.listdir(folder):
-            if e.filename.endswith(TRACE_SUFFIXES) and stat.S_ISREG(e.st_mode or 0):
+            if is_trace_name(e.filename) and stat.S_ISREG(e.st_mode or 0):
                 out.append(RemoteFile(e.filename, f"{folder.rstrip('/')}/{e.filename}", e.st_size or 0, e.st_mtime or 0))
         return sorted(out, key=lambda f: f.name)
 
@@ -349,8 +356,13 @@ class LocalHost(HostIO):
             raise RemoteError(f"{folder} does not exist") from None
         out = []
         for e in entries:
-            if e.name.endswith(TRACE_SUFFIXES) and e.is_file():
-                st = e.stat()
+            if is_trace_name(e.name):
+                try:
+                    if not e.is_file():
+                        continue
+                    st = e.stat()
+                except FileNotFoundError:  # renamed or removed since the listing (a writer's temp file)
+                    continue
                 out.append(RemoteFile(e.name, e.path, st.st_size, st.st_mtime))
         return sorted(out, key=lambda f: f.name)
 

@@ -24,3 +24,4 @@ class TraceOptions:
     keep_remote: bool = False
     poll_s: float = 1.0
     seed: int = 0
+    bench_requests: int = 0  # > 0: measure TPOT without the profiler afterwards (perfscope bench)

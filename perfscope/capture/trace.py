@@ -176,7 +176,29 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             files=files,
         )
         say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
+        if opts.bench_requests and not cancel.is_set():
+            timings = dict(timings, bench=_bench(api, opts, out_dir, url, label if ep.target else None, info, say))
         return HostResult(label, out_dir, files, timings, info)
+
+
+def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, info: dict, say) -> dict:
+    """TPOT without the profiler: ``perfscope bench`` with the trace's workload, stored in the run
+    folder (``bench.json``, ``timings.bench`` in run.json), which diagnose and compare prefer."""
+    from perfscope.bench import measure
+    from perfscope.bench.store import run_summary, store
+
+    say(f"measuring without the profiler: 1 warm-up + {opts.bench_requests} request(s) "
+        f"(in={opts.input_len} out={opts.output_len} concurrency={opts.concurrency})")
+    res = measure(api, input_len=opts.input_len, output_len=opts.output_len, concurrency=opts.concurrency,
+                  num_requests=opts.bench_requests, warmup=1, seed=opts.seed, timeout=opts.http_timeout,
+                  server_info=info)
+    argv = ["perfscope", "bench", "--url" if host is None else "--host", url if host is None else host,
+            "--engine", opts.engine, "--input-len", str(opts.input_len), "--output-len", str(opts.output_len),
+            "--concurrency", str(opts.concurrency), "--num-requests", str(opts.bench_requests), "--warmup", "1",
+            "--seed", str(opts.seed)]
+    store(out_dir, res, url, host, info, argv)
+    say(f"TPOT without the profiler: {res.tpot_ms:.2f} ms (TTFT {res.ttft_ms:.1f} ms)")
+    return run_summary(res)
 
 
 def _my_uid(io: HostIO) -> int | None:

@@ -64,6 +64,7 @@ def command(
     host: Optional[str] = typer.Option(None, "--host", "-H", metavar="[USER@]HOST[:SSHPORT]",
                                        help="Reach the server over SSH (a loopback port forward) instead of --url."),
     port: int = typer.Option(30000, "--port", help="With --host: the server's HTTP port on the host's loopback."),
+    engine: str = typer.Option("sglang", "--engine", help="sglang (/generate) or vllm (/v1/completions)."),
     ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="SSH user."),
     ssh_port: Optional[int] = typer.Option(None, "--ssh-port", help="SSH port (default 22)."),
     identity: Optional[Path] = typer.Option(None, "--identity", "-i", help="Private key file."),
@@ -83,13 +84,16 @@ def command(
                                                                  "(an existing trace run folder gets it added)."),
 ) -> int:
     """Measure TTFT, TPOT (as SGLang's bench_serving defines it: (latency - TTFT) / (output_tokens - 1))
-    and ITL percentiles from streamed /generate timestamps, after warm-up, with fixed prompts,
+    and ITL percentiles from streamed /generate (vLLM: /v1/completions) timestamps, after warm-up, with fixed prompts,
     lengths and concurrency (ignore_eos). The same measurement verifies a fix before and after.
 
     Exit codes: 0 ok, 2 bad option, 3 server unreachable or every request failed."""
     from perfscope.bench import measure
-    from perfscope.capture.sglang_api import SGLangClient
+    from perfscope.capture.vllm_api import client_for
 
+    engine = engine.lower()
+    if engine not in ("sglang", "vllm"):
+        raise InputError(f"--engine {engine}: expected sglang or vllm")
     if bool(url) == bool(host):
         raise InputError("give --url URL or --host HOST (over SSH), not both or neither")
     if url:
@@ -103,7 +107,7 @@ def command(
            "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
     err = Console(stderr=True, highlight=False)
     with _endpoint(url, host, port, ssh) as (base, label):
-        client = SGLangClient(base, api_key=api_key, timeout=timeout)
+        client = client_for(engine, base, api_key=api_key, timeout=timeout)
         info = client.server_info()
         shown = label or base
         if not json_out:
@@ -112,7 +116,7 @@ def command(
         res = measure(client, input_len=input_len, output_len=output_len, concurrency=concurrency,
                       num_requests=num_requests, warmup=warmup, seed=seed, timeout=timeout, server_info=info)
     argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", host]) + [
-        "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
+        "--engine", engine, "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
         "--num-requests", str(num_requests), "--warmup", str(warmup), "--seed", str(seed)]
     stored = store(out, res, base, label, info, argv) if out is not None else None
     if json_out:

@@ -110,6 +110,9 @@ def command(
     output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos); requests still streaming when the traces are complete are cut."),
     timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
+    bench: int = typer.Option(0, "--bench", min=0, metavar="N",
+                              help="After the trace, measure TTFT/TPOT without the profiler with N requests "
+                                   "of the same workload (perfscope bench), stored in the run folder."),
     api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
@@ -172,7 +175,7 @@ def command(
     opts = TraceOptions(
         port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
-        profile_dir=profile_dir, keep_remote=keep_remote,
+        profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench,
     )
     argv = scrub_argv(_canonical_argv(ctx))
     log = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
@@ -194,6 +197,9 @@ def command(
         extra = ""
         if t.get("ttft_ms") is not None and t.get("tpot_ms") is not None:
             extra = f"  (under the profiler: TTFT {t['ttft_ms']:.1f} ms, TPOT {t['tpot_ms']:.2f} ms)"
+        b = t.get("bench") or {}
+        if b.get("tpot_ms") is not None:
+            extra += f"\nwithout the profiler: TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms (bench.json)"
         Console().print(f"run folder: {out}  {len(info.files)} trace file(s){extra}\nnext: perfscope diagnose {out}",
                         markup=False, highlight=False)
     return 0
