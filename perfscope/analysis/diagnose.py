@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from perfscope.analysis.analyze import analyze_trace
+from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError, PerfscopeError
 from perfscope.load.discover import TraceFile, TraceSet, discover
@@ -141,7 +142,10 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
     cfg.update(config or {})
     files = tset.files
     results: list[Optional[RankAnalysis]] = [None] * len(files)
-    nproc = workers or min(len(files), os.cpu_count() or 1)
+    if workers:
+        nproc, bound = workers, "option"
+    else:
+        nproc, bound = plan_workers([json_bytes(tf.path) for tf in files], os.cpu_count() or 1, available_memory())
     if len(files) == 1 or nproc <= 1:
         for i, tf in enumerate(files):
             results[i] = analyze_file(tf, cfg, capture, on_read)
@@ -162,4 +166,5 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
                 if on_done:
                     on_done(done, len(files))
     ranks = [r for r in results if r is not None]
-    return Diagnosis(ranks=ranks, run=tset.run_info, straggler=straggler(ranks))
+    return Diagnosis(ranks=ranks, run=tset.run_info, straggler=straggler(ranks),
+                     parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound})

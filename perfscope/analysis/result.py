@@ -43,6 +43,7 @@ class Diagnosis:
     ranks: list[RankAnalysis]
     run: dict = field(default_factory=dict)  # run.json of a perfscope run folder, when given
     straggler: Optional[dict] = None
+    parallel: dict = field(default_factory=dict)  # {files, workers, bound}: how the files were parsed
 
     @property
     def timings(self) -> dict:
@@ -82,6 +83,7 @@ class Diagnosis:
             "floor": p.floor,
             "primary_rank": p.rank,
             "straggler": self.straggler,
+            "parallel": self.parallel,
             "ranks": [r.to_dict() for r in self.ranks],
         }
         if self.run:

@@ -198,4 +198,7 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         if s.get("significant"):
             c.print(f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
                     f"{s['slower_than_others']:.2f}x the other ranks' median ({s['signal']})")
+    par = d.parallel or {}
+    if par.get("bound") == "memory":
+        c.print(f"note: {par['files']} trace files parsed {par['workers']} at a time, to fit in the memory available")
     c.print(findings_panel(p))

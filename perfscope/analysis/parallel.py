@@ -1,0 +1,62 @@
+"""How many rank files to parse at once: one process per file and CPU, as many as memory allows.
+
+Parsing a Kineto trace peaks at about 2.4x its JSON size (benchmarks/diagnose_speed.py measures it:
+484 MB for the 210 MB trace), in each worker. A TP8 profile of 8 large ranks parsed 8 at a time
+can need more memory than the box has (HTA needed 950 GB for 200 GB of traces, its issue #250), so
+the plan admits only as many workers as the largest files, parsed together, fit in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+PEAK_PER_JSON_BYTE = 2.6  # measured 2.42x on the 210 MB trace; a margin on top
+MEMORY_FRACTION = 0.8  # of what the OS reports available
+
+
+def json_bytes(path: str | Path) -> int:
+    """The JSON size of a trace file: a ``.gz`` file's ISIZE trailer (the uncompressed size modulo
+    4 GiB, raised by 4 GiB steps until it is not smaller than the compressed file), else its size."""
+    p = Path(path)
+    size = p.stat().st_size
+    if not p.name.endswith(".gz") or size < 18:
+        return size
+    with open(p, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(f.read(4), "little")
+    while isize < size:
+        isize += 1 << 32
+    return isize
+
+
+def available_memory() -> Optional[int]:
+    """Bytes the OS can give without swapping (Linux MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def plan_workers(sizes: Sequence[int], cpus: int, available: Optional[int]) -> tuple[int, str]:
+    """(workers, what bounds them: "files", "cpus" or "memory") for files of these JSON sizes."""
+    n = max(1, min(len(sizes), cpus))
+    bound = "files" if len(sizes) <= cpus else "cpus"
+    if available is None or n == 1:
+        return n, bound
+    budget = available * MEMORY_FRACTION
+    largest = sorted(sizes, reverse=True)
+    fit = 0
+    need = 0.0
+    for s in largest[:n]:
+        need += s * PEAK_PER_JSON_BYTE
+        if need > budget:
+            break
+        fit += 1
+    if fit < n:
+        return max(fit, 1), "memory"
+    return n, bound
