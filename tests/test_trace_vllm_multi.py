@@ -72,6 +72,7 @@ def _check_vllm_run(out: Path, profile_dir: Path, stale: Path, capsys) -> None:
     d = diagnose_json(out, capsys)
     assert "fp8-kv-cast" in [x["id"] for x in d["findings"]]
     assert d["run"]["engine"] == "vllm"
+    assert not any("RECORD_SHAPES" in n for n in d["notes"])  # shapes were recorded: no hint
 
 
 def test_vllm_client_reads_config(vllm_server):
@@ -173,6 +174,20 @@ def test_trace_vllm_two_ranks(tmp_path, capsys):
         assert r["meta"]["world_size"] == 2
         assert "fp8-kv-cast" in [x["id"] for x in r["findings"]], r["rank"]
     assert d["straggler"] is not None and d["straggler"]["significant"] is False, d["straggler"]
+
+
+def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path, capsys):
+    """vLLM records no shapes by default. On a trace without GPU kernels the cast cannot be sized
+    or typed then: no finding is guessed, and a note says which setting brings the evidence."""
+    pdir = tmp_path / "profiles"
+    with start_repro("--api", "vllm", "--torch-profiler-dir", str(pdir), log_dir=tmp_path) as (url, _):
+        out = tmp_path / "run"
+        rc, _, err = run_cli(["trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
+                              "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out)], capsys)
+        assert rc == 0, err
+    d = diagnose_json(out, capsys)
+    assert d["findings"] == [] and d["ops"][0]["bucket"] == "copy" and d["ops"][0]["input_types"] is None
+    assert any("VLLM_TORCH_PROFILER_RECORD_SHAPES=1" in n for n in d["notes"]), d["notes"]
 
 
 def test_trace_vllm_without_profiler_dir(tmp_path, capsys):

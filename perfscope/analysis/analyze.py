@@ -126,6 +126,14 @@ def pass_findings(st: State) -> None:
                       step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
                       ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only)
     st.findings = run_rules(ctx) if st.trace.kernels else []
+    top = st.ops[0] if st.ops else None
+    if (st.cpu_only and not st.findings and top is not None and top.bucket == "copy" and top.share >= 0.3
+            and not top.attribution.input_types):
+        # the cast rule reads dtypes and shapes from CPU ops when there are no kernels to size
+        st.notes.append(f"the top op ({top.short}, {top.share:.0%} of op time) is a copy, but this trace recorded "
+                        "no input dtypes or shapes, which fp8-kv-cast needs on a trace without GPU kernels: "
+                        "profile with shapes (SGLang: record_shapes, on by default since 0.5.5; vLLM: "
+                        "VLLM_TORCH_PROFILER_RECORD_SHAPES=1)")
 
 
 def pass_floor(st: State) -> None:
