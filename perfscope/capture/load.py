@@ -50,7 +50,6 @@ class TraceLoad:
         self.url, self.opts = url, opts
         self.stop_event = threading.Event()
         self.results: list | None = None
-        self.completed = 0
         self.tokens = 0  # streamed tokens, all streams together
         self._lock = threading.Lock()
         self.error: BaseException | None = None
@@ -61,10 +60,6 @@ class TraceLoad:
         with self._lock:
             self.tokens += 1
 
-    def _done(self, rt) -> None:
-        if getattr(rt, "ok", False):
-            self.completed += 1
-
     def _run(self) -> None:
         from perfscope.capture import workload
 
@@ -73,7 +68,7 @@ class TraceLoad:
         try:
             self.results = workload.drive_decode(
                 client, self.opts.concurrency, self.opts.input_len, self.opts.output_len, seed=self.opts.seed,
-                stop=self.stop_event, timeout=self.opts.http_timeout, on_done=self._done,
+                stop=self.stop_event, timeout=self.opts.http_timeout,
             )
         except BaseException as e:  # reported by the waiter
             self.error = e
