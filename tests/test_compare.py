@@ -88,7 +88,7 @@ def test_different_gpus_are_compared_but_flagged(diag):
 def _run_folder(root: Path, trace: Path, model: str, tpot: float, kv: str) -> Path:
     """A perfscope run folder as `perfscope trace` leaves it (run.json + traces/), around a real trace."""
     (root / "traces").mkdir(parents=True)
-    dst = root / "traces" / f"1730000000.0-TP-0-DECODE.trace.json.gz"
+    dst = root / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz"
     shutil.copyfile(trace, dst)
     write_run(root, command=["perfscope", "trace"], host="gpu1", engine="sglang",
               versions={"sglang": "0.5.5", "flashinfer": "0.6.18"},

@@ -209,7 +209,6 @@ def _runner(strategy: str, module=None):
     import torch
 
     sys.path.insert(0, str(REPO))
-    from examples.repro_server import kv_variants
     from examples.repro_server.model import ModelConfig, ModelRunner
 
     torch.manual_seed(0)

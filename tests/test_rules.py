@@ -18,7 +18,7 @@ from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.rules import RULES, rule_ids
 from perfscope.analysis.rules.base import CONFIDENCE
 from perfscope.analysis.steps import find_steps
-from perfscope.load.model import Annotation, Trace
+from perfscope.load.model import Trace
 from perfscope.load.reader import load_trace
 
 SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"

@@ -8,7 +8,6 @@ import os
 import socket
 import threading
 import urllib.request
-from pathlib import Path
 
 import pytest
 

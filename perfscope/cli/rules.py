@@ -41,7 +41,7 @@ def markdown() -> str:
                 f"- **What it finds:** {d['what']}",
                 f"- **Why it is slow:** {d['why']}",
                 f"- **Evidence read:** {d['evidence']}",
-                f"- **Fix:** " + _fix_line(d),
+                "- **Fix:** " + _fix_line(d),
                 f"- **Known false positives:** {d['false_positives']}"]
     return "\n".join(out) + "\n"
 
