@@ -99,6 +99,12 @@ def pass_buckets(st: State) -> None:
     total = st.kernel_ms_per_step or 1e-12
     st.out["buckets"] = {b: {"ms_per_step": round(ms, 4), "share": round(ms / total, 4)}
                          for b, ms in st.buckets_ms.items()}
+    comm = st.out["buckets"].get("communication")
+    if comm and comm["ms_per_step"] > 0 and not st.cpu_only and st.metrics:
+        # a collective hidden behind compute on another stream costs no step time; an exposed one does
+        exposed = sum(m.comm_exposed_ms for m in st.metrics) / len(st.metrics)
+        comm["exposed_ms_per_step"] = round(exposed, 4)
+        comm["overlapped_share"] = round(max(0.0, 1 - exposed / comm["ms_per_step"]), 4)
     sub = defaultdict(float)
     kern = st.trace.kernels
     for s in st.steps:

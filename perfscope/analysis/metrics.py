@@ -19,6 +19,7 @@ class StepMetrics:
     kernel_ms: float  # summed kernel time (streams overlap: may exceed gpu_ms)
     busy_ms: float  # union of kernel intervals
     idle_ms: float  # gpu_ms - busy_ms
+    comm_exposed_ms: float  # communication kernel time with no other kernel running beside it
     kernels: int
     launches: int
     graph_launches: int
@@ -46,6 +47,7 @@ def step_metrics(trace: Trace, step: Step) -> StepMetrics:
     kern = trace.kernels
     buckets = dict.fromkeys(BUCKETS, 0.0)
     ivs = []
+    other = []  # everything but communication: what can hide a collective
     ksum = 0.0
     for i in step.kernels:
         k = kern[i]
@@ -53,11 +55,16 @@ def step_metrics(trace: Trace, step: Step) -> StepMetrics:
         buckets[b] += k.dur
         ksum += k.dur
         ivs.append((k.ts, k.ts + k.dur))
+        if b != "communication":
+            other.append(ivs[-1])
     busy = union_us(ivs)
+    # exposed communication = busy time - time some non-communication kernel runs
+    exposed = busy - union_us(other) if buckets["communication"] else 0.0
     gpu = step.gpu_us
     return StepMetrics(
         index=step.index, phase=step.phase, label=step.label, gpu_ms=gpu / 1e3, cpu_ms=step.cpu_us / 1e3,
         kernel_ms=ksum / 1e3, busy_ms=busy / 1e3, idle_ms=max(0.0, gpu - busy) / 1e3,
+        comm_exposed_ms=max(0.0, exposed) / 1e3,
         kernels=len(step.kernels), launches=step.launches, graph_launches=step.graph_launches,
         buckets={b: v / 1e3 for b, v in buckets.items()},
     )

@@ -65,6 +65,9 @@ def bucket_table(p: RankAnalysis) -> Table:
             continue
         st = BUCKET_STYLE.get(b, "white")
         t.add_row(f"[{st}]{b}[/]", _fmt_ms(v["ms_per_step"]), f"{v['share']:.1%}", f"[{st}]{_bar(v['share'])}[/]")
+        if v.get("exposed_ms_per_step") is not None:
+            t.add_row(f"[dim]  exposed ({v['overlapped_share']:.0%} hidden)[/]", _fmt_ms(v["exposed_ms_per_step"]),
+                      "", "")
     if p.idle_ms_per_step:
         t.add_row("[dim](GPU idle)[/]", _fmt_ms(p.idle_ms_per_step), "", "")
     return t

@@ -1,0 +1,84 @@
+"""Exposed communication: collective kernel time that no other kernel hides (HTA's
+comm/compute overlap, per decode step). The oracle is computed here independently, from the JSON
+with the standard library: every NCCL kernel's overlap with the merged intervals of all other GPU
+work in the file."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paths import H200, HTA, TRACELENS
+from perfscope.analysis.analyze import analyze_trace
+from perfscope.load.reader import load_trace
+
+V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.gz"  # NCCL on its own stream, never overlapped
+TWO_STREAMS = HTA / "trace_filter/sampled_rank-0.json.gz"  # NCCL partly under compute
+
+
+def _oracle_overlapped_share(path) -> float:
+    ev = [e for e in json.load(gzip.open(path))["traceEvents"]
+          if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in ev if "nccl" in e["name"].lower()]
+    merged: list[list[float]] = []
+    for s, t in sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if "nccl" not in e["name"].lower()):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], t)
+        else:
+            merged.append([s, t])
+    starts = [a for a, _ in merged]
+    total = hidden = 0.0
+    for s, t in comm:
+        total += t - s
+        lo = max(0, bisect.bisect_right(starts, s) - 1)
+        for a, b in merged[lo:bisect.bisect_right(starts, t)]:
+            hidden += max(0.0, min(b, t) - max(a, s))
+    return hidden / total
+
+
+def _comm(path) -> dict:
+    return analyze_trace(load_trace(path)).buckets["communication"]
+
+
+def test_partly_hidden_collectives():
+    c = _comm(TWO_STREAMS)
+    want = _oracle_overlapped_share(TWO_STREAMS)
+    assert 0.1 < want < 0.2
+    assert c["overlapped_share"] == pytest.approx(want, abs=0.01), (c, want)
+    assert c["exposed_ms_per_step"] == pytest.approx(c["ms_per_step"] * (1 - c["overlapped_share"]), rel=1e-3)
+
+
+def test_collectives_on_an_idle_gpu_are_all_exposed():
+    c = _comm(V100_NCCL)
+    assert _oracle_overlapped_share(V100_NCCL) == 0.0
+    assert c["overlapped_share"] == 0.0 and c["exposed_ms_per_step"] == pytest.approx(c["ms_per_step"], rel=1e-6)
+    # the all-reduce rule counts only exposed time as what a faster all-reduce can save
+    r = analyze_trace(load_trace(V100_NCCL))
+    f = next(x for x in r.findings if x["id"] == "nccl-allreduce")
+    assert f["evidence"]["communication_exposed_share"] == 1.0
+    assert f["predicted_step_ms_after_fix"] == pytest.approx(
+        r.steps["median_ms"] - 0.6 * f["evidence"]["nccl_allreduce_ms_per_step"], abs=0.01)
+
+
+def test_b200_custom_allreduce_is_on_the_critical_path():
+    c = _comm(TRACELENS / "b200/eager_trace.json.gz")  # multimem all-reduce, 18% of kernel time
+    assert c["share"] > 0.15 and c["overlapped_share"] < 0.05
+
+
+def test_no_communication_no_overlap_figures():
+    assert "exposed_ms_per_step" not in _comm(H200 / "mla_pool_graph.json.gz")
+
+
+def test_exposed_communication_in_the_reports(tmp_path):
+    html = tmp_path / "r.html"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(TWO_STREAMS), "--html", str(html)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"})
+    assert r.returncode == 0, r.stderr
+    assert "exposed (15% hidden)" in r.stdout
+    assert "% hidden behind other kernels)" in html.read_text()
