@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from paths import H200, REPO
+from paths import H200, REPO, TRACELENS
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.floor import compute_floor, with_floor_inputs
 from perfscope.analysis.gpus import GPUS, match_gpu
@@ -373,3 +373,17 @@ def test_html_report_shows_the_floor_and_its_worst_bucket(tmp_path):
     section = page[page.index('id="floor"'):]
     assert "Hardware floor" in page and "Furthest above its floor: <b>copy</b>" in section
     assert "NVIDIA H200" in section and "should cost <b>3.149 ms</b>" in section
+
+
+def test_report_header_names_an_unnamed_rocm_gpu_by_its_match():
+    """vLLM's MI300X trace (TraceLens) carries an empty device name: the header says which table row
+    its compute capability and memory match, and that it was matched, not named."""
+    from perfscope.analysis.analyze import analyze_trace
+    from perfscope.analysis.gpus import device_label
+    from perfscope.load.reader import load_trace
+
+    r = analyze_trace(load_trace(TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"))
+    assert not r.meta.get("device_name")
+    assert device_label(r.meta) == "AMD Instinct MI300X (matched by compute capability and memory)"
+    assert device_label({"device_name": "NVIDIA H200"}) == "NVIDIA H200"
+    assert device_label({"compute_capability": "8.6", "total_mem_bytes": 25 << 30, "platform": "cuda"}) is None

@@ -226,3 +226,12 @@ def match_gpu(device_name: Optional[str], compute_capability: Optional[str] = No
     return GPUMatch(None, "none", name or None,
                     f"GPU {name or '(unnamed)'} (cc {compute_capability or '?'}) is not in perfscope's table "
                     "(perfscope/analysis/gpus.py)")
+
+
+def device_label(meta: dict) -> Optional[str]:
+    """The GPU's name for a report header: the trace's own, else the table row its compute capability
+    and memory match (ROCm traces often carry an empty name), marked as matched; None if neither."""
+    if meta.get("device_name"):
+        return str(meta["device_name"])
+    m = match_gpu(None, meta.get("compute_capability"), meta.get("total_mem_bytes"), meta.get("platform"))
+    return f"{m.gpu.name} (matched by compute capability and memory)" if m.gpu is not None else None

@@ -24,6 +24,7 @@ import orjson
 
 from perfscope import __version__
 from perfscope.analysis.buckets import BUCKETS
+from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.terminal import _fmt_ms, op_where
@@ -184,7 +185,8 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
     top = max(p.findings, key=lambda f: f.get("ms_per_step") or 0.0) if p.findings else None
     gpus = run.get("gpu") or []
     return {
-        "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None),
+        "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)
+        or device_label(m),  # the trace's name, else nvidia-smi's on the host, else the table's match
         "compute_capability": m.get("compute_capability"),
         "num_sms": m.get("num_sms"),
         "mem_gb": round(m["total_mem_bytes"] / 2**30, 1) if m.get("total_mem_bytes") else None,

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 
 BUCKET_STYLE = {"copy": "red", "gemm": "blue", "attention": "magenta", "communication": "yellow",
@@ -33,7 +34,7 @@ def header(d: Diagnosis) -> Panel:
     s = p.steps
     cpu = s.get("analysed_on") == "cpu-ops"
     unit = "CPU ops" if cpu else "GPU work"
-    gpu = m.get("device_name") or ("no GPU activity" if cpu else "unknown GPU")
+    gpu = device_label(m) or ("no GPU activity" if cpu else "unknown GPU")
     lines = [
         f"[bold]{escape(str(gpu))}[/]" + (f" (sm {m['compute_capability']})" if m.get("compute_capability") else "") +
         f"  {len(d.ranks)} trace file(s)" + (f", world size {m.get('world_size')}" if m.get("world_size") else ""),
