@@ -331,13 +331,15 @@ def _runner_classes():
                     sent = True
                 except BaseException as e:  # noqa: BLE001 - handed back to the HTTP thread
                     fut.set_exception(e)
-            if sent:  # the other ranks get it now, not at the next batch (there may be none)
-                control = _take_outbox()
-                CTX.send({"control": control, "step": None})
-                if CTX.args.api == "vllm" and any(k == "stop_profile" for k, _ in control):
-                    CTX.trace_written()
-            for fut, result in done:
-                fut.set_result(result)
+            try:
+                if sent:  # the other ranks get it now, not at the next batch (there may be none)
+                    control = _take_outbox()
+                    CTX.send({"control": control, "step": None})
+                    if CTX.args.api == "vllm" and any(k == "stop_profile" for k, _ in control):
+                        CTX.trace_written()
+            finally:  # whatever happened to the other ranks, rank 0's own result is the reply
+                for fut, result in done:
+                    fut.set_result(result)
 
         def shutdown(self) -> None:
             super().shutdown()
