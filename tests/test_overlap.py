@@ -82,3 +82,17 @@ def test_exposed_communication_in_the_reports(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "exposed (15% hidden)" in r.stdout
     assert "% hidden behind other kernels)" in html.read_text()
+
+
+def test_compare_shows_exposed_communication_before_and_after():
+    other = HTA / "trace_filter/sampled_rank-1.json.gz"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(TWO_STREAMS), str(other), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    row = next(b for b in json.loads(r.stdout)["buckets"] if b["bucket"] == "communication")
+    assert row["before_exposed_ms"] == pytest.approx(_comm(TWO_STREAMS)["exposed_ms_per_step"], abs=1e-3)
+    assert row["after_exposed_ms"] == pytest.approx(_comm(other)["exposed_ms_per_step"], abs=1e-3)
+    assert row["delta_exposed_ms"] == pytest.approx(row["after_exposed_ms"] - row["before_exposed_ms"], abs=1e-3)
+    h200 = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(H200 / "mla_pool_graph.json.gz"),
+                           str(H200 / "mla_fp8_graph.json.gz"), "--json"], capture_output=True, text=True, timeout=120)
+    assert all("before_exposed_ms" not in b for b in json.loads(h200.stdout)["buckets"])  # no collectives

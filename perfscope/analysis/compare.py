@@ -128,6 +128,9 @@ def _buckets(pb: dict, pa: dict) -> list[dict]:
                      "ratio": _ratio(b["ms_per_step"], a["ms_per_step"]),
                      "before_share": _r(b["share"]), "after_share": _r(a["share"]),
                      "delta_share": _r(a["share"] - b["share"])})
+        if "exposed_ms_per_step" in b or "exposed_ms_per_step" in a:  # communication on a GPU timeline
+            eb, ea = b.get("exposed_ms_per_step", 0.0), a.get("exposed_ms_per_step", 0.0)
+            rows[-1].update({"before_exposed_ms": _r(eb), "after_exposed_ms": _r(ea), "delta_exposed_ms": _r(ea - eb)})
     rows.sort(key=lambda r: -abs(r["delta_ms"]))
     return rows
 

@@ -56,6 +56,9 @@ def bucket_table(c: dict) -> Table:
         st = BUCKET_STYLE.get(r["bucket"], "white")
         t.add_row(f"[{st}]{r['bucket']}[/]", _fmt_ms(r["before_ms"]), _fmt_ms(r["after_ms"]), _signed(r["delta_ms"]),
                   f"{r['before_share']:.1%}", f"{r['after_share']:.1%}")
+        if "delta_exposed_ms" in r:
+            t.add_row("[dim]  exposed[/]", _fmt_ms(r["before_exposed_ms"]), _fmt_ms(r["after_exposed_ms"]),
+                      _signed(r["delta_exposed_ms"]), "", "")
     i = c["idle"]
     t.add_row("[dim](GPU idle)[/]", _fmt_ms(i["before_ms"]), _fmt_ms(i["after_ms"]), _signed(i["delta_ms"]), "", "")
     return t
