@@ -27,7 +27,7 @@ def command(
     """Run the whole loop on a small MLA decode server that carries SGLang's FP8 KV-cast bug: start it
     (CPU by default, needs the `demo` extra: torch), measure TPOT, trace it through its profiling API,
     diagnose the trace, apply the fp8-kv-cast fix to a scratch copy of its source, restart, measure
-    and trace again, and write an HTML before/after comparison. Takes under a minute on 2 CPU cores (24-40 s measured)."""
+    and trace again, and write an HTML before/after comparison. Takes under a minute on 2 CPU cores (24 s measured on this project's 2-core box)."""
     try:
         import torch  # noqa: F401
     except ImportError:
