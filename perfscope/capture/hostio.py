@@ -5,6 +5,7 @@ folder, list / check / hash / fetch trace files, find the server's python, read 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -377,16 +378,18 @@ class LocalHost(HostIO):
         tmp = local.with_name(f".{local.name}.part")
         total = os.path.getsize(path)
         done = 0
+        h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
         try:
             with open(path, "rb") as src, open(tmp, "wb") as dst:
                 while b := src.read(1 << 20):
                     dst.write(b)
+                    h.update(b)
                     done += len(b)
                     if progress:
                         progress(done, total)
                 dst.flush()
                 os.fsync(dst.fileno())
-            digest = sha256_file(tmp)
+            digest = h.hexdigest()
             if expected_sha256 and digest != expected_sha256:
                 raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
             os.replace(tmp, local)
