@@ -70,14 +70,20 @@ def _version_note(det: Detection, env: Environment) -> None:
             f"source (0.5.23); its structure matches the known variant {det.variant}")
 
 
-def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environment) -> Detection:
-    idx = SourceIndex(data)
-    backend = _class(tree, "FlashInferMLAAttnBackend")
+def _backend(tree: ast.Module, name: str):
+    """The attention backend class and its forward_extend / forward_decode; refused if any is missing."""
+    backend = _class(tree, name)
     if backend is None:
-        raise _Refuse("no class FlashInferMLAAttnBackend")
+        raise _Refuse(f"no class {name}")
     fe, fd = _method(backend, "forward_extend"), _method(backend, "forward_decode")
     if fe is None or fd is None:
-        raise _Refuse("FlashInferMLAAttnBackend lacks forward_extend / forward_decode")
+        raise _Refuse(f"{name} lacks forward_extend / forward_decode")
+    return backend, fe, fd
+
+
+def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environment) -> Detection:
+    idx = SourceIndex(data)
+    backend, fe, fd = _backend(tree, "FlashInferMLAAttnBackend")
     upd_d = _class(tree, "FlashInferMLAIndicesUpdaterDecode")
     upd_p = _class(tree, "FlashInferMLAIndicesUpdaterPrefill")
     if upd_d is None or upd_p is None:
@@ -216,12 +222,7 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
 
 def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
     idx = SourceIndex(data)
-    backend = _class(tree, "FlashAttentionBackend")
-    if backend is None:
-        raise _Refuse("no class FlashAttentionBackend")
-    fe, fd = _method(backend, "forward_extend"), _method(backend, "forward_decode")
-    if fe is None or fd is None:
-        raise _Refuse("FlashAttentionBackend lacks forward_extend / forward_decode")
+    backend, fe, fd = _backend(tree, "FlashAttentionBackend")
     ce = [c for c in _casts(fe) if c[1] == "pool"]
     cd = [c for c in _casts(fd) if c[1] == "pool"]
     if not ce and not cd:
