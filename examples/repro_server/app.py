@@ -77,20 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from .kv_variants import strategy_of_source
-    from .model import ModelConfig, ModelRunner
+    from .model import ModelRunner, config_from_args
     from .scheduler import Scheduler
     from .server import ReproHTTPServer
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    preset = PRESETS["cuda" if args.device.startswith("cuda") else "cpu"]
-
-    def pick(name):
-        v = getattr(args, name)
-        return preset[name] if v is None else v
-
-    cfg = ModelConfig(num_hidden_layers=pick("num_layers"), hidden_size=pick("hidden_size"),
-                      num_attention_heads=pick("num_heads"), vocab_size=pick("vocab_size"))
+    cfg, pick = config_from_args(args, PRESETS)
     max_total = pick("max_total_tokens")
     context_length = pick("context_length")
     t0 = time.time()

@@ -50,6 +50,21 @@ class ModelConfig:
         return (self.hidden_size * self.in_proj_out + self.o_proj_in * self.hidden_size) * elem
 
 
+
+def config_from_args(args, presets: dict):
+    """(ModelConfig, pick): the model the server's options describe, each unset option taken from the
+    device's preset; ``pick(name)`` resolves the other sized options the same way. Rank 0 and the
+    other TP ranks build their shards from it, so they cannot disagree."""
+    preset = presets["cuda" if args.device.startswith("cuda") else "cpu"]
+
+    def pick(name):
+        v = getattr(args, name)
+        return preset[name] if v is None else v
+
+    cfg = ModelConfig(num_hidden_layers=pick("num_layers"), hidden_size=pick("hidden_size"),
+                      num_attention_heads=pick("num_heads"), vocab_size=pick("vocab_size"))
+    return cfg, pick
+
 class ForwardMode(Enum):
     EXTEND = 1
     DECODE = 2

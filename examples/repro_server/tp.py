@@ -456,7 +456,7 @@ def worker_main(args, presets: dict) -> int:
 
     import torch
 
-    from .model import ForwardMode, ModelConfig
+    from .model import ForwardMode, config_from_args
     from .model import CudaGraphRunner
     from .scheduler import ProfilerManager
 
@@ -467,14 +467,7 @@ def worker_main(args, presets: dict) -> int:
         torch.set_num_threads(args.threads)
     CTX = TPContext(args, args.tp_rank)
     runner_cls, _, ProfileError = _runner_classes()
-    p = presets["cuda" if args.device.startswith("cuda") else "cpu"]
-
-    def pick(name):
-        v = getattr(args, name)
-        return p[name] if v is None else v
-
-    cfg = ModelConfig(num_hidden_layers=pick("num_layers"), hidden_size=pick("hidden_size"),
-                      num_attention_heads=pick("num_heads"), vocab_size=pick("vocab_size"))
+    cfg, pick = config_from_args(args, presets)
     use_fi = False if args.no_flashinfer else None
     runner = runner_cls(cfg, max_total_tokens=pick("max_total_tokens"), device=args.device,
                         kv_strategy=args.kv_strategy, flashinfer_backend=args.flashinfer_backend,
