@@ -14,6 +14,11 @@ from perfscope.errors import InputError
 
 NAME = "demo"
 ORDER = 5
+EXAMPLES = [
+    ("perfscope demo", "the whole loop on CPU, into ./perfscope-demo-<time>: trace, diagnose, fix, re-measure, compare"),
+    ("perfscope demo --out demo1 --json", "the same into ./demo1, the summary as JSON on stdout"),
+    ("perfscope demo --device cuda --layers 60 --pool-tokens 495000", "the full-size server on a GPU"),
+]
 
 
 def command(
