@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -139,7 +140,8 @@ def test_predictions_are_held_to_account(tmp_path, diag):
     assert compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_pool_eager.json.gz"))["predictions"] == []
     assert compare(diag(H200 / "mla_fp8_graph.json.gz"), diag(H200 / "mla_pool_graph.json.gz"))["predictions"] == []
     r = perfscope("compare", H200 / "mla_pool_graph.json.gz", H200 / "mla_fp8_graph.json.gz")
-    assert f"measured {pr['measured_step_ms']:.2f} ms (error {pr['error_pct']:+.1f}%)" in " ".join(r.stdout.split())
+    shown = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
+    assert f"measured {pr['measured_step_ms']:.2f} ms (error {pr['error_pct']:+.1f}%)" in shown
     # with client TPOT on both sides, the prediction is carried to TPOT too
     before = _run_folder(tmp_path / "b", H200 / "mla_pool_graph.json.gz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
     after = _run_folder(tmp_path / "a", H200 / "mla_fp8_graph.json.gz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
