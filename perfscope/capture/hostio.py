@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
-from perfscope.util.files import sha256_file
+from perfscope.util.files import atomic_writer, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
 # saves the server tens of seconds per trace)
@@ -374,29 +374,20 @@ class LocalHost(HostIO):
         return sha256_file(path)
 
     def fetch(self, path, local, expected_sha256, progress=None):
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.part")
         total = os.path.getsize(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
-        try:
-            with open(path, "rb") as src, open(tmp, "wb") as dst:
-                while b := src.read(1 << 20):
-                    dst.write(b)
-                    h.update(b)
-                    done += len(b)
-                    if progress:
-                        progress(done, total)
-                dst.flush()
-                os.fsync(dst.fileno())
+        with open(path, "rb") as src, atomic_writer(local) as dst:
+            while b := src.read(1 << 20):
+                dst.write(b)
+                h.update(b)
+                done += len(b)
+                if progress:
+                    progress(done, total)
             digest = h.hexdigest()
             if expected_sha256 and digest != expected_sha256:
                 raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
-            os.replace(tmp, local)
-            return digest
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        return digest
 
     def remove(self, paths, folder):
         for p in paths:

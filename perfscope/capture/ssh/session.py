@@ -135,16 +135,29 @@ class SSHSession:
     def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Write a remote file via a temporary file in the same folder and an atomic rename;
         the old file's permission bits are kept (or set to ``mode``)."""
-        d, name = posixpath.split(path)
-        tmp = posixpath.join(d, f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp")
+        from perfscope.util.files import plan_write
+
         with self._sftp_lock:
             sftp = self.sftp()
+            try:  # the rules of perfscope.util.files.atomic_writer, over SFTP
+                try:
+                    if stat_mod.S_ISLNK(sftp.lstat(path).st_mode or 0):
+                        path = sftp.normalize(path)  # write the link's target: the link stays
+                    st = sftp.stat(path)
+                except FileNotFoundError:
+                    st = None
+                how = plan_write(st.st_mode if st is not None else None, f"{self.target.label}:{path}")
+                if how == "in_place":
+                    with sftp.open(path, "wb") as f:
+                        f.write(data)
+                    return
+                if mode is None and st is not None:
+                    mode = stat_mod.S_IMODE(st.st_mode or 0) or None
+            except (OSError, paramiko.SSHException) as e:
+                raise RemoteError(f"cannot write {path} on {self.target.label}: {e}") from None
+            d, name = posixpath.split(path)
+            tmp = posixpath.join(d, f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp")
             try:
-                if mode is None:
-                    try:
-                        mode = stat_mod.S_IMODE(sftp.stat(path).st_mode or 0) or None
-                    except FileNotFoundError:
-                        mode = None
                 with sftp.open(tmp, "wb") as f:
                     f.set_pipelined(True)
                     f.write(data)
@@ -181,16 +194,15 @@ class SSHSession:
         """Copy a remote file here atomically (temp file + rename) and return its sha256. With
         ``expected_sha256`` a mismatch deletes the copy and raises :class:`RemoteError`.
         ``progress(done_bytes, total_bytes)`` is called as data arrives."""
-        local = Path(local)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.part")
+        from perfscope.util.files import atomic_writer
+
         h = hashlib.sha256()
         try:
-            with self._sftp_lock:
+            with self._sftp_lock, atomic_writer(local) as dst:
                 sftp = self.sftp()
                 total = sftp.stat(remote).st_size or 0
                 done = 0
-                with sftp.open(remote, "rb") as src, open(tmp, "wb") as dst:
+                with sftp.open(remote, "rb") as src:
                     src.prefetch(total)
                     while True:
                         block = src.read(1 << 20)
@@ -201,23 +213,17 @@ class SSHSession:
                         done += len(block)
                         if progress:
                             progress(done, total)
-                    dst.flush()
-                    os.fsync(dst.fileno())
-            digest = h.hexdigest()
-            if expected_sha256 and digest != expected_sha256:
-                raise RemoteError(
-                    f"{remote} from {self.target.label} arrived damaged: sha256 {digest[:12]}... "
-                    f"but the host has {expected_sha256[:12]}..."
-                )
-            os.replace(tmp, local)
+                digest = h.hexdigest()
+                if expected_sha256 and digest != expected_sha256:
+                    raise RemoteError(
+                        f"{remote} from {self.target.label} arrived damaged: sha256 {digest[:12]}... "
+                        f"but the host has {expected_sha256[:12]}..."
+                    )
             return digest
         except FileNotFoundError:
             raise RemoteError(f"{remote} does not exist on {self.target.label}") from None
         except (paramiko.SSHException, EOFError) as e:
             raise RemoteError(f"copying {remote} from {self.target.label} failed: {e}") from None
-        finally:
-            if tmp.exists():
-                tmp.unlink()
 
     def remove(self, paths: Iterable[str], folder: str | None = None) -> None:
         """Delete files (and then the folder, if empty) over SFTP; errors are ignored."""
