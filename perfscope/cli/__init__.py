@@ -99,6 +99,8 @@ class _Signals:
         if self.got is not None:
             return
         self.got = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # what Ctrl-C always raised (records name it so)
         raise Interrupted(signum)
 
     def __enter__(self):
