@@ -20,13 +20,9 @@ ORDER = 20
 def _load_config(path: Optional[Path]) -> dict:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: unreadable server config ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: server config must be a JSON object (SGLang's /server_info)")
-    return data
+    from perfscope.util import jsonio
+
+    return jsonio.read(path, "server config: a JSON object, SGLang's /server_info", expect=dict)
 
 
 def gate(findings: list[dict], fail_on: Optional[str]) -> None:
