@@ -29,6 +29,7 @@ from perfscope.capture.options import TraceOptions
 from perfscope.capture.ssh import ServerDown, SSHTarget, connect
 from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
 from perfscope.errors import InputError, PerfscopeError, RemoteError
+from perfscope.util.files import user_path
 
 log_fn = Callable[[str], None]
 
@@ -74,6 +75,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                log: log_fn = print, progress=None, cancel: threading.Event | None = None) -> HostResult:
     """Trace one server, write ``out_dir`` as a run folder, return what was written."""
     cancel = cancel or threading.Event()
+    out_dir = user_path(out_dir)
     label = ep.label
     port = ep.port or opts.port
     say = lambda m: log(f"[{label}] {m}")  # noqa: E731
@@ -303,7 +305,7 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
     """Trace one or several servers. One host: ``out_dir`` is its run folder. Several: in
     parallel threads, ``out_dir/<host>/`` each, plus ``out_dir/run.json`` listing them. Ctrl-C
     stops every host's profiler before it returns."""
-    out_dir = Path(out_dir).absolute()  # run.json paths are relative to it, whatever the cwd
+    out_dir = user_path(out_dir)  # relative paths are joined onto below: resolve once
     if len(endpoints) == 1:
         return [trace_host(endpoints[0], opts, out_dir, command=command, log=log, progress=progress)]
     cancel = threading.Event()

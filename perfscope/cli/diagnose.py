@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from perfscope.cli import _paths
 from perfscope.errors import GateFailed, InputError
 
 NAME = "diagnose"
@@ -55,7 +56,7 @@ def command(
         None, "--capture-trace", metavar="PATH",
         help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
              "attributes CUDA-graph-replayed kernels to the CPU op, shapes and source line recorded at capture."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report (offline, "
+    html: Optional[Path] = _paths.out_option("--html", help="Also write a self-contained HTML report (offline, "
                                                              "charts inside) to this file."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,

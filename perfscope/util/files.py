@@ -115,3 +115,12 @@ def resource_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"perfscope resource folder {name!r} not found beside {pkg}")
+
+
+def user_path(path: str | os.PathLike) -> Path:
+    """A path the user typed, made absolute once: ``~`` expanded, relative to the working directory.
+
+    Every command that writes (``--out``, ``--html``, ``-o``, ``--markdown``, ``--csv``) resolves its
+    path here before anything joins onto it, so ``--out run1`` and ``--out ~/runs/r1`` mean what
+    they mean in a shell. Symlinks are kept (``absolute``, not ``resolve``)."""
+    return Path(os.path.expanduser(os.fspath(path))).absolute()
