@@ -96,7 +96,10 @@ def test_wrong_user_key_is_refused(sshd, tmp_path):
 
 
 def test_missing_identity_file(sshd, tmp_path):
-    with pytest.raises(AuthRefused, match="does not exist"):
+    # a file the user named that is not there is unusable input (exit 2), not a remote failure
+    from perfscope.errors import InputError
+
+    with pytest.raises(InputError, match="does not exist"):
         connect(sshd.target(identity=str(tmp_path / "nope")))
 
 

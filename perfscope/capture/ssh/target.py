@@ -10,7 +10,7 @@ from pathlib import Path
 
 import paramiko
 
-from perfscope.errors import RemoteError
+from perfscope.errors import InputError, RemoteError
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
@@ -53,11 +53,11 @@ def _strip_ssh_url(spec: str) -> str:
 def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
     m = _SPEC.match(spec.strip())
     if not m:
-        raise RemoteError(f"bad host {spec!r}: expected [user@]host[:port]")
+        raise InputError(f"bad host {spec!r}: expected [user@]host[:port]")
     host = m.group("host").strip("[]")
     port = int(m.group("port")) if m.group("port") else None
     if port is not None and not (0 < port < 65536):
-        raise RemoteError(f"bad port in {spec!r}")
+        raise InputError(f"bad port in {spec!r}: expected 1-65535")
     return m.group("user"), host, port
 
 
