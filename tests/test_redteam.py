@@ -808,3 +808,36 @@ def test_rt20_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp
         p.wait(30)
         assert hashlib.sha256(target.read_bytes()).hexdigest() in allowed
         assert [q.name for q in target.parent.iterdir()] == [target.name]  # no temp file in the package folder
+
+
+@pytest.mark.parametrize("layout", ["key-in-second-file", "changed-in-first-ok-in-second", "changed-in-second"])
+def test_rt02_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, layout):
+    from perfscope.capture.ssh import connect, parse_target
+    from perfscope.errors import RemoteError
+
+    ssh = need_binary("ssh", "OpenSSH client")
+    other = keygen(tmp_path / "other", comment="x")
+    k, o = public_line(sshd.host_key), public_line(other)
+    name = f"[127.0.0.1]:{sshd.port}"
+    first, second = {"key-in-second-file": ("gpu9 " + o, f"{name} {k}"),
+                     "changed-in-first-ok-in-second": (f"{name} {o}", f"{name} {k}"),
+                     "changed-in-second": ("gpu9 " + k, f"[127.0.0.*]:{sshd.port} {o}")}[layout]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text(first + "\n")
+    b.write_text(second + "\n")
+    r = subprocess.run([ssh, "-F", "/dev/null", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={a} {b}",
+                        "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o", "CheckHostIP=no",
+                        "-o", "IdentitiesOnly=yes", "-i", str(sshd.user_key), "-p", str(sshd.port), f"{sshd.user}@127.0.0.1", "true"],
+                       capture_output=True, text=True, timeout=60)
+    # the same two files through an ssh config, as perfscope reads ~/.ssh/config
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host 127.0.0.1\n  UserKnownHostsFile {a} {b}\n  GlobalKnownHostsFile /dev/null\n")
+    for t in (parse_target(f"127.0.0.1:{sshd.port}", user=sshd.user, identity=str(sshd.user_key), ssh_config=cfg),
+              sshd.target(known_hosts=[str(a), str(b)])):
+        try:
+            with connect(t) as s:
+                s.run(["true"])
+            ok = True
+        except RemoteError:
+            ok = False
+        assert ok == (r.returncode == 0), (layout, r.stderr[-300:])

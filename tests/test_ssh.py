@@ -155,7 +155,9 @@ def test_parse_target_spec_and_ssh_config(tmp_path):
     t = parse_target("box", ssh_config=cfg)
     assert (t.host, t.user, t.port, t.identity) == ("10.1.2.3", "dave", 2200, str(key))
     assert [h.label for h in t.jump] == ["jh1", "eve@jh2:2201"]
-    with pytest.raises(RemoteError):
+    from perfscope.errors import InputError
+
+    with pytest.raises(InputError):  # a host spec that cannot be one is unusable input (exit 2)
         parse_target("a b@c", ssh_config="/nonexistent")
 
 
