@@ -222,7 +222,7 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
 
 
 _I64 = 1 << 63
-_MAX_US = 1e15  # 31 years in microseconds: no Kineto timestamp or duration is larger
+_MAX_US = 1e17  # ~3,000 years in microseconds: no Kineto timestamp (epoch µs ~1.8e15) or duration is larger
 
 
 def _int64(v) -> bool:
