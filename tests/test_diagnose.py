@@ -203,6 +203,23 @@ def test_bad_inputs_get_one_clear_line(tmp_path):
     assert "truncated gzip" in _one_line_error(run_cli("diagnose", prof))
 
 
+def test_fail_on_checks_its_ids_against_the_rule_registry():
+    from perfscope.analysis.rules import rule_ids
+
+    # a misspelt id would never match: a CI gate that always passes. Refused, with the known ids
+    trace = H200 / "mla_pool_graph.json.gz"
+    line = _one_line_error(run_cli("diagnose", trace, "--fail-on", "fp8-kv-cats"))
+    assert "unknown finding id fp8-kv-cats" in line and "did you mean fp8-kv-cast?" in line
+    assert all(rid in line for rid in rule_ids()) and "any" in line
+    line = _one_line_error(run_cli("diagnose", trace, "--json", "--fail-on", "eager-decode,nope,zzz"))
+    assert "unknown finding ids nope, zzz" in line
+    assert "no finding id" in _one_line_error(run_cli("diagnose", trace, "--fail-on", " , "))
+    # known ids still gate: any, and a list with a present one
+    for ids in ("any", "eager-decode,fp8-kv-cast"):
+        r = run_cli("diagnose", trace, "--json", "--fail-on", ids)
+        assert r.returncode == 1 and "gated finding(s) present: fp8-kv-cast" in r.stderr, (ids, r.stderr)
+
+
 def test_help_explains():
     r = run_cli("diagnose", "--help")
     assert r.returncode == 0 and "--fail-on" in r.stdout and "--json" in r.stdout

@@ -27,12 +27,13 @@ class Finding:
     title: str
     summary: str  # one sentence a user can act on
     ms_per_step: float
-    share: float  # of the analysed steps' kernel time
+    share: float  # kernel time: of the analysed steps' kernel time; idle time: of the step (cycle); <= 1
     confidence: str
     fix: Optional[str] = None  # id of the fix module that addresses it
     remedy: str = ""  # what to do when there is no fix module (or in addition)
     predicted_step_ms_after_fix: Optional[float] = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    share_of: str = "kernel time"  # what ``share`` is a share of: "kernel time", "the step", "the step cycle"
 
     @property
     def fix_command(self) -> Optional[str]:
@@ -99,6 +100,7 @@ class Rule:
     false_positives: ClassVar[str]
     # rules that read GPU idle time: meaningless on a CPU-only trace analysed on its CPU ops
     needs_gpu_timeline: ClassVar[bool] = False
+    share_of: ClassVar[str] = "kernel time"  # idle-time rules: "the step" or "the step cycle"
 
     def check(self, ctx: RuleContext) -> Optional[Finding]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -106,6 +108,7 @@ class Rule:
     def finding(self, **kw) -> Finding:
         kw.setdefault("fix", self.fix)
         kw.setdefault("remedy", self.remedy)
+        kw.setdefault("share_of", self.share_of)
         return Finding(id=self.id, title=self.title, **kw)
 
     @classmethod
