@@ -96,8 +96,8 @@ def discover(paths: list[str | Path]) -> TraceSet:
     for raw in paths:
         p = Path(raw)
         if str(raw) == "-":
-            files.append(TraceFile(path=p))
-            continue
+            raise InputError("-: perfscope does not read traces from stdin (they are read twice, in parallel): "
+                             "save the trace to a file and pass its path")
         if not p.exists():
             raise InputError(f"{p}: no such file or folder")
         if p.is_dir() and (p / RUN_FILE).is_file():
