@@ -333,7 +333,7 @@ def test_healthy_real_traces_have_no_findings(path):
 def test_new_rules_run_on_every_shared_trace_without_error():
     from paths import TRACES
     for p in sorted(TRACES.rglob("*.json.gz")):
-        if "120steps" in p.name or "_et." in p.name:
+        if "120steps" in p.name or "_et." in p.name or "908_results" in p.name:  # the last two: not Kineto
             continue
         for f in findings(trace(p)).values():
             check_finding(f)
