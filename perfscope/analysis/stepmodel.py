@@ -60,7 +60,10 @@ class StepReplay:
                 lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
             prev_end[k.stream] = k.end
             launched.setdefault(id(l), (l, []))[1].append(i)
-        self.latency_us = statistics.median(lat) if lat else 5.0
+        # the launch latency: the quickest launch-to-start on an idle stream, capped (a GPU running behind
+        # its CPU makes every launch-to-start long: that is queueing, kept by the anchors below)
+        lat.sort()
+        self.latency_us = min(max(lat[len(lat) // 10], 1.0), 20.0) if lat else 5.0
         # delays the launch and the stream do not explain (work queued before the step, a wait on
         # another stream, CPU/GPU clock offset): kept in the replay; the first kernel of each stream
         # also never starts before it did (the GPU was busy before the step)
@@ -73,7 +76,7 @@ class StepReplay:
             pe = prev_end.get(k.stream)
             if pe is None:
                 self.first_on_stream[i] = k.ts
-            if l is not None:
+            if l is not None and not is_graph_launch(l.name):  # graph kernels keep their spacing instead
                 expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
                 d = k.ts - expl
                 if d > 3 * self.latency_us and pe is not None:
@@ -174,8 +177,9 @@ class StepReplay:
                             self.first_on_stream.get(i, float("-inf")))
                 graph_prev[(id(l), k.stream)] = (k.end, start + d)
                 free[k.stream] = start + d
-                first = start if first is None else min(first, start)
-                last_end = max(last_end, start + d)
+                if d > 0 or k.dur == 0:  # a kernel the fix removes neither starts nor ends the step
+                    first = start if first is None else min(first, start)
+                    last_end = max(last_end, start + d)
                 orig_done = max(orig_done, k.end)
                 new_done = max(new_done, start + d)
             if timeline == "launch-api":
