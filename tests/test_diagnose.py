@@ -36,7 +36,11 @@ def test_pool_trace_finds_the_fp8_cast(mode):
     assert f is not None, d["findings"]
     assert f["evidence"]["pool_tokens"] == MEASURED["pool_tokens"] == 495000
     assert f["evidence"]["casts_per_step"] == MEASURED["layers"] == 60
-    assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.25)
+    if mode == "graph":
+        assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.1)
+    else:  # the launch timeline holds the eager step up (tests/test_stepmodel.py)
+        p = f["evidence"]["prediction"]
+        assert p["lower_bound_ms"] <= MEASURED["eager"]["fp8"]["median_ms"] <= f["predicted_step_ms_after_fix"]
     assert f["fix"] == "fp8-kv-cast"
     # eager traces show the FP8 dtype; graph traces only the kernel (no config given here)
     assert f["confidence"] == ("high" if mode == "eager" else "medium")
