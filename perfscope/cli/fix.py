@@ -60,6 +60,8 @@ def command(
     doc: bool = typer.Option(False, "--doc", help="With --list: print the generated Markdown document of every fix."),
     strategy: str = typer.Option("auto", "--strategy", help="auto, native or pages."),
     target_file: Optional[str] = typer.Option(None, "--target-file", metavar="F", help="Patch this file (on the host)."),
+    launch_file: Optional[str] = typer.Option(None, "--launch-file", metavar="F", help="Launch-flag fixes: the server's launch command (on the host): a shell script, a systemd unit (ExecStart=) or a compose file (command:). Without it the change is printed, nothing is written."),
+    trace: Optional[Path] = typer.Option(None, "--trace", metavar="RUN", help="A trace or run folder (as given to diagnose): the fix reads its finding (batch sizes, step times) to pick its value and predict the step."),
     sglang_root: Optional[str] = typer.Option(None, "--sglang-root", metavar="DIR", help="The sglang package folder (or the site-packages above it)."),
     target: Optional[str] = typer.Option(None, "--target", help="Which target of the fix (e.g. sglang-fa3); default from the attention backend."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PY", help="The server's interpreter (default: the process on --port)."),
@@ -88,6 +90,7 @@ def command(
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
     bench_output_len: int = typer.Option(64, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
     bench_requests: int = typer.Option(4, "--bench-requests", min=1, help="With --restart-cmd: measured requests (after 1 warm-up), before and after."),
+    max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
     """Check a fix and show its diff (nothing changes), --apply it, or --revert it.
@@ -128,13 +131,25 @@ def command(
         raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
     if target_file and sglang_root:
         raise InputError("give --target-file or --sglang-root, not both")
+    if max_slowdown < 0:
+        raise InputError(f"--max-slowdown {max_slowdown:g}: expected a fraction >= 0")
     fix = get(fix_id)
+    if fix.kind == "launch":
+        if target_file or sglang_root:
+            raise InputError(f"{fix.id} edits the launch command, not a source file: give --launch-file F")
+        if (apply_ or revert_) and not launch_file:
+            raise InputError(f"{'--apply' if apply_ else '--revert'} of {fix.id} needs --launch-file F (the server's "
+                             "launch script, systemd unit or compose file); without it the change is only printed")
+    elif launch_file:
+        raise InputError(f"{fix.id} patches the server's source, not its launch command: --launch-file does not apply")
+    facts = _trace_facts(trace) if trace is not None else {}
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     req = engine.FixRequest(
         strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
         server_url=url, api_key=_apikey.read(api_key_env), port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
         overrides={"kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend, "compute_cap": gpu_cc,
                    "flashinfer_version": flashinfer_version, "sglang_version": sglang_version},
+        launch_file=launch_file, facts=facts, source_fix=fix.kind != "launch",
     )
     with ExitStack() as stack:
         fhost = _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, accept_new_host_key)
@@ -165,7 +180,7 @@ def command(
 
                 rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
-                                                         num_requests=bench_requests),
+                                                         num_requests=bench_requests), max_slowdown=max_slowdown,
                                          log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
@@ -173,6 +188,14 @@ def command(
             rep, _, _ = engine.plan(fix, fhost, req, env)
         rep.extra.update(extra)
         return _finish(rep, json_out)
+
+
+def _trace_facts(trace: Path) -> dict:
+    """The findings (and step numbers) of a trace, for a fix that picks its value from them."""
+    from perfscope.analysis.diagnose import diagnose
+
+    d = diagnose([trace]).to_dict()
+    return {"trace": str(trace), "findings": d.get("findings") or [], "steps": d.get("steps") or {}}
 
 
 def _refused(reason: str):
