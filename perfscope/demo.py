@@ -23,7 +23,7 @@ from typing import Optional
 from rich.console import Console
 
 from perfscope.errors import InputError, PerfscopeError, RemoteError
-from perfscope.util.files import atomic_write_text, resource_dir
+from perfscope.util.files import atomic_write_text, resource_dir, user_path
 
 _LISTEN = re.compile(r"listening on (http://\S+)")
 
@@ -139,7 +139,7 @@ def copy_server(dest: Path) -> Path:
 
 def run_demo(cfg: DemoConfig, console: Console) -> dict:
     t0 = time.monotonic()
-    out = cfg.out
+    out = user_path(cfg.out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out}: folder exists and is not empty; pass --out to a new folder")
     out.mkdir(parents=True, exist_ok=True)

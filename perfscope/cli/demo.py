@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from perfscope.cli import _paths
 from perfscope.errors import InputError
 
 NAME = "demo"
@@ -16,7 +17,7 @@ ORDER = 5
 
 
 def command(
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the run folders, the HTML "
+    out: Optional[Path] = _paths.out_option("--out", "-o", help="Folder for the run folders, the HTML "
                                                                  "comparison and demo.json (default ./perfscope-demo-<time>)."),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the full-size server on a GPU."),
     layers: int = typer.Option(4, "--layers", min=1, help="Model layers (one pool cast each)."),
@@ -35,7 +36,7 @@ def command(
     from perfscope.demo import DemoConfig, run_demo
     from perfscope.report import jsonout
 
-    folder = out or Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder = out or _paths.resolve(Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
     console = Console(stderr=json_out)
     s = run_demo(DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy),
                  console)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from perfscope.cli import _paths
 from perfscope.errors import GateFailed, InputError
 
 NAME = "diagnose"
@@ -19,13 +20,9 @@ ORDER = 20
 def _load_config(path: Optional[Path]) -> dict:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: unreadable server config ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: server config must be a JSON object (SGLang's /server_info)")
-    return data
+    from perfscope.util import jsonio
+
+    return jsonio.read(path, "server config: a JSON object, SGLang's /server_info", expect=dict)
 
 
 def gate(findings: list[dict], fail_on: Optional[str]) -> None:
@@ -59,7 +56,7 @@ def command(
         None, "--capture-trace", metavar="PATH",
         help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
              "attributes CUDA-graph-replayed kernels to the CPU op, shapes and source line recorded at capture."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report (offline, "
+    html: Optional[Path] = _paths.out_option("--html", help="Also write a self-contained HTML report (offline, "
                                                              "charts inside) to this file."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from perfscope.cli import _apikey
+from perfscope.cli import _apikey, _paths
 from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
 
 NAME = "fix"
@@ -86,7 +86,7 @@ def command(
     probe: bool = typer.Option(False, "--probe", help="Run a tiny plan/run of the chosen kernel on the host's GPU first and compare with the cast path."),
     restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy."),
     health_timeout: float = typer.Option(900.0, "--health-timeout", help="With --restart-cmd: seconds from starting CMD until /health must answer (each restart)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
+    out: Optional[Path] = _paths.out_option("--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
     bench_output_len: int = typer.Option(64, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
     bench_requests: int = typer.Option(4, "--bench-requests", min=1, help="With --restart-cmd: measured requests (after 1 warm-up), before and after."),

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from perfscope.cli import _apikey
+from perfscope.cli import _apikey, _paths
 from perfscope.errors import InputError
 
 NAME = "trace"
@@ -115,7 +115,7 @@ def command(
                                    "of the same workload (perfscope bench), stored in the run folder."),
     api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
+    out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
 ) -> int:
     """Profile a live SGLang (or vLLM) server and bring its traces home: reads the server's config,
@@ -167,7 +167,7 @@ def command(
             for h, p in zip(host, ports)
         ]
     if out is None:
-        out = Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        out = _paths.resolve(Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {out} exists and is not empty: pick a new folder")
     if output_len < 2:

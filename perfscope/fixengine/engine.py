@@ -15,6 +15,7 @@ holds ``manifest.json`` and ``original-<sha256>.py``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from perfscope import __version__
-from perfscope.errors import InputError, PerfscopeError
+from perfscope.errors import FixRefused, InputError, PerfscopeError
 from perfscope.fixengine.edit import unified_diff
 from perfscope.fixengine.host import FixHost, join
 from perfscope.fixengine.model import (
@@ -219,10 +220,19 @@ def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
     p = join(host, folder, "manifest.json")
     if not host.exists(p):
         return None
-    try:
-        return json.loads(host.read_bytes(p))
-    except ValueError:
-        raise InputError(f"{p}: manifest is not valid JSON; refusing to touch the file (remove it by hand)") from None
+    from perfscope.util import jsonio
+
+    man = jsonio.loads(host.read_bytes(p), f"{p} (fix manifest; refusing to touch the file, remove it by hand)",
+                       error=FixRefused, expect=dict)
+    for key in ("backup", "sha256_before", "sha256_after"):
+        v = man.get(key)
+        if not isinstance(v, str) or not v or (key == "backup" and ("/" in v or v.startswith("."))):
+            raise FixRefused(f"{p}: fix manifest has no usable {key!r}; refusing to touch the file "
+                             "(remove the manifest by hand)")
+    for key in ("strategy", "variant", "applied_at"):
+        if man.get(key) is not None and not isinstance(man[key], str):
+            raise FixRefused(f"{p}: fix manifest's {key!r} is not text; refusing to touch the file")
+    return man
 
 
 # ----------------------------------------------------------------------------------- target
@@ -334,7 +344,25 @@ def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environme
     return rep, after, det
 
 
+def _lock_path(host: FixHost, req: FixRequest) -> str:
+    return join(host, state_root(host, req), ".lock")
+
+
 def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
+    """Check, then patch with a backup and a manifest; one apply or revert at a time per host
+    (a lock in the state folder), and a failed write leaves no manifest behind."""
+    env = env or probe_env(host, req)
+    with host.lock(_lock_path(host, req)):
+        return _apply(fix, host, req, env)
+
+
+def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
+    env = env or probe_env(host, req)
+    with host.lock(_lock_path(host, req)):
+        return _revert(fix, host, req, env)
+
+
+def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> Report:
     rep, after, _ = plan(fix, host, req, env)
     if after is None:
         return rep
@@ -342,6 +370,11 @@ def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environm
     if req.expect_sha256 and req.expect_sha256 != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed since the check (sha256 {rep.sha256_before[:12]}…, expected "
                               f"{req.expect_sha256[:12]}…): check again")
+        return rep
+    m = host.mode(path)
+    if m is not None and not m & 0o222:
+        rep.outcome = Refused(f"{path} is read-only (mode {m:04o}): someone made it so on purpose; "
+                              "chmod u+w it first if it should be patched")
         return rep
     folder = state_dir_for(host, req, fix, path)
     host.makedirs(folder)
@@ -367,7 +400,14 @@ def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environm
     if host.sha256(path) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
         return rep
-    host.write_bytes_atomic(path, after)
+    try:
+        host.write_bytes_atomic(path, after)
+    except BaseException:
+        # the file was not replaced (the writer renames only a complete temp file): no manifest
+        # may claim it was
+        with contextlib.suppress(Exception):
+            host.run(["rm", "-f", "--", mpath])
+        raise
     if host.sha256(path) != rep.sha256_after:
         host.write_bytes_atomic(path, original)
         rep.outcome = Failed(f"{path} did not read back as written; the original was put back")
@@ -421,8 +461,7 @@ def describe_launch(fix: FixModule, host: FixHost, env: Environment, req: FixReq
     return rep
 
 
-def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
-    env = env or probe_env(host, req)
+def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> Report:
     spec, path, data = resolve_target(fix, host, env, req)
     rep = _base_report(fix, env, spec, path, data)
     folder = state_dir_for(host, req, fix, path)
@@ -439,7 +478,7 @@ def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environ
     rep.strategy, rep.variant = man.get("strategy"), man.get("variant")
     backup = join(host, folder, man["backup"])
     if not host.exists(backup):
-        rep.outcome = Failed(f"backup {backup} is missing: cannot restore")
+        rep.outcome = Refused(f"backup {backup} is missing: cannot restore the original")
         return rep
     original = host.read_bytes(backup)
     if sha256_bytes(original) != man["sha256_before"]:

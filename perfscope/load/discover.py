@@ -55,6 +55,9 @@ def discover(paths: list[str | Path]) -> TraceSet:
         raise InputError("no trace given: pass a trace file (.json/.json.gz), a profile folder or a run folder")
     for raw in paths:
         p = Path(raw)
+        if str(raw) == "-":
+            files.append(TraceFile(path=p))
+            continue
         if not p.exists():
             raise InputError(f"{p}: no such file or folder")
         if p.is_dir() and (p / RUN_FILE).is_file():
@@ -64,7 +67,10 @@ def discover(paths: list[str | Path]) -> TraceSet:
                 raise InputError(f"{p}: run folder lists no trace files")
             files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host) for f in run.files)
         elif p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
+            try:
+                found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
+            except (RecursionError, OSError) as e:
+                raise InputError(f"{p}: cannot walk this folder ({type(e).__name__}: too deep or unreadable)") from None
             if not found:
                 raise InputError(f"{p}: no trace files (*.json, *.json.gz) in this folder")
             files.extend(_describe(q) for q in found)

@@ -44,6 +44,12 @@ class SSHTarget:
 _SPEC = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s\[\]]+)(?::(?P<port>\d+))?$")
 
 
+def _strip_ssh_url(spec: str) -> str:
+    """ProxyJump also takes ``ssh://[user@]host[:port]`` (ssh_config(5))."""
+    s = spec.strip()
+    return s[len("ssh://"):].rstrip("/") if s.lower().startswith("ssh://") else s
+
+
 def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
     m = _SPEC.match(spec.strip())
     if not m:
@@ -62,6 +68,13 @@ def _ssh_config(path: str | os.PathLike | None) -> paramiko.SSHConfig | None:
     try:
         return paramiko.SSHConfig.from_path(str(p))
     except Exception:  # a config paramiko cannot parse must not stop us: OpenSSH still reads it
+        try:
+            text = p.read_text(errors="replace")
+        except OSError:
+            return None
+        if re.search(r"^\s*proxycommand\b", text, re.I | re.M):  # never connect directly instead
+            raise RemoteError(f"{p} has a ProxyCommand and cannot be read here: perfscope does not run "
+                              "ProxyCommand; use ProxyJump or --jump") from None
         return None
 
 
@@ -77,6 +90,7 @@ def parse_target(
     timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ssh_config: str | os.PathLike | None = None,
     _use_config: bool = True,
+    _hops: int = 0,
 ) -> SSHTarget:
     """``[user@]host[:port]`` plus options -> :class:`SSHTarget`.
 
@@ -84,9 +98,14 @@ def parse_target(
     ``Port``, ``IdentityFile``, ``ProxyJump`` are honoured). ``jump`` is ``[user@]host[:port]``,
     or several separated by commas, connected in order.
     """
-    s_user, s_host, s_port = _split_spec(spec)
+    if _hops > 16:
+        raise RemoteError(f"more than 16 jump hops reaching {spec!r}: is ProxyJump a loop in the ssh config?")
+    s_user, s_host, s_port = _split_spec(_strip_ssh_url(spec))
     cfg = _ssh_config(ssh_config) if _use_config else None
     c = cfg.lookup(s_host) if cfg else {}
+    if c.get("proxycommand") and c["proxycommand"].strip().lower() != "none" and not jump:
+        raise RemoteError(f"the ssh config gives {s_host} a ProxyCommand ({c['proxycommand'][:80]}), which "
+                          "perfscope does not run; it will not connect directly instead: use ProxyJump or --jump")
     host = c.get("hostname", s_host)
     user = user or s_user or c.get("user")
     port = port or s_port or (int(c["port"]) if "port" in c else 22)
@@ -103,7 +122,7 @@ def parse_target(
             if part:
                 hop = parse_target(
                     part, known_hosts=known_hosts, accept_new=accept_new, timeout=timeout,
-                    ssh_config=ssh_config, _use_config=_use_config,
+                    ssh_config=ssh_config, _use_config=_use_config, _hops=_hops + 1 + len(hops),
                 )
                 if hop.identity is None and identity:
                     # unlike ssh -J, hops also try --identity (their own IdentityFile wins)
