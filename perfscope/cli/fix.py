@@ -17,7 +17,7 @@ from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
 NAME = "fix"
 ORDER = 40
 
-STRATEGIES = ("auto", "native", "pages")
+STRATEGIES = ("auto", "native", "pages", "flags")
 
 
 def list_doc(markdown: bool) -> str:
@@ -31,7 +31,7 @@ def list_doc(markdown: bool) -> str:
             lines.append(f"{fid}: {fix.title}")
             lines.append(f"  answers findings: {', '.join(fix.answers)}; strategies: {', '.join(fix.strategies)}")
             for t in fix.targets:
-                lines.append(f"  target {t.name}: {t.relpath or '(by --target-file)'}; {t.versions}; "
+                lines.append(f"  target {t.name}: {t.relpath or ('(by --launch-file)' if fix.kind == 'launch' else '(by --target-file)')}; {t.versions}; "
                              f"strategies {'/'.join(t.strategies)}")
         return "\n".join(lines) + "\n"
     out = ["# perfscope fixes", "",
@@ -41,8 +41,14 @@ def list_doc(markdown: bool) -> str:
         out += [f"## `{fid}`: {fix.title}", "", f"Answers diagnose findings: {', '.join(f'`{a}`' for a in s['answers'])}.", "",
                 "| target | file | versions | strategies | backends |", "|---|---|---|---|---|"]
         for t in s["targets"]:
-            out.append(f"| {t['name']} | `{t['file'] or '--target-file'}` | {t['versions']} | "
+            out.append(f"| {t['name']} | `{t['file'] or ('--launch-file' if fix.kind == 'launch' else '--target-file')}` | {t['versions']} | "
                        f"{', '.join(t['strategies'])} | {', '.join(t['backends'])} |")
+        if s.get("flags"):
+            out += ["", "Flags it reads or edits: " + "; ".join(f"{e}: {', '.join(f'`{x}`' for x in fl)}"
+                                                             for e, fl in s["flags"].items()) + "."]
+            if s.get("required_server_info_keys"):
+                out += ["", "SGLang `/server_info` keys the server must report (its version has the flags): "
+                        + ", ".join(f"`{k}`" for k in s["required_server_info_keys"]) + "."]
         out += ["", "Requirements per strategy:", ""]
         out += [f"- `{k}`: {v}" for k, v in s["requirements"].items()]
         doc = fix.doc.strip()
@@ -58,7 +64,7 @@ def command(
     revert_: bool = typer.Option(False, "--revert", help="Restore the original file byte for byte."),
     list_: bool = typer.Option(False, "--list", help="List the fix modules."),
     doc: bool = typer.Option(False, "--doc", help="With --list: print the generated Markdown document of every fix."),
-    strategy: str = typer.Option("auto", "--strategy", help="auto, native or pages."),
+    strategy: str = typer.Option("auto", "--strategy", help="auto; native or pages (fp8-kv-cast); flags (launch-flag fixes)."),
     target_file: Optional[str] = typer.Option(None, "--target-file", metavar="F", help="Patch this file (on the host)."),
     launch_file: Optional[str] = typer.Option(None, "--launch-file", metavar="F", help="Launch-flag fixes: the server's launch command (on the host): a shell script, a systemd unit (ExecStart=) or a compose file (command:). Without it the change is printed, nothing is written."),
     trace: Optional[Path] = typer.Option(None, "--trace", metavar="RUN", help="A trace or run folder (as given to diagnose): the fix reads its finding (batch sizes, step times) to pick its value and predict the step."),
@@ -106,6 +112,23 @@ def command(
     bench runs, restart.json and fix.json in --out. If the server does not come back healthy (CMD
     fails, /health does not answer in time, or the benchmark fails), the file is restored byte for
     byte, CMD is run again, and the command exits 1 with one line saying so.
+
+    Launch-flag fixes (eager-decode, overlap-off, nccl-allreduce, torch-sampling,
+    chunked-prefill-interference) edit the server's launch command instead: --launch-file F (a shell
+    script, a systemd unit's ExecStart=, a compose command:) read as tokens, every other byte kept;
+    a command perfscope cannot read exactly is refused (exit 4). Without --launch-file the change and
+    the command line the server was started with are printed, nothing is written. --trace RUN lets
+    the fix pick its value from the finding (e.g. --cuda-graph-max-bs from the batch sizes seen).
+    With --restart-cmd the change is reverted (and the server restarted again) when the server is
+    unhealthy or TPOT is more than --max-slowdown slower.
+
+    Examples:
+
+      perfscope fix eager-decode --trace run1                              # the change; nothing written
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --trace run1   # + its diff
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --apply \
+          --restart-cmd 'systemctl restart sglang' --out fix1                # edit, restart, measure
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert       # byte for byte
 
     Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
     2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
@@ -245,7 +268,7 @@ def _finish(rep, json_out: bool) -> int:
         if rep.diff and rep.outcome.kind == "checked":
             sys.stdout.write(rep.diff)
         out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
-        if rep.outcome.kind == "checked":
+        if rep.outcome.kind == "checked" and rep.sha256_before:
             out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)
     kind = rep.outcome.kind
     if kind == "refused":

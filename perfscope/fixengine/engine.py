@@ -441,8 +441,10 @@ def describe_launch(fix: FixModule, host: FixHost, env: Environment, req: FixReq
         if shown:
             rep.notes.append(f"/server_info reports {shown}")
     else:
+        assumed = ", ".join(f"{k} {v}" if v is not True else k for k, v in getattr(fix, "assumed", {}).items())
         rep.notes.append("the server's /server_info was not read (give --url, or --host with --port): the change "
-                         "is decided from the trace and the defaults alone")
+                         "is decided from the trace" + (f", assuming the launch command has {assumed} as the "
+                                                        "finding implies" if assumed else ""))
     if cl and cl.argv:
         rep.notes.append(f"the server (pid {cl.pid}, port {req.port}) was started as: {cl.text()}")
     rep.notes.extend(f"predicted step after the fix: {d.predicted_step_ms:.2f} ms" + (f" ({d.prediction})" if d.prediction else "")

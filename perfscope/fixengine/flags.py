@@ -58,6 +58,8 @@ class LaunchFlagFix(FixModule):
     engines: tuple[str, ...] = ("sglang",)
     flags: dict = {}  # engine -> tuple[Flag, ...]: every flag this fix reads or edits
     required_keys: tuple[str, ...] = ()  # /server_info keys the server's version must report (SGLang)
+    # the flags as the finding implies them, assumed when neither a launch file nor /server_info says
+    assumed: dict = {}
 
     # ---- what subclasses write
     def decide(self, engine: str, current: dict, env: Environment) -> Decision:  # pragma: no cover
@@ -172,7 +174,10 @@ class LaunchFlagFix(FixModule):
     def describe(self, env: Environment) -> tuple[str, Decision, dict]:
         """(engine, decision, current) from /server_info alone (no launch file)."""
         engine = _engine_of(env)
-        current = self.current_from_server(engine, env)
+        if env.server_args:
+            current = self.current_from_server(engine, env)
+        else:
+            current = {f.flag: self.assumed.get(f.flag) for f in self.flags.get(engine, ())}
         why = self.check_version(engine, env)
         if why:
             return engine, Decision([], refused=why), current

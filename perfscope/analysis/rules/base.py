@@ -36,7 +36,8 @@ class Finding:
 
     @property
     def fix_command(self) -> Optional[str]:
-        return f"perfscope fix {self.fix} --apply" if self.fix else None
+        # the check (diff, nothing changed); diagnose adds --trace when it read one input
+        return f"perfscope fix {self.fix}" if self.fix else None
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)

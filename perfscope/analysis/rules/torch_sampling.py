@@ -15,7 +15,7 @@ _SORT_OPS = ("aten::sort", "aten::argsort", "aten::topk")
 class TorchSampling(Rule):
     id = "torch-sampling"
     title = "Torch-native top-k/top-p sampling every decode step"
-    fix = None
+    fix = "torch-sampling"
     what = ("Every decode step runs sort kernels (cub radix sort behind `torch.sort` / `torch.topk`) over the "
             "logits: top-k/top-p/min-p sampling done with plain torch ops instead of a fused sampling kernel.")
     why = ("Sorting a [batch, vocab] tensor (vocab 150k+) every token costs several kernels and often a "
