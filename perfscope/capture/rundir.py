@@ -271,10 +271,9 @@ def _check(cond: bool, path: Path, what: str) -> None:
 def mark_incomplete(run_dir: str | Path, *, reason: str, command: Iterable[str] = (), engine: str = "sglang",
                     host: str | None = None) -> Path | None:
     """After a failed or interrupted trace: a run.json with ``"status": "incomplete"`` (which
-    :func:`read_run` refuses in one line), when the run folder exists. Traces already copied stay."""
+    :func:`read_run` refuses in one line); the folder is made if need be. Traces already copied stay."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
     data = {"schema_version": SCHEMA_VERSION, "tool": {"name": "perfscope", "version": __version__},
             "created": _now(), "kind": "trace", "status": "incomplete", "incomplete_reason": reason[:500],
             "command": list(command), "host": host, "engine": engine, "files": []}
@@ -306,7 +305,7 @@ def read_run(path: str | Path, *, verify: bool = False, _depth: int = 0) -> RunI
             _check(isinstance(data[key], typ), rj, f"'{key}' should be a {typ.__name__}")
     files: list[TraceFile] = []
     root = run_dir.resolve()
-    for key in ("tpot_ms", "ttft_ms", "itl_ms", "tokens_per_s"):
+    for key in ("tpot_ms", "ttft_ms"):
         v = (data.get("timings") or {}).get(key)
         _check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)), rj,
                f"timings.{key} should be a number, not {type(v).__name__}")

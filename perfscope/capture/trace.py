@@ -12,7 +12,6 @@ before returning, so no profiler is left running on the server.
 from __future__ import annotations
 
 import contextlib
-import copy
 import re
 import threading
 import time
@@ -341,7 +340,8 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
     if errors:
         label, e = errors[0]
         if isinstance(e, PerfscopeError):
-            err = copy.copy(e)  # the same class (exit code) and fields, the host named first
+            err = Exception.__new__(type(e))  # the same class (exit code) and fields, the host named first
+            err.__dict__.update(e.__dict__)
             err.message = f"{label}: {e.message}" if label not in e.message else e.message
             err.args = (err.message,)
             raise err from None

@@ -69,6 +69,7 @@ _register()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+_Abort = getattr(click.exceptions, "Abort", None) or getattr(typer, "Abort", KeyboardInterrupt)
 _INTERNAL = "internal error, run with PERFSCOPE_DEBUG=1 for the traceback"
 
 
@@ -98,6 +99,8 @@ class _Signals:
         if self.got is not None:
             return
         self.got = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # what Ctrl-C always raised (records name it so)
         raise Interrupted(signum)
 
     def __enter__(self):
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
 
             rich_utils.rich_format_error(e)
             code = e.exit_code
-        except (KeyboardInterrupt, click.exceptions.Abort) as e:
+        except (KeyboardInterrupt, _Abort) as e:
             sig = getattr(e, "signum", None) or sigs.got or signal.SIGINT
             sigs.got = sigs.got or sig
             code = 128 + int(sig)

@@ -25,11 +25,34 @@ def _load_config(path: Optional[Path]) -> dict:
     return jsonio.read(path, "server config: a JSON object, SGLang's /server_info", expect=dict)
 
 
+def fail_on_ids(fail_on: Optional[str]) -> set[str]:
+    """The finding ids of ``--fail-on`` (comma-separated, or 'any'), each checked against the rule
+    registry: a misspelt id would otherwise never match and silently pass a CI gate (InputError,
+    exit 2, naming the known ids)."""
+    from difflib import get_close_matches
+
+    from perfscope.analysis.rules import rule_ids
+
+    if fail_on is None:
+        return set()
+    wanted = {x.strip() for x in fail_on.split(",") if x.strip()}
+    if not wanted:
+        raise InputError(f"--fail-on {fail_on!r}: no finding id given; known: any, {', '.join(rule_ids())}")
+    known = set(rule_ids()) | {"any"}
+    bad = sorted(wanted - known)
+    if bad:
+        near = get_close_matches(bad[0], sorted(known), n=1)
+        raise InputError(f"--fail-on: unknown finding id{'s' if len(bad) > 1 else ''} {', '.join(bad)}"
+                         + (f" (did you mean {near[0]}?)" if near else "")
+                         + f"; known: any, {', '.join(rule_ids())} (perfscope rules)")
+    return wanted
+
+
 def gate(findings: list[dict], fail_on: Optional[str]) -> None:
     """Raise GateFailed (exit 1) when a finding named in ``fail_on`` (or any, with 'any') was found."""
-    if not fail_on:
+    wanted = fail_on_ids(fail_on)
+    if not wanted:
         return
-    wanted = {x.strip() for x in fail_on.split(",") if x.strip()}
     hit = [f["id"] for f in findings if "any" in wanted or f["id"] in wanted]
     if hit:
         raise GateFailed(f"gated finding(s) present: {', '.join(sorted(set(hit)))}")
@@ -68,6 +91,7 @@ def command(
     from perfscope.analysis.diagnose import diagnose
     from perfscope.report import jsonout, terminal
 
+    fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
     err = Console(stderr=True)
     cfg = _load_config(config)
     from perfscope.analysis.floor import with_floor_inputs

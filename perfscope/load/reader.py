@@ -13,7 +13,6 @@ import ast
 import math
 import os
 import stat
-import sys
 import re
 import zlib
 from pathlib import Path
@@ -37,16 +36,10 @@ def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], 
     """The file's JSON bytes, inflated if gzipped. Truncated or corrupt gzip -> InputError."""
     p = Path(path)
     try:
-        if str(path) == "-":
-            if sys.stdin is None or sys.stdin.isatty():
-                raise InputError("-: stdin is a terminal; pipe a trace in (perfscope diagnose - < trace.json.gz)")
-            comp = sys.stdin.buffer.read()
-        else:
-            st = p.stat()
-            if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
-                raise InputError(f"{p}: not a regular file (a pipe or device); to read a pipe, pass - and redirect it "
-                                 "to stdin")
-            comp = p.read_bytes()
+        st = p.stat()
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            raise InputError(f"{p}: not a regular file (a pipe or device): save the trace to a file and pass its path")
+        comp = p.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{p}: no such file") from None
     except IsADirectoryError:

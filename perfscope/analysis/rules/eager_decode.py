@@ -13,6 +13,7 @@ _BS = re.compile(r"\bbs=(\d+)")
 
 class EagerDecode(Rule):
     needs_gpu_timeline = True
+    share_of = "the step"
     id = "eager-decode"
     title = "Eager (launch-bound) decode: no CUDA graph"
     fix = "eager-decode"
@@ -50,7 +51,7 @@ class EagerDecode(Rule):
         summary = (f"Decode runs eagerly: {launches:.0f} kernel launches per step and no CUDA graph; the GPU "
                    f"idles {idle:.1f} of {ctx.step_ms:.1f} ms per step ({idle_share:.0%}) waiting for launches.")
         return self.finding(
-            summary=summary, ms_per_step=idle, share=idle / max(ctx.kernel_ms_per_step, 1e-9),
+            summary=summary, ms_per_step=idle, share=idle_share,  # idle: a share of the step, not of kernel time
             confidence="high" if idle_share > 0.4 else "medium", predicted_step_ms_after_fix=predicted,
             evidence={"launches_per_step": launches, "graph_launches_per_step": graphs,
                       "idle_ms_per_step": round(idle, 3), "idle_share": round(idle_share, 3),
