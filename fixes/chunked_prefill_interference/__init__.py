@@ -56,7 +56,9 @@ class ChunkedPrefillFix(LaunchFlagFix):
         elif cur <= MIN_CHUNK:
             whys.append(f"--chunked-prefill-size {cur} is already at or below {MIN_CHUNK}")
         else:
-            new, why = pick_chunk(cur, ev.get("prefill_median_ms"), ev.get("decode_interval_median_ms"))
+            # the timing was measured at the trace's chunk size (its server config), else at today's
+            base = as_value(ev.get("chunked_prefill_size")) or cur
+            new, why = pick_chunk(base, ev.get("prefill_median_ms"), ev.get("decode_interval_median_ms"))
             if new < cur:
                 changes.append(FlagChange("set", "--chunked-prefill-size", str(new), why="bound each prefill chunk"))
                 whys.append(f"--chunked-prefill-size {cur} -> {new}: {why}")

@@ -14,7 +14,10 @@ from perfscope.fixengine.flags import Decision, Flag, LaunchFlagFix, as_value
 from perfscope.fixengine.launch import FlagChange
 
 DISABLE = Flag("--disable-cuda-graph", "disable_cuda_graph")
-MAX_BS = Flag("--cuda-graph-max-bs", "cuda_graph_max_bs", takes_value=True)
+DISABLE_DECODE = Flag("--disable-decode-cuda-graph", "disable_decode_cuda_graph")  # 0.5.2x
+BACKEND_DECODE = Flag("--cuda-graph-backend-decode", "cuda_graph_backend_decode", takes_value=True)  # 0.5.2x
+MAX_BS = Flag("--cuda-graph-max-bs", "cuda_graph_max_bs", takes_value=True)  # up to 0.5.1x
+MAX_BS_DECODE = Flag("--cuda-graph-max-bs-decode", "cuda_graph_max_bs_decode", takes_value=True)  # 0.5.2x
 ENFORCE_EAGER = Flag("--enforce-eager", "enforce_eager")
 REPRO_GRAPH = Flag("--cuda-graph", None)
 
@@ -38,16 +41,38 @@ def batch_sizes(finding: dict, env) -> list[int]:
     return sorted({int(b) for b in bs if isinstance(b, (int, float)) or str(b).isdigit()})
 
 
+def max_bs_flag(args: dict, current: dict) -> str:
+    """SGLang renamed --cuda-graph-max-bs to --cuda-graph-max-bs-decode (0.5.2x): the server's
+    /server_info keys say which one this version has; without them, the one the launch command uses."""
+    if "cuda_graph_max_bs_decode" in args:
+        return MAX_BS_DECODE.flag
+    if "cuda_graph_max_bs" in args:
+        return MAX_BS.flag
+    return MAX_BS_DECODE.flag if current.get(MAX_BS_DECODE.flag) is not None else MAX_BS.flag
+
+
+def served_max_bs(args: dict):
+    """The decode graphs' largest batch as the server resolved it (0.5.2x: cuda_graph_config)."""
+    cfg = args.get("cuda_graph_config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("decode"), dict):
+        v = as_value(cfg["decode"].get("max_bs"))
+        if v is not None:
+            return v
+    return as_value(args.get("cuda_graph_max_bs_decode")) or as_value(args.get("cuda_graph_max_bs"))
+
+
 class EagerDecodeFix(LaunchFlagFix):
     id = "eager-decode"
     title = "Run decode under CUDA graphs (drop --disable-cuda-graph, cover the batch sizes seen)"
     answers = ("eager-decode",)
     engines = ("sglang", "vllm", "repro")
-    flags = {"sglang": (DISABLE, MAX_BS), "vllm": (ENFORCE_EAGER,), "repro": (REPRO_GRAPH, MAX_BS)}
+    flags = {"sglang": (DISABLE, DISABLE_DECODE, BACKEND_DECODE, MAX_BS, MAX_BS_DECODE), "vllm": (ENFORCE_EAGER,),
+             "repro": (REPRO_GRAPH, MAX_BS)}
     assumed = {"--disable-cuda-graph": True}
-    required_keys = ("disable_cuda_graph", "cuda_graph_max_bs")
+    required_keys = ("disable_cuda_graph",)
     requirements = {"flags": "a CUDA GPU (the server's /server_info device is not cpu); SGLang whose "
-                             "/server_info reports disable_cuda_graph and cuda_graph_max_bs"}
+                             "/server_info reports disable_cuda_graph, and cuda_graph_max_bs (up to 0.5.1x) or "
+                             "cuda_graph_max_bs_decode (0.5.2x) when the max batch size must change"}
 
     def decide(self, engine: str, current: dict, env) -> Decision:
         args = env.server_args or {}
@@ -56,7 +81,7 @@ class EagerDecodeFix(LaunchFlagFix):
             return Decision([], refused=f"the server runs on {dev}: CUDA graphs need a CUDA GPU; nothing changed")
         f = self.finding(env, "eager-decode")
         pred = f.get("predicted_step_ms_after_fix")
-        how = ("the step minus the GPU idle time between launches" if pred is not None else "")
+        how = "the step minus the GPU idle time between launches" if pred is not None else ""
         changes: list = []
         whys: list = []
         if engine == "vllm":
@@ -64,28 +89,38 @@ class EagerDecodeFix(LaunchFlagFix):
                 changes.append(FlagChange("remove", "--enforce-eager", why="vLLM captures decode graphs by default"))
             return Decision(changes, why="drop --enforce-eager" if changes else "--enforce-eager is not set",
                             predicted_step_ms=pred, prediction=how)
-        if engine == "sglang" and current.get("--disable-cuda-graph"):
-            changes.append(FlagChange("remove", "--disable-cuda-graph", why="SGLang captures decode graphs by default"))
-            whys.append("--disable-cuda-graph turns the decode graphs off")
+        if engine == "sglang":
+            for fl in (DISABLE, DISABLE_DECODE):
+                if current.get(fl.flag):
+                    changes.append(FlagChange("remove", fl.flag, why="SGLang captures decode graphs by default"))
+                    whys.append(f"{fl.flag} turns the decode graphs off")
+            if current.get(BACKEND_DECODE.flag) == "disabled":
+                changes.append(FlagChange("remove", BACKEND_DECODE.flag, takes_value=True,
+                                          why="the default decode graph backend is full"))
+                whys.append(f"{BACKEND_DECODE.flag} disabled turns the decode graphs off")
         if engine == "repro" and not current.get("--cuda-graph"):
             changes.append(FlagChange("add", "--cuda-graph", why="the reproduction server's graphs are opt-in"))
             whys.append("the reproduction server runs eagerly without --cuda-graph")
         seen = batch_sizes(f, env)
-        cur = as_value(current.get("--cuda-graph-max-bs"))
+        mflag = max_bs_flag(args, current) if engine == "sglang" else MAX_BS.flag
+        if engine == "sglang" and args and mflag.lstrip("-").replace("-", "_") not in args and seen:
+            return Decision([], refused=f"the server's /server_info has neither cuda_graph_max_bs nor "
+                                        "cuda_graph_max_bs_decode: perfscope does not know this version's max "
+                                        "batch size flag; nothing changed")
+        cur = as_value(current.get(mflag))
         if cur is None:
-            cur = as_value(args.get("cuda_graph_max_bs"))
+            cur = served_max_bs(args)
         if seen:
             want = graph_max_bs_for(max(seen))
             if cur is None or cur < max(seen):
-                changes.append(FlagChange("set", "--cuda-graph-max-bs", str(want),
-                                          why=f"the trace's decode batches reach {max(seen)}"))
-                whys.append(f"--cuda-graph-max-bs {want}: the trace saw decode batch sizes up to {max(seen)} "
+                changes.append(FlagChange("set", mflag, str(want), why=f"the trace's decode batches reach {max(seen)}"))
+                whys.append(f"{mflag} {want}: the trace saw decode batch sizes up to {max(seen)} "
                             f"({', '.join(map(str, seen[-6:]))}); batches above "
                             f"{cur if cur is not None else 'the default'} run eagerly")
             else:
-                whys.append(f"--cuda-graph-max-bs {cur} covers the batch sizes seen (up to {max(seen)})")
+                whys.append(f"{mflag} {cur} covers the batch sizes seen (up to {max(seen)})")
         elif cur is None:
-            whys.append("no batch sizes in the trace: --cuda-graph-max-bs left to the server's default")
+            whys.append(f"no batch sizes in the trace: {mflag} left to the server's default")
         return Decision(changes, why="; ".join(whys), predicted_step_ms=pred, prediction=how)
 
 

@@ -284,6 +284,15 @@ def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environme
         return describe_launch(fix, host, env, req), None, None
     spec, path, data = resolve_target(fix, host, env, req)
     rep = _base_report(fix, env, spec, path, data)
+    if fix.kind == "launch":
+        # a flag value picked from the trace is not recomputed on a file perfscope already edited
+        folder = state_dir_for(host, req, fix, path)
+        man = load_manifest(host, folder)
+        if man and man.get("sha256_after") == rep.sha256_before:
+            rep.manifest, rep.strategy, rep.variant = join(host, folder, "manifest.json"), man.get("strategy"), man.get("variant")
+            rep.outcome = AlreadyApplied(f"{path} is as {fix.id} left it (applied {man.get('applied_at')}); "
+                                         f"--revert restores the original")
+            return rep, None, None
     det = fix.detect(spec, data, env)
     rep.variant = det.variant
     rep.anchors = det.anchors
