@@ -42,12 +42,17 @@ from gpuloop.fix import FixMixin
 from gpuloop.install import InstallMixin
 from gpuloop.results import ResultsMixin
 from gpuloop.serve import ServeMixin
+from gpuloop.sglang_real import SglangMixin, sg_main
 from gpuloop.trace import TraceMixin
 
 
 class Loop(InstallMixin, FixMixin, BenchMixin, ServeMixin, TraceMixin, DiagnoseMixin, CompareMixin, ResultsMixin,
            LoopBase):
     """The repro-server loop: every phase from its module (gpuloop/)."""
+
+
+class SglangLoop(SglangMixin, LoopBase):
+    """--engine sglang: the loop against a real SGLang (gpuloop/sglang_real.py)."""
 
 
 def main(argv=None) -> int:
@@ -74,10 +79,22 @@ def main(argv=None) -> int:
     p.add_argument("--server-timeout", type=float, default=240)
     p.add_argument("--stepbench-timeout", type=float, default=300)
     p.add_argument("--min-fix-s", type=float, default=60, help="do not start a fix's round with less time left")
+    g = p.add_argument_group("--engine sglang (a real SGLang from --payload)")
+    g.add_argument("--engine", choices=("repro", "sglang"), default="repro")
+    g.add_argument("--payload", help="tar.xz of the unpacked SGLang wheel set (README)")
+    g.add_argument("--pools", default="495000,default",
+                   help="comma-separated --max-total-tokens values; 'default' = SGLang's own pool size")
+    g.add_argument("--shifted-pools", default="495000",
+                   help="pools where a deliberately wrong copy of the patch is served too (the check must fail)")
+    g.add_argument("--mem-fraction", type=float, default=0.5, help="--mem-fraction-static of the SGLang server")
+    g.add_argument("--default-pool-output-len", type=int, default=32, help="bench/trace tokens on the default pool")
+    g.add_argument("--default-pool-requests", type=int, default=3)
     a = p.parse_args(argv)
     a.phases = set(a.phases.split(","))
     a.strategies = [s for s in a.strategies.split(",") if s]
     os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", str(Path(a.work) / "fiws"))
+    if a.engine == "sglang":
+        return sglang(a)
     lp = Loop(a)
     try:
         lp.phase("jit", lp.restore_jit_cache)
@@ -96,6 +113,32 @@ def main(argv=None) -> int:
         lp.pack()
     failed = [k for k, v in lp.summary["phases"].items() if v.get("status") != "ok"]
     print(f"[{now_s():6.1f}s] done; phases not ok: {failed or 'none'}", flush=True)
+    return 1 if failed else 0
+
+
+def sglang(a) -> int:
+    a.phases = {"install", "checkpoint", "loop"}
+    a.pools = [x for x in a.pools.split(",") if x]
+    a.shifted_pools = set(x for x in a.shifted_pools.split(",") if x)
+    if a.input_len == 4000:  # the repro default; SGLang rows use 2000-token prompts (as the shared README's runs)
+        a.input_len = 2000
+    lp = SglangLoop(a)
+    try:
+        sg_main(lp)
+    finally:
+        try:
+            lp.sg_stop()
+        except Exception as e:  # noqa: BLE001
+            lp.summary["stop_error"] = str(e)
+        try:
+            lp.sg_table()
+        except Exception as e:  # noqa: BLE001
+            lp.summary["table_error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
+        lp.summary["total_s"] = now_s()
+        lp.sg_pack()
+    failed = [k for k, v in lp.summary["phases"].items() if v.get("status") != "ok"]
+    failed += [f"pool {k}" for k, v in (lp.summary.get("pools") or {}).items() if v.get("error")]
+    print(f"[{now_s():6.1f}s] done; not ok: {failed or 'none'}", flush=True)
     return 1 if failed else 0
 
 
