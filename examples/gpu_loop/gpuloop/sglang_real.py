@@ -179,16 +179,18 @@ class SglangMixin:
         self.summary["flashinfer_warmup"] = (self.logs / "warm_flashinfer.log").read_text()[-600:]
 
     # ------------------------------------------------------------------ server
-    def sg_script(self, tag: str, pool: int | None) -> Path:
+    def sg_script(self, tag: str, pool: int | None, argv: list[str] | None = None) -> Path:
         """A start/restart script (the --restart-cmd): stops the server it started last (its whole
         process group), starts SGLang in a new session on the same port, returns at once."""
         a = self.a
+        override = argv
         argv = [self.py, "-m", "sglang.launch_server", "--model-path", str(self.model), "--load-format", "safetensors",
                 "--skip-tokenizer-init", "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer",
                 "--mem-fraction-static", str(a.mem_fraction), "--cuda-graph-bs", "1", "2", "4", "8",
                 "--chunked-prefill-size", "2048", "--host", "127.0.0.1", "--port", str(a.port), "--random-seed", "0"]
         if pool:
             argv += ["--max-total-tokens", str(pool)]
+        argv = argv if override is None else override  # tests: another server behind the same script
         pidf = self.work / "server.pid"
         log = self.logs / f"server-{tag}.log"
         envs = " ".join(f"{k}={_q(os.environ[k])}" for k in ("PYTHONPATH", "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST",
@@ -196,11 +198,13 @@ class SglangMixin:
                                                            "FLASHINFER_WORKSPACE_BASE") if os.environ.get(k))
         s = f"""#!/bin/sh
 # perfscope gpu_loop: (re)start SGLang ({tag}); returns once the new server is starting
+# (no `kill --`: dash, the /bin/sh of Debian and Ubuntu, reads `-- -PID` as "Illegal number: -")
 p=$(cat {_q(str(pidf))} 2>/dev/null)
 if [ -n "$p" ]; then
-  kill -TERM -- -"$p" 2>/dev/null
-  i=0; while kill -0 -- -"$p" 2>/dev/null && [ $i -lt 60 ]; do sleep 0.5; i=$((i+1)); done
-  kill -KILL -- -"$p" 2>/dev/null; sleep 1
+  kill -TERM -"$p" 2>/dev/null
+  i=0; while kill -0 -"$p" 2>/dev/null && [ $i -lt 60 ]; do sleep 0.5; i=$((i+1)); done
+  kill -KILL -"$p" 2>/dev/null; sleep 1
+  if kill -0 -"$p" 2>/dev/null; then echo "the old server (process group $p) is still running" >&2; exit 1; fi
 fi
 echo "===== $(date -u +%FT%TZ) start" >> {_q(str(log))}
 env {envs} setsid {" ".join(_q(x) for x in argv)} >> {_q(str(log))} 2>&1 < /dev/null &
@@ -235,6 +239,7 @@ echo $! > {_q(str(pidf))}
 
     def sg_start(self, tag: str, script: Path) -> dict:
         t = time.monotonic()
+        self.summary.setdefault("servers", {}).setdefault(tag, {"script": str(script)})
         self.sh(f"start-{tag}", ["sh", str(script)], timeout=60, check=True)
         up = self.sg_wait(tag, self.a.server_timeout)
         info = _get_json(self.sg_url() + "/server_info")
@@ -249,8 +254,8 @@ echo $! > {_q(str(pidf))}
     def sg_stop(self) -> None:
         pidf = self.work / "server.pid"
         if pidf.is_file():
-            subprocess.run(["sh", "-c", f'p=$(cat {_q(str(pidf))}); kill -TERM -- -"$p" 2>/dev/null; sleep 3; '
-                                        f'kill -KILL -- -"$p" 2>/dev/null; true'])
+            subprocess.run(["sh", "-c", f'p=$(cat {_q(str(pidf))}); kill -TERM -"$p" 2>/dev/null; sleep 3; '
+                                        f'kill -KILL -"$p" 2>/dev/null; true'])
             pidf.unlink()
 
     # ------------------------------------------------------------------ perfscope against it
