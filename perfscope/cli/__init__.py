@@ -60,8 +60,12 @@ def _register() -> None:
         mod = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(mod, "command") and hasattr(mod, "NAME"):
             mods.append(mod)
+    from perfscope.cli import _help
+
     for mod in sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME)):
-        app.command(mod.NAME, help=mod.command.__doc__)(mod.command)
+        # help that teaches: the module's EXAMPLES end its --help; HELP_CLASS for help of its own
+        cls = _help.command_class(getattr(mod, "EXAMPLES", ()), getattr(mod, "HELP_CLASS", _help.Command))
+        app.command(mod.NAME, help=mod.command.__doc__, cls=cls)(mod.command)
 
 
 _register()

@@ -20,6 +20,11 @@ from perfscope.errors import InputError
 
 NAME = "trace"
 ORDER = 10
+EXAMPLES = [
+    ("perfscope trace --host gpu-box --port 30000 --out run1", "SSH (known_hosts checked): every rank's trace + run.json in ./run1"),
+    ("perfscope trace --host gpu-box --bench 8 --out run1", "the same, plus TTFT/TPOT of 8 requests without the profiler"),
+    ("perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof", "a local vLLM server, no SSH"),
+]
 
 _SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
 
