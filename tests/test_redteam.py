@@ -862,3 +862,9 @@ def test_rt04_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(ss
     assert "/stop_profile" in H.calls[H.calls.index("/start_profile"):]
     assert list(srv.iterdir()) == []
     assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "incomplete"
+
+
+def test_rt03_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
+    rc, _, err = run_cli(["diagnose", str(SMALL), "--markdown", "/dev/full"], capsys)
+    assert rc == 2 and "No space left" in one_line(err)
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
