@@ -6,6 +6,8 @@
     tpot      client-measured TPOT from run folders, when both sides have it
     buckets   per bucket: ms/step and share before/after and their deltas (largest change first)
     findings  ids that disappeared ("gone"), appeared ("new") and stayed ("kept", with ms before/after)
+    predictions  each "before" finding's predicted step after its fix against the "after" side's measured
+              step: error of the prediction (step model) and of the kernel-only answer it replaced
     ops       top ops matched by (short name, bucket): ms/step and count/step before/after, gone/new/changed
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
@@ -152,6 +154,24 @@ def _findings(fb: list[dict], fa: list[dict]) -> dict:
     }
 
 
+def _predictions(fb: list[dict], after_ms: Optional[float], gone: set) -> list[dict]:
+    out = []
+    for f in fb:
+        pred = f.get("predicted_step_ms_after_fix")
+        if pred is None or not after_ms:
+            continue
+        p = (f.get("evidence") or {}).get("prediction") or {}
+        row = {"id": f["id"], "fixed": f["id"] in gone, "predicted_ms": _r(pred), "measured_after_ms": _r(after_ms),
+               "error": round(pred / after_ms - 1, 4)}
+        if p.get("kernel_only_prediction_ms") is not None:
+            row["kernel_only_ms"] = _r(p["kernel_only_prediction_ms"])
+            row["kernel_only_error"] = round(p["kernel_only_prediction_ms"] / after_ms - 1, 4)
+        if p.get("lower_bound_ms") is not None:
+            row["lower_bound_ms"] = _r(p["lower_bound_ms"])
+        out.append(row)
+    return out
+
+
 def _ops_by_key(ops: list[dict]) -> dict:
     """Ops summed by (short name, bucket): what a reader sees as "the same op" on both sides."""
     out: dict[tuple, dict] = {}
@@ -248,6 +268,7 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
                                "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
         "buckets": buckets,
         "findings": findings,
+        "predictions": _predictions(pb.findings, ams, {f["id"] for f in findings["gone"]}),
         "ops": _ops(pb.ops, pa.ops, top_ops),
         "setup": setup,
         "verdict": _verdict(step, buckets, findings, setup),
