@@ -287,7 +287,13 @@ def test_ctrl_c_during_the_restart_leaves_a_complete_record(site):
     cmd = [sys.executable, "-m", "perfscope", "fix", "fp8-kv-cast", "--target-file", str(site.target),
            "--url", site.url, "--port", str(site.port), "--state-dir", str(site.state), "--apply",
            "--restart-cmd", f"sh {site.script} hang", "--out", str(out), *BENCH]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C reaches a foreground process, whose SIGINT is never ignored. A test run started in the
+    # background of a non-interactive shell (`cmd &`, as CI harnesses do) inherits SIGINT *ignored*;
+    # Python then keeps it ignored, perfscope never sees the signal and the test waited out its 60 s
+    # (the timeout once seen "under load"). So the child gets SIGINT's default back, as a terminal's
+    # foreground job has it.
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (site.dir / "hanging").exists() and time.monotonic() < deadline and proc.poll() is None:

@@ -167,4 +167,5 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
                     on_done(done, len(files))
     ranks = [r for r in results if r is not None]
     return Diagnosis(ranks=ranks, run=tset.run_info, straggler=straggler(ranks),
-                     parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound})
+                     parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound},
+                     skipped=tset.skipped)

@@ -161,6 +161,9 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
         return base
     if inp["missing"]:
         base["missing"] = "floor: needs " + "; ".join(inp["missing"])
+        # what the user can add on the command line (all of it, or the floor cannot be had this way)
+        flags = [m.split(" (")[0] for m in inp["missing"] if m.startswith("--")]
+        base["missing_options"] = flags if len(flags) == len(inp["missing"]) else []
         return base
     shape: ModelShape = inp["model"]
     gpu = gm.gpu

@@ -44,6 +44,7 @@ class Diagnosis:
     run: dict = field(default_factory=dict)  # run.json of a perfscope run folder, when given
     straggler: Optional[dict] = None
     parallel: dict = field(default_factory=dict)  # {files, workers, bound}: how the files were parsed
+    skipped: list = field(default_factory=list)  # [{path, why}]: non-trace JSON found in a given folder
 
     @property
     def timings(self) -> dict:
@@ -84,6 +85,7 @@ class Diagnosis:
             "primary_rank": p.rank,
             "straggler": self.straggler,
             "parallel": self.parallel,
+            "skipped": self.skipped,
             "ranks": [r.to_dict() for r in self.ranks],
         }
         if self.run:

@@ -88,11 +88,12 @@ class VLLMClient(SGLangClient):
                 info["max_total_num_tokens"] = tokens
         return info
 
-    def start_profile(self, **_ignored: Any) -> str:
+    def start_profile(self, request_timeout: Optional[float] = None, **_ignored: Any) -> str:
         """POST /start_profile (no body: vLLM's profiler is configured at server start). A 404 means
         the server runs without a torch profiler directory."""
         try:
-            return self.request("POST", "/start_profile", None, timeout=max(self.timeout, 120.0)) \
+            wait = request_timeout if request_timeout is not None else max(self.timeout, 120.0)
+            return self.request("POST", "/start_profile", None, timeout=wait) \
                 .decode("utf-8", "replace").strip()
         except HTTPStatusError as e:
             if e.status in (404, 405):

@@ -30,6 +30,9 @@ class TraceSet:
     files: list[TraceFile]
     run_dir: Optional[Path] = None
     run_info: dict = field(default_factory=dict)  # run.json as written by `perfscope trace`
+    # JSON files in a given folder that are not profiler traces (a measured.json beside the
+    # traces): [{"path", "why"}], skipped with a note instead of refusing the whole folder
+    skipped: list[dict] = field(default_factory=list)
 
     @property
     def server_info(self) -> dict:
@@ -39,6 +42,42 @@ class TraceSet:
 def _is_trace(p: Path) -> bool:
     n = p.name
     return n.endswith(_TRACE_SUFFIXES) and not n.endswith(("run.json", "bench.json", "demo.json"))
+
+
+_SNIFF_CHUNK = 1 << 16
+
+
+def not_a_trace(p: Path) -> Optional[str]:
+    """Why a JSON file found in a folder is surely not a Kineto trace (None: it may be one, and the
+    reader decides, with its own precise error for a truncated or damaged trace).
+
+    A trace is a JSON object with a ``traceEvents`` key, which torch writes near the start; the
+    file is read (inflated) in chunks until the key shows up, so a real trace costs one chunk and
+    only small non-trace files are read whole. Unreadable or truncated files are left to the reader."""
+    import gzip
+    import zlib
+
+    try:
+        opener = gzip.open if p.name.endswith(".gz") else open
+        with opener(p, "rb") as f:
+            head = b""
+            first = None
+            while True:
+                chunk = f.read(_SNIFF_CHUNK)
+                if not chunk:
+                    break
+                if first is None:
+                    stripped = chunk.lstrip()
+                    if stripped:
+                        first = stripped[:1]
+                        if first not in (b"{", b"\xef"):  # a JSON object (or a BOM before it)
+                            return "not a JSON object"
+                if b'"traceEvents"' in head[-16:] + chunk:
+                    return None
+                head = chunk
+    except (OSError, EOFError, zlib.error):
+        return None
+    return "no 'traceEvents'" if first is not None else "empty"
 
 
 def _describe(p: Path) -> TraceFile:
@@ -51,10 +90,14 @@ def discover(paths: list[str | Path]) -> TraceSet:
     files: list[TraceFile] = []
     run_dir: Optional[Path] = None
     run_info: dict = {}
+    skipped: list[dict] = []
     if not paths:
         raise InputError("no trace given: pass a trace file (.json/.json.gz), a profile folder or a run folder")
     for raw in paths:
         p = Path(raw)
+        if str(raw) == "-":
+            raise InputError("-: perfscope does not read traces from stdin (they are read twice, in parallel): "
+                             "save the trace to a file and pass its path")
         if not p.exists():
             raise InputError(f"{p}: no such file or folder")
         if p.is_dir() and (p / RUN_FILE).is_file():
@@ -64,11 +107,22 @@ def discover(paths: list[str | Path]) -> TraceSet:
                 raise InputError(f"{p}: run folder lists no trace files")
             files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host) for f in run.files)
         elif p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
-            if not found:
-                raise InputError(f"{p}: no trace files (*.json, *.json.gz) in this folder")
-            files.extend(_describe(q) for q in found)
+            try:
+                found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
+            except (RecursionError, OSError) as e:
+                raise InputError(f"{p}: cannot walk this folder ({type(e).__name__}: too deep or unreadable)") from None
+            kept = []
+            for q in found:
+                why = not_a_trace(q)
+                if why:
+                    skipped.append({"path": str(q), "why": f"not a profiler trace ({why})"})
+                else:
+                    kept.append(q)
+            if not kept:
+                extra = f"; skipped {len(found)} other JSON file(s), e.g. {found[0].name}" if found else ""
+                raise InputError(f"{p}: no trace files (*.json, *.json.gz) in this folder{extra}")
+            files.extend(_describe(q) for q in kept)
         else:
             files.append(_describe(p))
     files.sort(key=lambda f: (f.host or "", f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
-    return TraceSet(files=files, run_dir=run_dir, run_info=run_info)
+    return TraceSet(files=files, run_dir=run_dir, run_info=run_info, skipped=skipped)

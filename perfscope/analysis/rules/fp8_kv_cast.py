@@ -203,5 +203,7 @@ class Fp8KvCast(Rule):
         summary = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
                    f"{note}{where}{split}: {ms_per_step:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
                    f"fixed, the step should take ~{predicted:.1f} ms.")
+        removed = frozenset(idx)  # fixed natively, the casts are gone (the step model replays the rest)
         return self.finding(summary=summary, ms_per_step=ms_per_step, share=share, confidence=confidence,
-                            predicted_step_ms_after_fix=predicted, evidence=evidence)
+                            predicted_step_ms_after_fix=predicted, evidence=evidence,
+                            new_duration=lambda i: 0.0 if i in removed else None)
