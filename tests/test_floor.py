@@ -320,7 +320,10 @@ def test_pool_trace_gap_points_at_copy(mode):
     assert fp8["evidence"]["floor_step_ms"] == f["floor_ms"]
     assert fp8["evidence"]["predicted_over_floor"] == pytest.approx(fp8["predicted_step_ms_after_fix"] / f["floor_ms"],
                                                                     rel=1e-3)
-    assert fp8["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.25)
+    if mode == "graph":
+        assert fp8["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.25)
+    else:  # eager: the launch timeline holds the step up (tests/test_stepmodel.py)
+        assert fp8["evidence"]["prediction"]["lower_bound_ms"] <= MEASURED["eager"]["fp8"]["median_ms"]
 
 
 def test_eager_fixed_trace_gap_is_idle():

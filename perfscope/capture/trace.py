@@ -126,17 +126,21 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         try:
             if cancel.is_set():
                 raise KeyboardInterrupt  # another host failed before this one armed: do not arm
+            # from the moment /start_profile is sent the profiler may be arming: an interrupt or a
+            # timeout while it has not answered still sends /stop_profile. The wait is bounded by --timeout.
+            armed = True
+            wait_s = min(max(opts.http_timeout, 120.0), opts.timeout)
             try:
                 if opts.engine == "vllm":
-                    api.start_profile()
+                    api.start_profile(request_timeout=wait_s)
                 else:
-                    api.start_profile(**profile)
+                    api.start_profile(**profile, request_timeout=wait_s)
             except PerfscopeError as e:
                 if re.search(r"already in progress|already running|already started", str(e), re.I):
+                    armed = False  # someone else's profile: not ours to stop
                     raise RemoteError(f"a profile is already running on {label} (someone else's?): "
                                       "not touching it; try again when it ends") from None
                 raise
-            armed = True
             say(f"profiler armed: {opts.steps} steps{' per stage' if by_stage else ''} -> {remote_dir}")
             load = TraceLoad(url, opts).start()
             if opts.engine == "vllm":
@@ -145,26 +149,25 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 api.stop_profile()
             got = wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
             complete = True  # the load stops now: requests still streaming are cut, their tokens timed
+        except BaseException as e:
+            _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, armed, e,
+                     load=load, command=command, engine=opts.engine, host=label if ep.target else None,
+                     stop_timeout=opts.timeout)
+            raise
         finally:
             if load is not None:
                 load.stop(wait=5 if not complete else 60)
-            if armed and not complete:
-                _stop_quietly(api, say)
         workload, timings = load.summary() if load else ({}, {})
         timings.setdefault("under_profiler", True)
         # copy back
         files = []
-        for f in got:
-            local = out_dir / rundir.TRACES_DIR / f.name
-            digest_remote = io.sha256(f.path)
-            task = progress.add_task(f"{label} {f.name}", total=f.size) if progress else None
-            cb = (lambda done, total, t=task: progress.update(t, completed=done)) if progress else None
-            digest = io.fetch(f.path, local, digest_remote, cb)
-            if not trace_file_complete(local):
-                local.unlink()
-                raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
-                                  "the server may have crashed while writing it")
-            files.append(rundir.file_entry(out_dir, local, host=label if ep.target else None, sha256=digest))
+        try:
+            _copy_back(io, got, out_dir, label, ep, progress, files)
+        except BaseException as e:
+            _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, False, e,
+                     got=got, command=command, engine=opts.engine, host=label if ep.target else None,
+                     stop_timeout=opts.timeout)
+            raise
         if files and not opts.keep_remote:
             io.remove([f.path for f in got], remote_dir if made_dir else None)
         workload = {"concurrency": opts.concurrency, "input_len": opts.input_len, "output_len": opts.output_len,
@@ -203,6 +206,51 @@ def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, i
     return run_summary(res)
 
 
+def _copy_back(io: HostIO, got: list, out_dir: Path, label: str, ep: Endpoint, progress, files: list) -> None:
+    """Fetch each trace (sha256-checked, atomic) into ``out_dir/traces``, appending run.json entries."""
+    for f in got:
+        local = out_dir / rundir.TRACES_DIR / f.name
+        digest_remote = io.sha256(f.path)
+        task = progress.add_task(f"{label} {f.name}", total=f.size) if progress else None
+        cb = (lambda done, total, t=task: progress.update(t, completed=done)) if progress else None
+        digest = io.fetch(f.path, local, digest_remote, cb)
+        if not trace_file_complete(local):
+            local.unlink()
+            raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
+                              "the server may have crashed while writing it")
+        files.append(rundir.file_entry(out_dir, local, host=label if ep.target else None, sha256=digest))
+
+
+def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed: bool, err: BaseException, *,
+             load=None, got=(), command=(), engine="sglang", host=None, stop_timeout: float = 600.0) -> None:
+    """A trace that will not finish (error, timeout, SIGINT/TERM/HUP): stop the profiler if it is
+    (or may be) armed, stop the load, remove the folder perfscope made on the host, and leave the
+    run folder with a run.json that says it is incomplete. Never raises."""
+    try:
+        if load is not None:
+            load.stop(wait=5)
+        if armed:
+            _stop_quietly(api, say, timeout=max(5.0, min(600.0, stop_timeout)))
+        if remote_dir:
+            io.discard_dir(remote_dir)
+    except BaseException as e:  # noqa: BLE001 - cleanup must not replace the error being reported
+        say(f"warning: cleanup after the failure was cut short: {type(e).__name__}")
+    with contextlib.suppress(BaseException):
+        rundir.mark_incomplete(out_dir, reason=_reason(err), command=command, engine=engine, host=host)
+
+
+def _reason(err: BaseException) -> str:
+    from perfscope.errors import Interrupted
+
+    if isinstance(err, Interrupted):
+        import signal as _signal
+
+        return f"interrupted by {_signal.Signals(err.signum).name}"
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    return str(err) or type(err).__name__
+
+
 def _my_uid(io: HostIO) -> int | None:
     r = io.run(["id", "-u"])
     return int(r.stdout.strip()) if r.ok and r.stdout.strip().isdigit() else None
@@ -233,9 +281,11 @@ def _server_info(api, label: str) -> dict:
     return info
 
 
-def _stop_quietly(api, say) -> None:
+def _stop_quietly(api, say, timeout: float | None = None) -> None:
+    """/stop_profile, waiting at most ``timeout`` s for the reply (the server stops profiling when
+    the request arrives; writing the traces may go on after that)."""
     try:
-        api.stop_profile()
+        api.stop_profile(request_timeout=timeout)
         say("profiler stopped")
     except Exception as e:  # 'no profile running' is fine; anything else is reported, not raised
         if not _is_not_running(e):
@@ -287,11 +337,19 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
             results[i] = f.result()
         elif not isinstance(e, KeyboardInterrupt):
             errors.append((ep.label, e))
+    if errors or any(isinstance(f.exception(), KeyboardInterrupt) for f in futs):
+        with contextlib.suppress(BaseException):
+            rundir.mark_incomplete(out_dir, reason=str(errors[0][1]) if errors else "interrupted",
+                                   command=command, engine=opts.engine, host=None)
     if errors:
         label, e = errors[0]
         if isinstance(e, PerfscopeError):
-            raise type(e)(f"{label}: {e.message}" if label not in e.message else e.message, hint=e.hint)
-        raise RemoteError(f"{label}: {e}")
+            err = Exception.__new__(type(e))  # the same class (exit code) and fields, the host named first
+            err.__dict__.update(e.__dict__)
+            err.message = f"{label}: {e.message}" if label not in e.message else e.message
+            err.args = (err.message,)
+            raise err from None
+        raise e
     done = [r for r in results if r is not None]
     all_files = []
     for d, r in zip(dirs, done):

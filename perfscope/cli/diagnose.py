@@ -26,13 +26,9 @@ EXAMPLES = [
 def _load_config(path: Optional[Path]) -> dict:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: unreadable server config ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: server config must be a JSON object (SGLang's /server_info)")
-    return data
+    from perfscope.util import jsonio
+
+    return jsonio.read(path, "server config: a JSON object, SGLang's /server_info", expect=dict)
 
 
 def fail_on_ids(fail_on: Optional[str]) -> set[str]:
@@ -127,6 +123,8 @@ def command(
                              completed=done, total=total),
                          on_done=lambda done, total: prog.update(
                              task, description=f"analysed {done}/{total} trace files", completed=done, total=total))
+    if len(paths) == 1:
+        _fix_commands_with_trace(d, paths[0])
     if html is not None:
         from perfscope.report.html import write_diagnosis_html
 
@@ -148,3 +146,14 @@ def command(
         terminal.render(d, Console(), top=top)
     gate(d.primary.findings, fail_on)
     return 0
+
+
+def _fix_commands_with_trace(d, path: Path) -> None:
+    """Each finding's "fix:" command reads this trace (``--trace``): the fix picks its value and
+    predicts the step from the finding, e.g. eager-decode's --cuda-graph-max-bs from the batch sizes."""
+    import shlex
+
+    for r in d.ranks:
+        for f in r.findings:
+            if f.get("fix") and f.get("fix_command"):
+                f["fix_command"] = f"perfscope fix {f['fix']} --trace {shlex.quote(str(path))}"

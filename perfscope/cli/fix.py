@@ -17,7 +17,7 @@ from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
 NAME = "fix"
 ORDER = 40
 
-STRATEGIES = ("auto", "native", "pages")
+STRATEGIES = ("auto", "native", "pages", "flags")
 
 
 def fix_markdown(fid: str, fix, table: bool = True) -> list[str]:
@@ -32,11 +32,17 @@ def fix_markdown(fid: str, fix, table: bool = True) -> list[str]:
         out += ["Targets:", ""]
     for t in s["targets"]:
         if table:
-            out.append(f"| {t['name']} | `{t['file'] or '--target-file'}` | {t['versions']} | "
+            out.append(f"| {t['name']} | `{t['file'] or ('--launch-file' if fix.kind == 'launch' else '--target-file')}` | {t['versions']} | "
                        f"{', '.join(t['strategies'])} | {', '.join(t['backends'])} |")
         else:
-            out.append(f"- **{t['name']}**: `{t['file'] or '--target-file'}`; versions {t['versions']}; "
+            out.append(f"- **{t['name']}**: `{t['file'] or ('--launch-file' if fix.kind == 'launch' else '--target-file')}`; versions {t['versions']}; "
                        f"strategies {', '.join(t['strategies'])}; backends {', '.join(t['backends'])}")
+    if s.get("flags"):
+        out += ["", "Flags it reads or edits: " + "; ".join(f"{e}: {', '.join(f'`{x}`' for x in fl)}"
+                                                         for e, fl in s["flags"].items()) + "."]
+        if s.get("required_server_info_keys"):
+            out += ["", "SGLang `/server_info` keys the server must report (its version has the flags): "
+                    + ", ".join(f"`{k}`" for k in s["required_server_info_keys"]) + "."]
     out += ["", "Requirements per strategy:", ""]
     out += [f"- `{k}`: {v}" for k, v in s["requirements"].items()]
     doc = fix.doc.strip()
@@ -57,7 +63,7 @@ def list_doc(markdown: bool) -> str:
             lines.append(f"{fid}: {fix.title}")
             lines.append(f"  answers findings: {', '.join(fix.answers)}; strategies: {', '.join(fix.strategies)}")
             for t in fix.targets:
-                lines.append(f"  target {t.name}: {t.relpath or '(by --target-file)'}; {t.versions}; "
+                lines.append(f"  target {t.name}: {t.relpath or ('(by --launch-file)' if fix.kind == 'launch' else '(by --target-file)')}; {t.versions}; "
                              f"strategies {'/'.join(t.strategies)}")
         return "\n".join(lines) + "\n"
     out = ["# perfscope fixes", "",
@@ -104,8 +110,10 @@ def command(
     revert_: bool = typer.Option(False, "--revert", help="Restore the original file byte for byte."),
     list_: bool = typer.Option(False, "--list", help="List the fix modules."),
     doc: bool = typer.Option(False, "--doc", help="With --list: print the generated Markdown document of every fix."),
-    strategy: str = typer.Option("auto", "--strategy", help="auto, native or pages."),
+    strategy: str = typer.Option("auto", "--strategy", help="auto; native or pages (fp8-kv-cast); flags (launch-flag fixes)."),
     target_file: Optional[str] = typer.Option(None, "--target-file", metavar="F", help="Patch this file (on the host)."),
+    launch_file: Optional[str] = typer.Option(None, "--launch-file", metavar="F", help="Launch-flag fixes: the server's launch command (on the host): a shell script, a systemd unit (ExecStart=) or a compose file (command:). Without it the change is printed, nothing is written."),
+    trace: Optional[Path] = typer.Option(None, "--trace", metavar="RUN", help="A trace or run folder (as given to diagnose): the fix reads its finding (batch sizes, step times) to pick its value and predict the step."),
     sglang_root: Optional[str] = typer.Option(None, "--sglang-root", metavar="DIR", help="The sglang package folder (or the site-packages above it)."),
     target: Optional[str] = typer.Option(None, "--target", help="Which target of the fix (e.g. sglang-fa3); default from the attention backend."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PY", help="The server's interpreter (default: the process on --port)."),
@@ -134,6 +142,7 @@ def command(
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
     bench_output_len: int = typer.Option(64, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
     bench_requests: int = typer.Option(4, "--bench-requests", min=1, help="With --restart-cmd: measured requests (after 1 warm-up), before and after."),
+    max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
     """Check a fix and show its diff (nothing changes), --apply it, or --revert it.
@@ -149,6 +158,23 @@ def command(
     bench runs, restart.json and fix.json in --out. If the server does not come back healthy (CMD
     fails, /health does not answer in time, or the benchmark fails), the file is restored byte for
     byte, CMD is run again, and the command exits 1 with one line saying so.
+
+    Launch-flag fixes (eager-decode, overlap-off, nccl-allreduce, torch-sampling,
+    chunked-prefill-interference) edit the server's launch command instead: --launch-file F (a shell
+    script, a systemd unit's ExecStart=, a compose command:) read as tokens, every other byte kept;
+    a command perfscope cannot read exactly is refused (exit 4). Without --launch-file the change and
+    the command line the server was started with are printed, nothing is written. --trace RUN lets
+    the fix pick its value from the finding (e.g. --cuda-graph-max-bs from the batch sizes seen).
+    With --restart-cmd the change is reverted (and the server restarted again) when the server is
+    unhealthy or TPOT is more than --max-slowdown slower.
+
+    Examples:
+
+      perfscope fix eager-decode --trace run1                              # the change; nothing written
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --trace run1   # + its diff
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --apply \
+          --restart-cmd 'systemctl restart sglang' --out fix1                # edit, restart, measure
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert       # byte for byte
 
     Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
     2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
@@ -174,13 +200,25 @@ def command(
         raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
     if target_file and sglang_root:
         raise InputError("give --target-file or --sglang-root, not both")
+    if max_slowdown < 0:
+        raise InputError(f"--max-slowdown {max_slowdown:g}: expected a fraction >= 0")
     fix = get(fix_id)
+    if fix.kind == "launch":
+        if target_file or sglang_root:
+            raise InputError(f"{fix.id} edits the launch command, not a source file: give --launch-file F")
+        if (apply_ or revert_) and not launch_file:
+            raise InputError(f"{'--apply' if apply_ else '--revert'} of {fix.id} needs --launch-file F (the server's "
+                             "launch script, systemd unit or compose file); without it the change is only printed")
+    elif launch_file:
+        raise InputError(f"{fix.id} patches the server's source, not its launch command: --launch-file does not apply")
+    facts = _trace_facts(trace) if trace is not None else {}
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     req = engine.FixRequest(
         strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
         server_url=url, api_key=_apikey.read(api_key_env), port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
         overrides={"kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend, "compute_cap": gpu_cc,
                    "flashinfer_version": flashinfer_version, "sglang_version": sglang_version},
+        launch_file=launch_file, facts=facts, source_fix=fix.kind != "launch",
     )
     with ExitStack() as stack:
         fhost = _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, accept_new_host_key)
@@ -211,7 +249,7 @@ def command(
 
                 rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
-                                                         num_requests=bench_requests),
+                                                         num_requests=bench_requests), max_slowdown=max_slowdown,
                                          log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
@@ -219,6 +257,14 @@ def command(
             rep, _, _ = engine.plan(fix, fhost, req, env)
         rep.extra.update(extra)
         return _finish(rep, json_out)
+
+
+def _trace_facts(trace: Path) -> dict:
+    """The findings (and step numbers) of a trace, for a fix that picks its value from them."""
+    from perfscope.analysis.diagnose import diagnose
+
+    d = diagnose([trace]).to_dict()
+    return {"trace": str(trace), "findings": d.get("findings") or [], "steps": d.get("steps") or {}}
 
 
 def _refused(reason: str):
@@ -268,7 +314,7 @@ def _finish(rep, json_out: bool) -> int:
         if rep.diff and rep.outcome.kind == "checked":
             sys.stdout.write(rep.diff)
         out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
-        if rep.outcome.kind == "checked":
+        if rep.outcome.kind == "checked" and rep.sha256_before:
             out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)
     kind = rep.outcome.kind
     if kind == "refused":

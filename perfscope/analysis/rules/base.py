@@ -9,7 +9,7 @@ from these docs (``perfscope rules --markdown``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 if TYPE_CHECKING:
     from perfscope.analysis.attribution import Attributor
@@ -34,13 +34,18 @@ class Finding:
     predicted_step_ms_after_fix: Optional[float] = None
     evidence: dict[str, Any] = field(default_factory=dict)
     share_of: str = "kernel time"  # what ``share`` is a share of: "kernel time", "the step", "the step cycle"
+    # what the fix does to the kernels, for the step model (perfscope.analysis.stepmodel): the new
+    # duration in µs of kernel i (None: unchanged), and GPU time the fix adds per step. Not serialised.
+    new_duration: Optional[Callable[[int], Optional[float]]] = field(default=None, repr=False, compare=False)
+    added_us_per_step: float = field(default=0.0, repr=False, compare=False)
 
     @property
     def fix_command(self) -> Optional[str]:
-        return f"perfscope fix {self.fix} --apply" if self.fix else None
+        # the check (diff, nothing changed); diagnose adds --trace when it read one input
+        return f"perfscope fix {self.fix}" if self.fix else None
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if k not in ("new_duration", "added_us_per_step")}
         d["fix_command"] = self.fix_command
         return d
 
