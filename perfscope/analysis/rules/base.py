@@ -41,7 +41,8 @@ class Finding:
 
     @property
     def fix_command(self) -> Optional[str]:
-        return f"perfscope fix {self.fix} --apply" if self.fix else None
+        # the check (diff, nothing changed); diagnose adds --trace when it read one input
+        return f"perfscope fix {self.fix}" if self.fix else None
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("new_duration", "added_us_per_step")}

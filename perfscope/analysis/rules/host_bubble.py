@@ -50,7 +50,7 @@ class HostBubble(Rule):
     share_of = "the step cycle"
     id = "host-bubble"
     title = "Host bubble around CUDA-graph replay"
-    fix = None
+    fix = "overlap-off"  # the overlap scheduler prepares the next batch while the GPU runs
     what = ("Decode runs as CUDA-graph replays, yet the GPU sits idle between one step's last kernel and the "
             "next step's first: the host prepares the next batch (scheduling, input and metadata copies, "
             "sampling bookkeeping) while the GPU waits.")

@@ -14,7 +14,7 @@ _ALLREDUCE = re.compile(r"AllReduce", re.I)
 class NcclAllReduce(Rule):
     id = "nccl-allreduce"
     title = "Communication-dominated decode on NCCL all-reduce"
-    fix = None
+    fix = "nccl-allreduce"
     what = ("The communication bucket is a large part of each decode step and it is NCCL's ring/tree "
             "all-reduce (`ncclDevKernel_AllReduce*`), not SGLang's custom all-reduce "
             "(`cross_device_reduce*`, one-shot/two-shot, `multimem_all_reduce`, `allreduce_fusion`).")

@@ -22,7 +22,7 @@ class OverlapOff(Rule):
     share_of = "the step cycle"
     id = "overlap-off"
     title = "Overlap scheduler off: GPU idle between decode forwards"
-    fix = None
+    fix = "overlap-off"
     what = ("SGLang runs its scheduler without overlap: after each decode forward the CPU processes the "
             "results and builds the next batch while the GPU waits, so every step starts with an idle gap.")
     why = ("With the overlap scheduler the next batch is scheduled and launched while the current forward "

@@ -18,7 +18,7 @@ FUSED_PASS_GB_S = 2000.0  # what one pass over [batch, vocab] float32 achieves i
 class TorchSampling(Rule):
     id = "torch-sampling"
     title = "Torch-native top-k/top-p sampling every decode step"
-    fix = None
+    fix = "torch-sampling"
     what = ("Every decode step samples with plain torch ops over the logits: a sort (cub radix sort behind "
             "`torch.sort`, top-p) or `torch.topk` (top-k), with the softmax over the vocabulary, cumsum, "
             "masks and `torch.multinomial` around it, instead of a fused sampling kernel.")
