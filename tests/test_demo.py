@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,15 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     # a CPU-only trace has no GPU timeline: no idle-time rule may fire on it
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])
     assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
+    # predictions held to account: the before run's predicted step against the after run's
+    (pr,) = s["predictions"]
+    assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
+    assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    # a short patch summary and the path of the full diff, not the diff itself
+    diff = (out / "fix.diff").read_text()
+    assert s["diff"] == str(out / "fix.diff") and "perfscope fp8-kv-cast" in diff and diff.count("\n+") > 20
+    assert re.search(r"patch: \+\d+ -\d+ lines in \d+ hunks; full diff: ", " ".join(r.stderr.split()))
+    assert sum(ln.startswith(("+", "-", "@@")) for ln in r.stderr.splitlines()) < 3
     assert (out / "compare.html").stat().st_size > 100_000
     for side in ("before", "after"):
         run = json.loads((out / side / "run.json").read_text())

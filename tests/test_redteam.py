@@ -636,3 +636,235 @@ def test_rt19_sigint_prints_interrupted(server, tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and one_line(err) == "perfscope: interrupted"
+
+
+# ------------------------------------------------------------------- the fix engine
+# Real SGLang sources of a released wheel (tests/sglang_sources.py), the real engine and CLI.
+
+def _fix_setup(tmp_path, folder="pkg"):
+    from sglang_sources import MLA, sglang_file
+
+    pkg = tmp_path / folder
+    pkg.mkdir(parents=True, exist_ok=True)
+    target = pkg / "flashinfer_mla_backend.py"
+    original = sglang_file("0.5.12", MLA)
+    target.write_bytes(original)
+    return target, original
+
+
+def _fix_req(target, state):
+    from perfscope.fixengine import engine
+
+    return engine.FixRequest(target_file=str(target), state_dir=str(state))
+
+
+def _manifests(state):
+    return [p for p in Path(state).rglob("manifest.json")]
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 192 KiB tmpfs (this suite runs as root; the test fails, not skips, when it cannot mount)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    assert r.returncode == 0, f"cannot mount a tmpfs for the full-disk test: {r.stderr}"
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_rt10_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs, tmp_path, capsys):
+    target, original = _fix_setup(small_fs)
+    filler = small_fs / "filler"
+    try:  # fill the file system: what is left is less than the patched file
+        with open(filler, "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:
+        pass
+    state = tmp_path / "state"
+    rc, _, err = run_cli(["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--apply",
+                          "--kv-cache-dtype", "fp8_e4m3"], capsys)
+    assert rc == 2 and "No space left" in one_line(err)
+    assert target.read_bytes() == original
+    assert _manifests(state) == []
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left
+
+
+def test_rt10_fix_on_a_read_only_file_system_leaves_no_manifest(small_fs, tmp_path, capsys):
+    target, original = _fix_setup(small_fs)
+    r = subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    state = tmp_path / "state"
+    rc, _, err = run_cli(["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--apply",
+                          "--kv-cache-dtype", "fp8_e4m3"], capsys)
+    assert rc == 2 and "Read-only file system" in one_line(err)
+    assert target.read_bytes() == original and _manifests(state) == []
+
+
+_APPLY = """
+import sys
+sys.path.insert(0, {repo!r})
+from perfscope.fixengine import engine
+from perfscope.fixengine.host import LocalFixHost
+from perfscope.fixengine.registry import get
+req = engine.FixRequest(target_file={target!r}, state_dir={state!r}, strategy=sys.argv[1],
+                        overrides={{"kv_cache_dtype": "fp8_e4m3", "compute_cap": "9.0", "flashinfer_version": "0.6.18"}})
+print(engine.apply(get("fp8-kv-cast"), LocalFixHost(), req).outcome.kind, flush=True)
+"""
+
+
+def test_rt11_two_concurrent_applies_to_one_file_are_serialised(tmp_path):
+    import hashlib
+
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.registry import get
+
+    for i in range(4):
+        target, original = _fix_setup(tmp_path / f"try{i}")
+        state = tmp_path / f"try{i}" / "state"
+        code = _APPLY.format(repo=str(REPO), target=str(target), state=str(state))
+        procs = [subprocess.Popen([sys.executable, "-c", code, s], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for s in ("pages", "native")]
+        kinds = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+        assert kinds.count("applied") == 1, kinds  # the other one saw the patched file
+        man = json.loads(_manifests(state)[0].read_text())
+        assert man["sha256_after"] == hashlib.sha256(target.read_bytes()).hexdigest()
+        rep = engine.revert(get("fp8-kv-cast"), LocalFixHost(), _fix_req(target, state))
+        assert rep.outcome.kind == "reverted" and target.read_bytes() == original
+
+
+def test_rt16_revert_with_a_deleted_backup_is_refused_exit_4(tmp_path, capsys):
+    target, original = _fix_setup(tmp_path)
+    state = tmp_path / "state"
+    base = ["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--kv-cache-dtype", "fp8_e4m3"]
+    rc, _, err = run_cli([*base, "--apply"], capsys)
+    assert rc == 0, err
+    for p in Path(state).rglob("original-*.py"):
+        p.unlink()
+    rc, out, err = run_cli([*base, "--revert"], capsys)
+    assert rc == 4 and "missing" in (out + err)
+
+
+def test_rt16_bad_port_and_missing_identity_are_exit_2(tmp_path, capsys):
+    rc, _, err = run_cli(["trace", "--host", "gpu:99999", "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "bad port" in one_line(err)
+    rc, _, err = run_cli(["trace", "--host", "127.0.0.1:22", "-i", str(tmp_path / "nope"), "--known-hosts", str(tmp_path / "kh"),
+                          "--out", str(tmp_path / "o2")], capsys)
+    assert rc == 2 and "does not exist" in one_line(err)
+
+
+def test_rt17_symlinked_fix_target_stays_a_symlink_after_apply_and_revert(tmp_path):
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.registry import get
+
+    real, original = _fix_setup(tmp_path, "store")
+    link = tmp_path / "site" / "flashinfer_mla_backend.py"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    req = _fix_req(link, tmp_path / "state")
+    req.overrides = {"kv_cache_dtype": "fp8_e4m3"}
+    assert engine.apply(get("fp8-kv-cast"), LocalFixHost(), req).outcome.kind == "applied"
+    assert link.is_symlink() and real.read_bytes() != original
+    assert engine.revert(get("fp8-kv-cast"), LocalFixHost(), req).outcome.kind == "reverted"
+    assert link.is_symlink() and real.read_bytes() == original
+    assert sorted(p.name for p in real.parent.iterdir()) == [real.name]
+
+
+def test_rt17_read_only_target_is_refused(tmp_path):
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.registry import get
+
+    target, original = _fix_setup(tmp_path)
+    os.chmod(target, 0o444)
+    req = _fix_req(target, tmp_path / "state")
+    req.overrides = {"kv_cache_dtype": "fp8_e4m3"}
+    rep = engine.apply(get("fp8-kv-cast"), LocalFixHost(), req)
+    assert rep.outcome.kind == "refused" and "read-only" in rep.outcome.reason
+    assert target.read_bytes() == original and _manifests(tmp_path / "state") == []
+
+
+def test_rt20_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp_file(tmp_path):
+    import hashlib
+
+    target, original = _fix_setup(tmp_path / "ref")
+    state = tmp_path / "ref" / "state"
+    code = _APPLY.format(repo=str(REPO), target=str(target), state=str(state))
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", code, "pages"], check=True, capture_output=True, timeout=120)
+    full = time.monotonic() - t0
+    patched = target.read_bytes()
+    allowed = {hashlib.sha256(original).hexdigest(), hashlib.sha256(patched).hexdigest()}
+    for i in range(12):
+        target, _ = _fix_setup(tmp_path / f"k{i}")
+        state = tmp_path / f"k{i}" / "state"
+        p = subprocess.Popen([sys.executable, "-c", _APPLY.format(repo=str(REPO), target=str(target), state=str(state)),
+                              "pages"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(full * (0.4 + 0.6 * i / 11))  # spread over the apply, interpreter start-up excluded
+        p.kill()
+        p.wait(30)
+        assert hashlib.sha256(target.read_bytes()).hexdigest() in allowed
+        assert [q.name for q in target.parent.iterdir()] == [target.name]  # no temp file in the package folder
+
+
+@pytest.mark.parametrize("layout", ["key-in-second-file", "changed-in-first-ok-in-second", "changed-in-second"])
+def test_rt02_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, layout):
+    from perfscope.capture.ssh import connect, parse_target
+    from perfscope.errors import RemoteError
+
+    ssh = need_binary("ssh", "OpenSSH client")
+    other = keygen(tmp_path / "other", comment="x")
+    k, o = public_line(sshd.host_key), public_line(other)
+    name = f"[127.0.0.1]:{sshd.port}"
+    first, second = {"key-in-second-file": ("gpu9 " + o, f"{name} {k}"),
+                     "changed-in-first-ok-in-second": (f"{name} {o}", f"{name} {k}"),
+                     "changed-in-second": ("gpu9 " + k, f"[127.0.0.*]:{sshd.port} {o}")}[layout]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text(first + "\n")
+    b.write_text(second + "\n")
+    r = subprocess.run([ssh, "-F", "/dev/null", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={a} {b}",
+                        "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o", "CheckHostIP=no",
+                        "-o", "IdentitiesOnly=yes", "-i", str(sshd.user_key), "-p", str(sshd.port), f"{sshd.user}@127.0.0.1", "true"],
+                       capture_output=True, text=True, timeout=60)
+    # the same two files through an ssh config, as perfscope reads ~/.ssh/config
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host 127.0.0.1\n  UserKnownHostsFile {a} {b}\n  GlobalKnownHostsFile /dev/null\n")
+    for t in (parse_target(f"127.0.0.1:{sshd.port}", user=sshd.user, identity=str(sshd.user_key), ssh_config=cfg),
+              sshd.target(known_hosts=[str(a), str(b)])):
+        try:
+            with connect(t) as s:
+                s.run(["true"])
+            ok = True
+        except RemoteError:
+            ok = False
+        assert ok == (r.returncode == 0), (layout, r.stderr[-300:])
+
+
+def test_rt04_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(sshd, server, tmp_path):
+    H, port = server
+    H.start_delay = 4.0
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    p = cli_proc(["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "-i", str(sshd.user_key), "--known-hosts",
+                  str(sshd.known_hosts), "--port", str(port), "--remote-dir", str(srv), "--steps", "2", "--output-len", "4",
+                  "--input-len", "4", "--timeout", "30", "--out", str(tmp_path / "o")],
+                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while "/start_profile" not in H.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(srv.iterdir())  # the host folder exists while the profiler arms
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and one_line(err) == "perfscope: interrupted"
+    assert "/stop_profile" in H.calls[H.calls.index("/start_profile"):]
+    assert list(srv.iterdir()) == []
+    assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "incomplete"
+
+
+def test_rt03_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
+    rc, _, err = run_cli(["diagnose", str(SMALL), "--markdown", "/dev/full"], capsys)
+    assert rc == 2 and "No space left" in one_line(err)
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)

@@ -54,8 +54,9 @@ def test_relative_and_home_paths_in_every_writing_command(site, tmp_path):  # no
     assert rundir.read_run(home / "runs" / "r2", verify=True).files and not (work / "~").exists()
 
     # the readers' writers: diagnose --html, report -o, compare --html, relative and '~'
-    r = _run(work, home, "diagnose", "run1", "--html", "d.html")
+    r = _run(work, home, "diagnose", "run1", "--html", "d.html", "--markdown", "~/d.md", "--csv", "tables")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (home / "d.md").read_text().startswith("### perfscope diagnose") and (work / "tables" / "ops.csv").is_file()
     r = _run(work, home, "report", "run1", "-o", "~/rep.html")
     assert r.returncode == 0, r.stderr[-3000:]
     r = _run(work, home, "compare", "run1", str(home / "runs" / "r2"), "--html", "sub/c.html")
@@ -71,4 +72,4 @@ def test_relative_and_home_paths_in_every_writing_command(site, tmp_path):  # no
     assert json.loads(r.stdout)["run_dir"] == str(work / "fix1")
     assert {"before", "after", "restart.json", "fix.json"} <= {p.name for p in (work / "fix1").iterdir()}
     assert MARKER in site.target.read_bytes()
-    assert sorted(p.name for p in work.iterdir()) == ["d.html", "fix1", "run1", "sub"]
+    assert sorted(p.name for p in work.iterdir()) == ["d.html", "fix1", "run1", "sub", "tables"]

@@ -19,6 +19,11 @@ from perfscope.errors import InputError
 
 NAME = "bench"
 ORDER = 60
+EXAMPLES = [
+    ("perfscope bench --host gpu-box --out run1", "TTFT / TPOT / ITL over SSH, stored in run1/bench.json"),
+    ("perfscope bench --url http://127.0.0.1:30000 --num-requests 16 --concurrency 4", "a local server, 4 streams"),
+    ("perfscope bench --url http://127.0.0.1:8000 --engine vllm --json", "vLLM's /v1/completions, as JSON"),
+]
 
 
 

@@ -12,6 +12,11 @@ from perfscope.errors import InputError, PerfscopeError
 
 NAME = "compare"
 ORDER = 60
+EXAMPLES = [
+    ("perfscope compare run1 run2", "before / after: step time, TPOT, buckets, findings, changed ops"),
+    ("perfscope compare run1 run2 --html before-after.html", "+ a self-contained HTML comparison"),
+    ("perfscope compare before.json.gz after.json.gz --json", "two trace files, as JSON"),
+]
 
 
 def load_side(path: Path, which: str, config: Optional[dict] = None, workers: Optional[int] = None):

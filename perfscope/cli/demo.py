@@ -14,6 +14,11 @@ from perfscope.errors import InputError
 
 NAME = "demo"
 ORDER = 5
+EXAMPLES = [
+    ("perfscope demo", "the whole loop on CPU, into ./perfscope-demo-<time>: trace, diagnose, fix, re-measure, compare"),
+    ("perfscope demo --out demo1 --json", "the same into ./demo1, the summary as JSON on stdout"),
+    ("perfscope demo --device cuda --layers 60 --pool-tokens 495000", "the full-size server on a GPU"),
+]
 
 
 def command(
@@ -48,5 +53,10 @@ def command(
                   f"   ({s['speedup']:.1f}x faster)")
     console.print(f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
                   f"{', '.join(s['findings_after']) or 'none'}")
+    from perfscope.report.compare_terminal import prediction_line
+
+    for pr in s.get("predictions") or []:
+        console.print(prediction_line(pr))
+    console.print(f"patch: {s['diff']}", markup=False)
     console.print(f"HTML comparison: {s['html']}\nrun folders: {s['before']}  {s['after']}\n"
                   f"took {s['seconds']:.0f} s")

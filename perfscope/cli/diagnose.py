@@ -15,6 +15,12 @@ from perfscope.errors import GateFailed, InputError
 
 NAME = "diagnose"
 ORDER = 20
+EXAMPLES = [
+    ("perfscope diagnose run1", "a run folder of perfscope trace (or trace files, or an SGLang profile folder)"),
+    ("perfscope diagnose run1 --json --fail-on fp8-kv-cast", "CI gate: exit 1 when that finding is present"),
+    ("perfscope diagnose run1 --model-config config.json --html r.html --markdown r.md",
+     "+ the hardware floor, an HTML report and a Markdown summary for an issue or PR"),
+]
 
 
 def _load_config(path: Optional[Path]) -> dict:
@@ -81,6 +87,12 @@ def command(
              "attributes CUDA-graph-replayed kernels to the CPU op, shapes and source line recorded at capture."),
     html: Optional[Path] = _paths.out_option("--html", help="Also write a self-contained HTML report (offline, "
                                                              "charts inside) to this file."),
+    markdown: Optional[Path] = _paths.out_option("--markdown", metavar="FILE",
+                                                 help="Also write the summary to paste into an issue or PR "
+                                                      "(verdict, bucket table, top ops, findings) as Markdown."),
+    csv_dir: Optional[Path] = _paths.out_option("--csv", metavar="DIR",
+                                                help="Also write the bucket and op tables (and the per-rank "
+                                                     "table) as CSV files into this folder."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,
     GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with
@@ -92,6 +104,8 @@ def command(
     from perfscope.report import jsonout, terminal
 
     fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
+    if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
+        raise InputError(f"--csv {csv_dir}: exists and is not a folder")
     err = Console(stderr=True)
     cfg = _load_config(config)
     from perfscope.analysis.floor import with_floor_inputs
@@ -115,6 +129,17 @@ def command(
         from perfscope.report.html import write_diagnosis_html
 
         write_diagnosis_html(html, d, cfg, announce=err)
+    if markdown is not None:
+        from perfscope.report.markdown import diagnosis_markdown
+        from perfscope.util.files import atomic_write_text
+
+        atomic_write_text(markdown, diagnosis_markdown(d, top=top))
+        err.print(f"markdown summary written: {markdown}", markup=False, highlight=False)
+    if csv_dir is not None:
+        from perfscope.report.markdown import write_csv
+
+        files = write_csv(csv_dir, d)
+        err.print(f"CSV tables written: {', '.join(str(f) for f in files)}", markup=False, highlight=False)
     if json_out:
         jsonout.emit(d.to_dict())
     else:

@@ -11,6 +11,11 @@ from perfscope.cli import _paths
 
 NAME = "report"
 ORDER = 25
+EXAMPLES = [
+    ("perfscope report run1", "run1/report.html: works offline, charts inside"),
+    ("perfscope report trace.json.gz -o ~/r.html", "a trace file, written where you say"),
+    ("perfscope report run1 --capture-trace capture/", "CUDA-graph-replayed kernels attributed to their ops"),
+]
 
 
 def default_output(paths: List[Path]) -> Path:

@@ -9,6 +9,11 @@ import typer
 
 NAME = "rules"
 ORDER = 22
+EXAMPLES = [
+    ("perfscope rules", "every rule: what it finds and its fix"),
+    ("perfscope rules --markdown > docs/rules.md", "the generated rule docs"),
+    ("perfscope rules --json", "the same for a script"),
+]
 
 DOC_HEADER = """# perfscope diagnose rules
 

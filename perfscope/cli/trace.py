@@ -20,6 +20,11 @@ from perfscope.errors import InputError
 
 NAME = "trace"
 ORDER = 10
+EXAMPLES = [
+    ("perfscope trace --host gpu-box --port 30000 --out run1", "SSH (known_hosts checked): every rank's trace + run.json in ./run1"),
+    ("perfscope trace --host gpu-box --bench 8 --out run1", "the same, plus TTFT/TPOT of 8 requests without the profiler"),
+    ("perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof", "a local vLLM server, no SSH"),
+]
 
 _SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
 
@@ -178,7 +183,9 @@ def command(
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench,
     )
     argv = scrub_argv(_canonical_argv(ctx))
-    log = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
+    from perfscope.errors import redact
+
+    log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731  (no key in any line)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
         results = trace(endpoints, opts, out, command=argv, log=log, progress=prog)

@@ -410,7 +410,7 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
         rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
         return rep
     try:
-        host.write_bytes_atomic(path, after)
+        host.write_bytes_atomic(path, after, tmp_dir=folder)  # temp file in the state folder, not the package
     except BaseException:
         # the file was not replaced (the writer renames only a complete temp file): no manifest
         # may claim it was
@@ -418,7 +418,7 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
             host.run(["rm", "-f", "--", mpath])
         raise
     if host.sha256(path) != rep.sha256_after:
-        host.write_bytes_atomic(path, original)
+        host.write_bytes_atomic(path, original, tmp_dir=folder)
         rep.outcome = Failed(f"{path} did not read back as written; the original was put back")
         return rep
     rep.manifest = mpath
@@ -504,7 +504,7 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
                               "changed after the patch (sglang reinstalled or edited?); --force restores the "
                               "original anyway")
         return rep
-    host.write_bytes_atomic(path, original)
+    host.write_bytes_atomic(path, original, tmp_dir=folder)
     if host.sha256(path) != man["sha256_before"]:
         rep.outcome = Failed(f"{path} did not read back as the original after restoring")
         return rep

@@ -31,7 +31,10 @@ class FixHost:
     def read_bytes(self, path: str) -> bytes:
         raise NotImplementedError
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None) -> None:
+    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
+                           tmp_dir: Optional[str] = None) -> None:
+        """Temp file + rename (symlinks kept, special files refused); ``tmp_dir`` holds the temp
+        file when it is on the same file system (the engine's state folder)."""
         raise NotImplementedError
 
     def exists(self, path: str) -> bool:
@@ -81,9 +84,10 @@ class LocalFixHost(FixHost):
         except OSError as e:
             raise InputError(f"{path}: cannot read ({e.strerror})") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None) -> None:
+    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
+                           tmp_dir: Optional[str] = None) -> None:
         try:
-            atomic_write_bytes(path, data, mode=mode)
+            atomic_write_bytes(path, data, mode=mode, tmp_dir=tmp_dir)
         except PermissionError:
             raise InputError(f"{path}: permission denied (run as the user that owns the server's python)") from None
         except OSError as e:  # read-only file system, disk full, ...: nothing was replaced
@@ -142,8 +146,9 @@ class SSHFixHost(FixHost):
         except (IOError, OSError) as e:
             raise RemoteError(f"{self.label}:{path}: cannot read ({e})") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None) -> None:
-        self.s.write_bytes_atomic(path, data, mode=mode)
+    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
+                           tmp_dir: Optional[str] = None) -> None:
+        self.s.write_bytes_atomic(path, data, mode=mode, tmp_dir=tmp_dir)
 
     def exists(self, path: str) -> bool:
         return self.run(["test", "-e", path]).rc == 0

@@ -89,8 +89,23 @@ def _run_cmd(host: FixHost, cmd: str, timeout: float) -> tuple[bool, str]:
     return True, ""
 
 
-def _restart(host: FixHost, cmd: str, client, timeout: float) -> tuple[bool, str]:
-    """Run CMD, then wait for /health; both within ``timeout`` seconds. (ok, why not)."""
+def _server_pid(host: FixHost, port: Optional[int]) -> Optional[int]:
+    """The pid of the process listening on ``port`` on the host, if it can be seen."""
+    if not port:
+        return None
+    try:
+        pid = host.io.server_process(port).get("pid")
+    except PerfscopeError:
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def _restart(host: FixHost, cmd: str, client, timeout: float, *, port: Optional[int] = None,
+             old_pid: Optional[int] = None) -> tuple[bool, str]:
+    """Run CMD, then wait for /health; both within ``timeout`` seconds. (ok, why not). With
+    ``old_pid`` (the process that served ``port`` before CMD): an answer from that same process is
+    no restart (a CMD that failed to stop the old server leaves it answering /health, and the new
+    one cannot bind the port), and measuring it would credit the patch with the old code's speed."""
     deadline = time.monotonic() + timeout
     ok, why = _run_cmd(host, cmd, timeout)
     if not ok:
@@ -101,6 +116,9 @@ def _restart(host: FixHost, cmd: str, client, timeout: float) -> tuple[bool, str
         client.wait_healthy(timeout=max(0.5, left), interval=0.5)
     except PerfscopeError:
         return False, f"no healthy answer on {client.base_url}/health within {timeout:g}s of the restart"
+    if old_pid is not None and _server_pid(host, port) == old_pid:
+        return False, (f"the server was not restarted: process {old_pid}, which served port {port} before "
+                       "the restart command, still serves it (the command did not stop it)")
     return True, ""
 
 
@@ -184,7 +202,7 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
                         max_slowdown=0.10):
     # 4. restart and 5. measure again
     log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
-    ok, why = _restart(host, cmd, client, health_timeout)
+    ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
     if ok:
         try:
             info2 = client.server_info()

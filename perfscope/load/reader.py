@@ -222,7 +222,10 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
 
 
 _I64 = 1 << 63
-_MAX_US = 1e15  # 31 years in microseconds: no Kineto timestamp or duration is larger
+# Kineto timestamps may be Unix-epoch microseconds (~1.7e15 in 2022-2026, e.g. HTA's test traces):
+# bound them at ~3,000 years; a duration is bounded at ~31 years.
+_MAX_TS_US = 1e17
+_MAX_DUR_US = 1e15
 
 
 def _int64(v) -> bool:
@@ -231,7 +234,7 @@ def _int64(v) -> bool:
 
 def _sane(e: Event) -> bool:
     """Values the typed schema lets through but analysis cannot use: out-of-range numbers."""
-    if not (math.isfinite(e.ts) and math.isfinite(e.dur) and abs(e.ts) < _MAX_US and 0 <= e.dur < _MAX_US):
+    if not (math.isfinite(e.ts) and math.isfinite(e.dur) and abs(e.ts) < _MAX_TS_US and 0 <= e.dur < _MAX_DUR_US):
         return False
     if isinstance(e.pid, int) and not _int64(e.pid) or isinstance(e.tid, int) and not _int64(e.tid):
         return False
@@ -284,7 +287,7 @@ def _lax_event(raw) -> Optional[Event]:
             return v if isinstance(v, str) else ""
 
         ts, dur = float(d.get("ts", 0.0) or 0.0), float(d.get("dur", 0.0) or 0.0)
-        if not (math.isfinite(ts) and math.isfinite(dur) and abs(ts) < _MAX_US and 0 <= dur < _MAX_US):
+        if not (math.isfinite(ts) and math.isfinite(dur) and abs(ts) < _MAX_TS_US and 0 <= dur < _MAX_DUR_US):
             return None
         args = Args(correlation=num(a.get("correlation")), external_id=num(a.get("External id")),
                     stream=num(a.get("stream")), device=num(a.get("device")),

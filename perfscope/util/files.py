@@ -62,9 +62,14 @@ def _resolve(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: int | None = None) -> Iterator[IO[bytes]]:
+def atomic_writer(path: str | os.PathLike, mode: int | None = None,
+                  tmp_dir: str | os.PathLike | None = None) -> Iterator[IO[bytes]]:
     """A binary file object for ``path`` written by the rules in the module docstring; the new
-    content replaces the old only when the ``with`` block ends without an exception."""
+    content replaces the old only when the ``with`` block ends without an exception.
+
+    ``tmp_dir``: where the temporary file lives, when it is on the target's file system (else the
+    target's folder): the fix engine keeps it in its state folder, so that a kill at any moment
+    leaves no stray file in a package folder."""
     target = _resolve(Path(path))
     try:
         st = os.stat(target)
@@ -78,7 +83,12 @@ def atomic_writer(path: str | os.PathLike, mode: int | None = None) -> Iterator[
     target.parent.mkdir(parents=True, exist_ok=True)
     if mode is None and st is not None:
         mode = st.st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    where = target.parent
+    if tmp_dir is not None:
+        with contextlib.suppress(OSError):
+            if os.stat(tmp_dir).st_dev == os.stat(target.parent).st_dev:
+                where = Path(tmp_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=where)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -93,9 +103,10 @@ def atomic_writer(path: str | os.PathLike, mode: int | None = None) -> Iterator[
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None,
+                       tmp_dir: str | os.PathLike | None = None) -> Path:
     """Write ``data`` to ``path`` with :func:`atomic_writer`; returns ``path``."""
-    with atomic_writer(path, mode=mode) as f:
+    with atomic_writer(path, mode=mode, tmp_dir=tmp_dir) as f:
         f.write(data)
     return Path(path)
 

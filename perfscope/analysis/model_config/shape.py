@@ -46,7 +46,8 @@ class ModelShape:
 
     @property
     def is_moe(self) -> bool:
-        return self.n_experts > 0 and self.top_k > 0
+        # a config with experts whose every layer is dense (first_k_dense_replace >= layers) is dense
+        return self.n_experts > 0 and self.top_k > 0 and (not self.moe_layers or any(self.moe_layers))
 
     def to_dict(self) -> dict:
         d = asdict(self)

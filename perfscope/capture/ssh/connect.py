@@ -12,7 +12,7 @@ from perfscope.capture.ssh.errors import AuthRefused, HostKeyChanged, HostKeyUnk
 from perfscope.capture.ssh.hostkeys import KnownHostsPolicy, _known_hosts_files, fingerprint, load_lines, prefer_known
 from perfscope.capture.ssh.session import SSHSession
 from perfscope.capture.ssh.target import SSHTarget
-from perfscope.errors import RemoteError
+from perfscope.errors import InputError, RemoteError
 
 
 def _connect_one(target: SSHTarget, sock=None, via: str | None = None) -> paramiko.SSHClient:
@@ -35,7 +35,7 @@ def _connect_one(target: SSHTarget, sock=None, via: str | None = None) -> parami
     )
     if target.identity:
         if not Path(target.identity).is_file():
-            raise AuthRefused(f"identity file {target.identity} does not exist")
+            raise InputError(f"identity file {target.identity} does not exist")
         kw["key_filename"] = target.identity
     where = target.label + (f" via {via}" if via else "")
     try:

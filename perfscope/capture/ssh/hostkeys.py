@@ -9,8 +9,9 @@ recorded a *changed* key. perfscope therefore reads known_hosts itself, with Ope
 * the name looked up is ``host`` on port 22, else ``[host]:port``; patterns are comma-separated,
   ``*`` and ``?`` wildcards, case-insensitive, ``!pattern`` negates (a negated match rules the line
   out whatever else matches), ``|1|salt|hash`` is a hashed name (HMAC-SHA1);
-* every file is read (``/etc/ssh/ssh_known_hosts`` and ``~/.ssh/known_hosts``, or ``--known-hosts``
-  alone); lines that do not parse are skipped, as ssh skips them;
+* every file is read (``/etc/ssh/ssh_known_hosts`` and ``~/.ssh/known_hosts``; or ``--known-hosts``
+  alone; or the ssh config's ``UserKnownHostsFile``/``GlobalKnownHostsFile`` lists for the host),
+  and a new key is written to the first user file; lines that do not parse are skipped, as ssh does;
 * the offered key equal to a matching ``@revoked`` line: refused (:class:`HostKeyChanged`);
 * equal to a matching plain line: accepted;
 * a matching plain line of the same key type but another key: CHANGED, always refused;
@@ -57,7 +58,7 @@ def _known_hosts_files(target: SSHTarget) -> tuple[list[Path], Path]:
     """(files to read, the file to write a new key to)."""
     if target.known_hosts:
         p = Path(target.known_hosts)
-        return [p], p
+        return [p, *(Path(k) for k in target.known_hosts_also)], p
     user = Path("~/.ssh/known_hosts").expanduser()
     return [Path("/etc/ssh/ssh_known_hosts"), user], user
 

@@ -172,9 +172,11 @@ class SSHSession:
             except (OSError, paramiko.SSHException) as e:
                 raise RemoteError(f"cannot read {path} on {self.target.label}: {e}") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
-        """Write a remote file via a temporary file in the same folder and an atomic rename;
-        the old file's permission bits are kept (or set to ``mode``)."""
+    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
+                           tmp_dir: str | None = None) -> None:
+        """Write a remote file via a temporary file and an atomic rename; the old file's permission
+        bits are kept (or set to ``mode``). The temporary file lives in ``tmp_dir`` when the rename
+        from there works (same file system), else in the file's own folder."""
         from perfscope.util.files import plan_write
 
         with self._sftp_lock:
@@ -196,17 +198,18 @@ class SSHSession:
             except (OSError, paramiko.SSHException) as e:
                 raise RemoteError(f"cannot write {path} on {self.target.label}: {e}") from None
             d, name = posixpath.split(path)
-            tmp = posixpath.join(d, f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp")
-            try:
-                with sftp.open(tmp, "wb") as f:
-                    f.set_pipelined(True)
-                    f.write(data)
-                if mode is not None:
-                    sftp.chmod(tmp, mode)
+            tmp_name = f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp"
+            if tmp_dir:
+                tmp = posixpath.join(tmp_dir, tmp_name)
                 try:
-                    sftp.posix_rename(tmp, path)
-                except (IOError, paramiko.SSHException):
-                    sftp.rename(tmp, path)  # servers without the posix-rename extension
+                    self._write_rename(sftp, tmp, path, data, mode)
+                    return
+                except (OSError, paramiko.SSHException):  # another file system: the file's own folder
+                    with contextlib.suppress(Exception):
+                        sftp.remove(tmp)
+            tmp = posixpath.join(d, tmp_name)
+            try:
+                self._write_rename(sftp, tmp, path, data, mode, fallback=True)
             except BaseException as e:
                 try:
                     sftp.remove(tmp)
@@ -215,6 +218,26 @@ class SSHSession:
                 if isinstance(e, (OSError, paramiko.SSHException)):
                     raise RemoteError(f"cannot write {path} on {self.target.label}: {e}") from None
                 raise
+
+    @staticmethod
+    def _write_rename(sftp, tmp: str, path: str, data: bytes, mode: int | None, fallback: bool = False) -> None:
+        try:
+            with sftp.open(tmp, "wb") as f:
+                f.set_pipelined(True)
+                f.write(data)
+            if mode is not None:
+                sftp.chmod(tmp, mode)
+            try:
+                sftp.posix_rename(tmp, path)
+            except (IOError, paramiko.SSHException):
+                if not fallback:
+                    raise
+                sftp.rename(tmp, path)  # servers without the posix-rename extension
+        except BaseException:
+            if not fallback:
+                with contextlib.suppress(Exception):
+                    sftp.remove(tmp)
+            raise
 
     def sha256(self, path: str) -> str:
         """sha256 of a remote file, computed on the host."""
