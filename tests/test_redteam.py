@@ -841,3 +841,30 @@ def test_rt02_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, la
         except RemoteError:
             ok = False
         assert ok == (r.returncode == 0), (layout, r.stderr[-300:])
+
+
+def test_rt04_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(sshd, server, tmp_path):
+    H, port = server
+    H.start_delay = 4.0
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    p = cli_proc(["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "-i", str(sshd.user_key), "--known-hosts",
+                  str(sshd.known_hosts), "--port", str(port), "--remote-dir", str(srv), "--steps", "2", "--output-len", "4",
+                  "--input-len", "4", "--timeout", "30", "--out", str(tmp_path / "o")],
+                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while "/start_profile" not in H.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(srv.iterdir())  # the host folder exists while the profiler arms
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and one_line(err) == "perfscope: interrupted"
+    assert "/stop_profile" in H.calls[H.calls.index("/start_profile"):]
+    assert list(srv.iterdir()) == []
+    assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "incomplete"
+
+
+def test_rt03_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
+    rc, _, err = run_cli(["diagnose", str(SMALL), "--markdown", "/dev/full"], capsys)
+    assert rc == 2 and "No space left" in one_line(err)
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)

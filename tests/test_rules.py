@@ -376,3 +376,16 @@ def test_rules_json_and_table():
     assert [d["id"] for d in json.loads(r.stdout)["rules"]] == rule_ids()
     r = subprocess.run([sys.executable, "-m", "perfscope", "rules"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "fp8-kv-cast" in r.stdout
+
+
+def test_deepgemm_check_reads_vendor_and_compute_capability():
+    # real trace metadata: an AMD MI210 reports compute capability "9.0"; the B300 is 10.3
+    from perfscope.analysis.rules.triton_block_fp8_gemm import deepgemm_supported
+
+    assert trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz").meta.compute_capability == "9.0"
+    assert not deepgemm_supported(trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz").meta)
+    assert not deepgemm_supported(trace(TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz").meta)
+    b300 = trace(TRACELENS.parent.parent / "evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.gz").meta
+    assert b300.compute_capability == "10.3" and deepgemm_supported(b300)
+    assert deepgemm_supported(trace(H200 / "mla_fp8_graph.json.gz").meta)
+    assert deepgemm_supported(trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz").meta)

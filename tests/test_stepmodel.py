@@ -101,3 +101,17 @@ def test_torch_sampling_stays_quiet_on_greedy_and_fused_sampling(name):
     assert d["buckets"]["attention"]["ms_per_step"] == pytest.approx(mla, rel=0.01)
     if name.startswith("fi_"):
         assert d["buckets"]["sampling"]["ms_per_step"] > 0.2  # FlashInfer's sampling kernels + softmax
+
+
+@pytest.mark.parametrize("mode,rel", [("eager", 0.15), ("graph", 0.1)])
+def test_compare_shows_the_prediction_error_against_the_measured_after(mode, rel):
+    from perfscope.analysis.compare import compare
+
+    before = diagnose([H200 / f"mla_pool_{mode}.json.gz"])
+    after = diagnose([H200 / f"mla_fp8_{mode}.json.gz"])
+    c = compare(before, after)
+    p = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")  # listed: it is gone in AFTER
+    assert p["measured_step_ms"] == pytest.approx(after.primary.steps["median_ms"], abs=0.01)
+    assert abs(p["error_pct"]) < rel * 100, p
+    if mode == "eager":  # the answer the step model replaced was 76% low
+        assert p["kernel_only_error_pct"] < -70

@@ -85,11 +85,18 @@ def pass_metrics(st: State) -> None:
     n = max(len(st.metrics), 1)
     st.kernel_ms_per_step = sum(m.kernel_ms for m in st.metrics) / n
     st.buckets_ms = {b: sum(m.buckets[b] for m in st.metrics) / n for b in BUCKETS}
-    phases = defaultdict(list)
+    # each phase timed as the analysed steps are: by the GPU work of its steps that launched some,
+    # else (no GPU work in the phase) by the CPU ranges; steps without GPU work are counted apart
+    phases: dict = defaultdict(lambda: {"gpu": [], "cpu": []})
     for s in st.stepset.steps:
-        phases[s.phase].append(s.gpu_us / 1e3 if s.kernels else s.cpu_us / 1e3)
-    st.out["phases"] = [{"phase": p, "count": len(v), "median_ms": round(statistics.median(v), 4)}
-                        for p, v in phases.items()]
+        phases[s.phase]["gpu" if s.kernels else "cpu"].append(s.gpu_us / 1e3 if s.kernels else s.cpu_us / 1e3)
+    st.out["phases"] = []
+    for p, v in phases.items():
+        xs = v["gpu"] or v["cpu"]
+        row = {"phase": p, "count": len(xs), "median_ms": round(statistics.median(xs), 4)}
+        if v["gpu"] and v["cpu"]:
+            row["steps_without_gpu_work"] = len(v["cpu"])
+        st.out["phases"].append(row)
     idle = [m.idle_ms for m in st.metrics if m.kernels]
     cpu = [m.cpu_ms for m in st.metrics]
     st.out["steps"] = {

@@ -9,7 +9,8 @@
     ops       top ops matched by (short name, bucket): ms/step and count/step before/after, gone/new/changed
     predictions  for each finding of BEFORE that predicted its fixed step and is gone in AFTER: the
               predicted step vs AFTER's measured step, and the error in % ((predicted - measured) /
-              measured); the same scaled to TPOT when both sides have a client TPOT
+              measured); the same scaled to TPOT when both sides have a client TPOT; the kernel-only
+              answer the step model replaced and its error, and the launch-timeline lower bound
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
     verdict   one sentence
@@ -176,6 +177,12 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
             ptpot = tpot_before * pred / step_before  # the step's saving, carried to the client's TPOT
             row.update({"predicted_tpot_ms": _r(ptpot), "measured_tpot_ms": _r(tpot_after),
                         "tpot_error_pct": round((ptpot - tpot_after) / tpot_after * 100, 1)})
+        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
+        if model.get("kernel_only_prediction_ms") is not None:  # the kernel-only answer it replaced
+            ko = model["kernel_only_prediction_ms"]
+            row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - step_after) / step_after * 100, 1)})
+        if model.get("lower_bound_ms") is not None:
+            row["lower_bound_ms"] = _r(model["lower_bound_ms"])
         out.append(row)
     return out
 

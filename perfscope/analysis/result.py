@@ -44,6 +44,7 @@ class Diagnosis:
     run: dict = field(default_factory=dict)  # run.json of a perfscope run folder, when given
     straggler: Optional[dict] = None
     parallel: dict = field(default_factory=dict)  # {files, workers, bound}: how the files were parsed
+    warnings: list[str] = field(default_factory=list)  # about the set of files (ranks of different jobs, ...)
     skipped: list = field(default_factory=list)  # [{path, why}]: non-trace JSON found in a given folder
 
     @property
@@ -80,7 +81,8 @@ class Diagnosis:
             "findings": p.findings,
             "ops": p.ops,
             "device": {k: p.meta.get(k) for k in ("device_name", "compute_capability", "num_sms", "platform")},
-            "notes": p.notes,
+            "notes": p.notes + self.warnings,
+            "warnings": self.warnings,
             "floor": p.floor,
             "primary_rank": p.rank,
             "straggler": self.straggler,

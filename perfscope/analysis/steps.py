@@ -1,8 +1,9 @@
 """Find the decode (and prefill) steps of a trace and the GPU work each one launched.
 
 How steps are found, first that applies:
-  1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]`` (and the
-     ``execute_N_context_C(..)_generation_G(..)`` markers TraceLens-instrumented servers write);
+  1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]``, vLLM's
+     ``execute_context_N(tokens)_generation_M(tokens)`` and the ``execute_N_context_C(..)_generation_G(..)``
+     markers TraceLens-instrumented servers write;
   2. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
   3. CUDA/HIP graph launches, one step each;
   4. the whole trace as one window.
@@ -23,6 +24,8 @@ from perfscope.load.model import Trace
 
 _SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b([^\]]*)\]")
 _EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
+# vLLM's own model-runner annotation: execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>)
+_VLLM_EXECUTE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
@@ -96,8 +99,9 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     ex = []
     for a in cpu_ann:
         m = _EXECUTE.match(a.name)
-        if m:
-            ctx, gen = int(m.group(2)), int(m.group(3))
+        v = None if m else _VLLM_EXECUTE.match(a.name)
+        if m or v:
+            ctx, gen = (int(m.group(2)), int(m.group(3))) if m else (int(v.group(2)), int(v.group(4)))
             phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid))
     if ex:

@@ -238,10 +238,11 @@ class SGLangClient:
         return self.request("POST", "/start_profile", body or None, timeout=wait) \
             .decode("utf-8", "replace").strip()
 
-    def stop_profile(self) -> str:
-        """Stop and write the traces (the server may take long to export: generous timeout). An
-        error when no profile runs (SGLang 0.4.10+): :class:`HTTPStatusError`."""
-        return self.request("POST", "/stop_profile", None, timeout=max(self.timeout, 600.0)) \
+    def stop_profile(self, request_timeout: Optional[float] = None) -> str:
+        """Stop and write the traces (the server may take long to export: generous timeout, or
+        ``request_timeout``). An error when no profile runs (SGLang 0.4.10+): :class:`HTTPStatusError`."""
+        wait = request_timeout if request_timeout is not None else max(self.timeout, 600.0)
+        return self.request("POST", "/stop_profile", None, timeout=wait) \
             .decode("utf-8", "replace").strip()
 
     def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:

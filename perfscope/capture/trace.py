@@ -151,7 +151,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             complete = True  # the load stops now: requests still streaming are cut, their tokens timed
         except BaseException as e:
             _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, armed, e,
-                     load=load, command=command, engine=opts.engine, host=label if ep.target else None)
+                     load=load, command=command, engine=opts.engine, host=label if ep.target else None,
+                     stop_timeout=opts.timeout)
             raise
         finally:
             if load is not None:
@@ -164,7 +165,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             _copy_back(io, got, out_dir, label, ep, progress, files)
         except BaseException as e:
             _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, False, e,
-                     got=got, command=command, engine=opts.engine, host=label if ep.target else None)
+                     got=got, command=command, engine=opts.engine, host=label if ep.target else None,
+                     stop_timeout=opts.timeout)
             raise
         if files and not opts.keep_remote:
             io.remove([f.path for f in got], remote_dir if made_dir else None)
@@ -220,7 +222,7 @@ def _copy_back(io: HostIO, got: list, out_dir: Path, label: str, ep: Endpoint, p
 
 
 def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed: bool, err: BaseException, *,
-             load=None, got=(), command=(), engine="sglang", host=None) -> None:
+             load=None, got=(), command=(), engine="sglang", host=None, stop_timeout: float = 600.0) -> None:
     """A trace that will not finish (error, timeout, SIGINT/TERM/HUP): stop the profiler if it is
     (or may be) armed, stop the load, remove the folder perfscope made on the host, and leave the
     run folder with a run.json that says it is incomplete. Never raises."""
@@ -228,7 +230,7 @@ def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed:
         if load is not None:
             load.stop(wait=5)
         if armed:
-            _stop_quietly(api, say)
+            _stop_quietly(api, say, timeout=max(5.0, min(600.0, stop_timeout)))
         if remote_dir:
             io.discard_dir(remote_dir)
     except BaseException as e:  # noqa: BLE001 - cleanup must not replace the error being reported
@@ -279,9 +281,11 @@ def _server_info(api, label: str) -> dict:
     return info
 
 
-def _stop_quietly(api, say) -> None:
+def _stop_quietly(api, say, timeout: float | None = None) -> None:
+    """/stop_profile, waiting at most ``timeout`` s for the reply (the server stops profiling when
+    the request arrives; writing the traces may go on after that)."""
     try:
-        api.stop_profile()
+        api.stop_profile(request_timeout=timeout)
         say("profiler stopped")
     except Exception as e:  # 'no profile running' is fine; anything else is reported, not raised
         if not _is_not_running(e):

@@ -103,9 +103,11 @@ class VLLMClient(SGLangClient):
                     "\"torch_profiler_dir\": \"DIR\"}') and pass the same DIR as --profile-dir") from None
             raise
 
-    def stop_profile(self) -> str:
-        """POST /stop_profile: replies once the workers wrote their traces (can take minutes)."""
-        return self.request("POST", "/stop_profile", None, timeout=max(self.timeout, 600.0)) \
+    def stop_profile(self, request_timeout: Optional[float] = None) -> str:
+        """POST /stop_profile: replies once the workers wrote their traces (can take minutes, or
+        at most ``request_timeout`` s)."""
+        wait = request_timeout if request_timeout is not None else max(self.timeout, 600.0)
+        return self.request("POST", "/stop_profile", None, timeout=wait) \
             .decode("utf-8", "replace").strip()
 
     def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
 
     The one error path: usage errors are click's (exit 2); a PerfscopeError prints one line and
     exits with its code; SIGINT/SIGTERM/SIGHUP print "perfscope: interrupted" and exit 128+signal
-    (130, 143, 129); a broken pipe (``| head``) exits 0 quietly; anything else is a bug: one line,
+    (130, 143, 129); a broken pipe (``| head``) exits 0 quietly; an OSError (disk full, read-only
+    file system, permission denied) is one line and exit 2; anything else is a bug: one line,
     exit 70, and its traceback only with ``PERFSCOPE_DEBUG=1``. A command that wants another code
     raises ``typer.Exit(code)``.
     """
@@ -168,6 +169,12 @@ def main(argv: list[str] | None = None) -> None:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except BrokenPipeError:
             code = 0
+        except OSError as e:  # the file system said no (disk full, read-only, permissions): the user's to fix
+            if _debug():
+                traceback.print_exc()
+            where = f"{e.filename}: " if e.filename else ""
+            _error(f"{where}{e.strerror or e}")
+            code = EXIT_INPUT
         except RecursionError:
             if _debug():
                 traceback.print_exc()

@@ -183,7 +183,9 @@ def command(
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench,
     )
     argv = scrub_argv(_canonical_argv(ctx))
-    log = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
+    from perfscope.errors import redact
+
+    log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731  (no key in any line)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
         results = trace(endpoints, opts, out, command=argv, log=log, progress=prog)

@@ -33,6 +33,11 @@ class TraceSet:
     # JSON files in a given folder that are not profiler traces (a measured.json beside the
     # traces): [{"path", "why"}], skipped with a note instead of refusing the whole folder
     skipped: list[dict] = field(default_factory=list)
+    # graph-capture traces found in a `capture_traces/` subfolder (SGLang --enable-profile-cuda-graph,
+    # vLLM's capture dumps): the capture map, as --capture-trace gives it, not more ranks
+    capture: list[Path] = field(default_factory=list)
+    # files given more than once (the same path, or byte-identical copies): analysed once
+    duplicates: list[dict] = field(default_factory=list)
 
     @property
     def server_info(self) -> dict:
@@ -80,6 +85,34 @@ def not_a_trace(p: Path) -> Optional[str]:
     return "no 'traceEvents'" if first is not None else "empty"
 
 
+CAPTURE_DIR = "capture_traces"
+
+
+def _in_capture_dir(q: Path, root: Path) -> bool:
+    try:
+        parts = q.relative_to(root).parts[:-1]
+    except ValueError:
+        parts = q.parts[:-1]
+    return CAPTURE_DIR in parts
+
+
+def _fingerprint(p: Path) -> tuple:
+    """Size and a hash of the first and last MiB: tells byte-identical copies apart cheaply."""
+    import hashlib
+
+    try:
+        size = p.stat().st_size
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(size - (1 << 20))
+                h.update(f.read(1 << 20))
+        return (size, h.hexdigest())
+    except OSError:
+        return (str(p),)
+
+
 def _describe(p: Path) -> TraceFile:
     info = parse_trace_name(p.name)
     return TraceFile(path=p, rank=info["rank"], stage=info["stage"])
@@ -91,6 +124,7 @@ def discover(paths: list[str | Path]) -> TraceSet:
     run_dir: Optional[Path] = None
     run_info: dict = {}
     skipped: list[dict] = []
+    capture: list[Path] = []
     if not paths:
         raise InputError("no trace given: pass a trace file (.json/.json.gz), a profile folder or a run folder")
     for raw in paths:
@@ -113,6 +147,9 @@ def discover(paths: list[str | Path]) -> TraceSet:
                 raise InputError(f"{p}: cannot walk this folder ({type(e).__name__}: too deep or unreadable)") from None
             kept = []
             for q in found:
+                if _in_capture_dir(q, p):
+                    capture.append(q)
+                    continue
                 why = not_a_trace(q)
                 if why:
                     skipped.append({"path": str(q), "why": f"not a profiler trace ({why})"})
@@ -124,5 +161,23 @@ def discover(paths: list[str | Path]) -> TraceSet:
             files.extend(_describe(q) for q in kept)
         else:
             files.append(_describe(p))
+    # the same file twice (or a byte-identical copy) is one rank, not two
+    seen: dict = {}
+    unique: list[TraceFile] = []
+    duplicates: list[dict] = []
+    for f in files:
+        keys = [("path", str(f.path.resolve()))]
+        if len(files) > 1:
+            keys.append(("bytes", _fingerprint(f.path)))
+        hit = next((seen[k] for k in keys if k in seen), None)
+        if hit is not None:
+            duplicates.append({"path": str(f.path), "same_as": str(hit.path),
+                               "how": "same path" if keys[0] in seen else "identical bytes"})
+            continue
+        for k in keys:
+            seen[k] = f
+        unique.append(f)
+    files = unique
     files.sort(key=lambda f: (f.host or "", f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
-    return TraceSet(files=files, run_dir=run_dir, run_info=run_info, skipped=skipped)
+    return TraceSet(files=files, run_dir=run_dir, run_info=run_info, skipped=skipped, capture=capture,
+                    duplicates=duplicates)

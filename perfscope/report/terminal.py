@@ -294,7 +294,9 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         c.print(rt)
         s = d.straggler or {}
         if s.get("significant"):
-            c.print(f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
+            # the line compares like with like: step time with step time, or compute with compute
+            c.print(f"[red]straggler:[/] {escape(s['line'])}" if s.get("line") else
+                    f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
                     f"{s['slower_than_others']:.2f}x the other ranks' median ({s['signal']})")
     par = d.parallel or {}
     if par.get("bound") == "memory":
