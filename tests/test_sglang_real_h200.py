@@ -97,6 +97,48 @@ def test_pages_rows_under_cuda_graph_on_the_h200_bit_identical_and_the_shifted_c
     assert {b for t in before["trials"] for b in t["fp8_bytes_of_differing_bits"]} == {0x80}
 
 
+PAGES = RES / "pool495000-pages"
+
+
+def test_real_sglang_pages_patch_outputs_identical_to_the_unpatched_server():
+    """h15b's run (examples/gpu_loop/sglang/patched_run.py): the probe of the patched server, of a
+    control server of the same call (patch switched off) and of the unpatched server of the earlier
+    call, compared here again from the raw probes: every id, logprob, top-5 and prompt logprob."""
+    m = _gpuloop()
+    now = json.loads((PAGES / "summary.json").read_text())
+    rec = json.loads((RES / "pool495000" / "summary.json").read_text())["probe_unpatched"]
+    assert now["install"]["target_is_recorded_original"] is True and now["apply"]["outcome"] == "applied"
+    assert now["apply"]["sha256_after"] != now["install"]["target_sha256"]
+    for other in (rec, now["probe_control"]):
+        d = m.probe_diff(other, now["probe_pages"])
+        assert d["identical"] is True and d["distinct_output_logprobs"] > 100  # not dummy weights
+    assert sum(len(r["lp"]) for part in ("bs1", "bs8") for r in now["probe_pages"][part]) == 176
+    assert now["servers"]["control"]["env"] == {"PERFSCOPE_FP8_KV_CAST": "off"}
+    assert now["servers"]["pages"]["server_info"]["max_total_num_tokens"] == 495_000
+    assert now["servers"]["pages"]["server_info"]["disable_cuda_graph"] is False
+    assert now["reverted_byte_identical"] is True and now["reverted_sha256"] == now["install"]["target_sha256"]
+
+
+def test_real_sglang_pages_patch_tpot_and_the_cast_gone_from_the_trace():
+    """TPOT 7.6 -> 1.42 ms (the control of the same call 7.59 ms); the after trace has no
+    fp8-kv-cast finding, the conversion kernel in place of the casts, and kernel time near the
+    bug's prediction (the TPOT prediction, 0.99 ms, is ~30% low: host time at batch 1)."""
+    now = json.loads((PAGES / "summary.json").read_text())
+    assert now["bench_pages"]["failed"] == 0 and now["bench_control"]["failed"] == 0
+    assert now["bench_pages"]["tpot_ms"] == pytest.approx(1.42, abs=0.1)
+    assert now["bench_control"]["tpot_ms"] == pytest.approx(7.6, abs=0.3)
+    after = diagnose([PAGES / "runs" / "495000-pages"]).to_dict()
+    assert "fp8-kv-cast" not in [f["id"] for f in after["findings"]]
+    pred = _cast(diagnose([REAL]))["predicted_step_ms_after_fix"]
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(REAL), str(PAGES / "runs" / "495000-pages"),
+                        "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    c = json.loads(r.stdout)
+    assert [f["id"] for f in c["findings"]["gone"]] == ["fp8-kv-cast"]
+    assert c["kernel_ms_per_step"]["after_ms"] == pytest.approx(pred, rel=0.2)
+    assert any(o["short"] == "_perfscope_fp8kv_rows_kernel" and o["status"] == "new" for o in c["ops"])
+
+
 # ------------------------------------------------------------ the mode's CPU-side parts
 
 
