@@ -166,5 +166,8 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
                 if on_done:
                     on_done(done, len(files))
     ranks = [r for r in results if r is not None]
+    for path, why in tset.skipped:
+        for r in ranks:
+            r.notes.append(f"{path.name} not analysed: {why}")
     return Diagnosis(ranks=ranks, run=tset.run_info, straggler=straggler(ranks),
                      parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound})

@@ -2,7 +2,8 @@
 
 How steps are found, first that applies:
   1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]`` (and the
-     ``execute_N_context_C(..)_generation_G(..)`` markers TraceLens-instrumented servers write);
+     vLLM's ``execute_context_C(..)_generation_G(..)`` markers (real vLLM 0.32; TraceLens-instrumented
+     servers write ``execute_N_context_C(..)_generation_G(..)``);
   2. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
   3. CUDA/HIP graph launches, one step each;
   4. the whole trace as one window.
@@ -22,7 +23,7 @@ from typing import Optional
 from perfscope.load.model import Trace
 
 _SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b([^\]]*)\]")
-_EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
+_EXECUTE = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
@@ -97,11 +98,11 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     for a in cpu_ann:
         m = _EXECUTE.match(a.name)
         if m:
-            ctx, gen = int(m.group(2)), int(m.group(3))
+            ctx, gen = int(m.group(1)), int(m.group(2))
             phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid))
     if ex:
-        return "execute-annotation", ex, "execute_N_context_C_generation_G annotations"
+        return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
     ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid) for a in cpu_ann if _PROFILER_STEP.match(a.name)]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
