@@ -27,6 +27,12 @@ TABLE: tuple[tuple[str, str, str], ...] = (
     ("sampling", "sampling", r"^aten::(sort|topk|argmax|multinomial|argsort)$"),
     ("communication", "cpu", r"^(c10d|gloo|nccl):|^record_param_comms$"),
     ("elementwise", "cpu-op", r"^aten::"),
+    # vLLM's CPU ops (real vLLM 0.32 on CPU, tests/test_real_vllm.py): its packed-weight GEMM, its
+    # attention and KV-cache write, and torch.compile's graph call (self time = its fused C++ code)
+    ("gemm", "gemm", r"^_C::(weight_packed_linear|onednn_mm|onednn_scaled_mm|\w*gemm\w*)$"),
+    ("attention", "attention", r"^_C::\w*attention\w*$|^vllm::unified_attention"),
+    ("copy", "kv-write", r"^vllm::unified_kv_cache_update$|^_C::\w*reshape_and_cache\w*$"),
+    ("elementwise", "inductor", r"^## Call CompiledFxGraph"),
     # communication: NCCL/RCCL first (the "nccl" sub-bucket is what the all-reduce rule reads)
     ("communication", "nccl", r"^ncclDevKernel|^ncclKernel|\bnccl|^rccl|msccl"),
     ("communication", "custom", r"cross_device_reduce|multimem_all_reduce|allreduce_fusion|"

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.load.model import Trace
 
 _SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b([^\]]*)\]")
@@ -53,6 +54,7 @@ class Step:
     graph_launches: int = 0
     gpu_start: Optional[float] = None
     gpu_end: Optional[float] = None
+    tid: object = None  # the thread of the step's annotation: on a CPU-only trace its ops are the step's
 
     @property
     def gpu_us(self) -> float:
@@ -91,7 +93,7 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     for a in cpu_ann:
         m = _SGLANG_STEP.match(a.name)
         if m:
-            sg.append(Step(0, _PHASE_OF.get(m.group(1), "unknown"), a.name, a.ts, a.ts + a.dur, a.pid))
+            sg.append(Step(0, _PHASE_OF.get(m.group(1), "unknown"), a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if sg:
         return "sglang-annotation", sg, "SGLang step annotations"
     ex = []
@@ -100,10 +102,11 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
         if m:
             ctx, gen = int(m.group(1)), int(m.group(2))
             phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
-            ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid))
+            ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
-    ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid) for a in cpu_ann if _PROFILER_STEP.match(a.name)]
+    ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
+          if _PROFILER_STEP.match(a.name)]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
     gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
@@ -172,6 +175,9 @@ def find_steps(trace: Trace) -> StepSet:
             i = window_of(k.ts)
         if method == "whole-trace" and i < 0:
             i = 0
+        if i >= 0 and k.kind == "cpu" and steps[i].tid is not None and k.stream != thread_stream(steps[i].tid) \
+                and not is_collective_standin(k.name):
+            continue  # a CPU op of another thread: not this step's work (threads overlap in time)
         if i >= 0:
             steps[i].kernels.append(ki)
 
