@@ -23,7 +23,7 @@ from typing import Optional
 from rich.console import Console
 
 from perfscope.errors import InputError, PerfscopeError, RemoteError
-from perfscope.util.files import atomic_write_text, resource_dir
+from perfscope.util.files import atomic_write_text, resource_dir, user_path
 
 _LISTEN = re.compile(r"listening on (http://\S+)")
 
@@ -123,6 +123,30 @@ def _perfscope(args: list[str], console: Console, capture_json: bool = True) -> 
         raise PerfscopeError(f"`perfscope {args[0]}` printed no JSON in the demo") from None
 
 
+def diff_stat(diff: str) -> tuple[int, int, int]:
+    """(lines added, lines removed, hunks) of a unified diff."""
+    added = removed = hunks = 0
+    for line in diff.splitlines():
+        if line.startswith("@@"):
+            hunks += 1
+        elif line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return added, removed, hunks
+
+
+def patch_summary(check: dict, diff_path: Path) -> str:
+    """A few lines in place of the whole diff: what is patched, with which strategy and why, how
+    big the change is, and where the full diff lies."""
+    a, r, h = diff_stat(check.get("diff") or "")
+    lines = [f"{check.get('outcome')}: {check.get('target')} {check.get('path')}"
+             + (f" (variant {check['variant']})" if check.get("variant") else ""),
+             f"strategy {check.get('strategy')}" + (f": {check['strategy_reason']}" if check.get("strategy_reason") else ""),
+             f"patch: +{a} -{r} lines in {h} hunk{'s' if h != 1 else ''}; full diff: {diff_path}"]
+    return "\n".join(lines)
+
+
 def copy_server(dest: Path) -> Path:
     """A scratch copy of examples/repro_server under dest/server; returns the attention module."""
     src = resource_dir("examples") / "repro_server"
@@ -139,7 +163,7 @@ def copy_server(dest: Path) -> Path:
 
 def run_demo(cfg: DemoConfig, console: Console) -> dict:
     t0 = time.monotonic()
-    out = cfg.out
+    out = user_path(cfg.out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out}: folder exists and is not empty; pass --out to a new folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -166,8 +190,11 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
             raise PerfscopeError("the demo's diagnosis did not find fp8-kv-cast; see " + str(before))
 
         console.rule("[bold]2. fix it: check and diff, then apply (backup + manifest)")
-        _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
-                    "--strategy", cfg.strategy], console, capture_json=False)
+        check = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
+                            "--strategy", cfg.strategy, "--json"], console)
+        diff_path = out / "fix.diff"
+        atomic_write_text(diff_path, check.get("diff") or "")
+        console.print(patch_summary(check, diff_path))
         fixed = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
                             "--strategy", cfg.strategy, "--apply", "--json"], console)
         server.stop()
@@ -193,6 +220,8 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         "findings_after": [f["id"] for f in diag_a["findings"]],
         "fix": {k: fixed.get(k) for k in ("outcome", "strategy", "target", "path") if k in fixed},
         "compare": {k: cmp.get(k) for k in ("step", "tpot") if k in cmp},
+        "predictions": cmp.get("predictions") or [],
+        "diff": str(out / "fix.diff"),
         "html": str(html), "before": str(before), "after": str(after),
         "seconds": round(time.monotonic() - t0, 1),
     }

@@ -9,7 +9,12 @@ traceback. Exit codes are stable so that a CI job can gate on them:
     2  unusable input: missing/truncated/empty/non-Kineto trace, bad option, unknown version
     3  remote side: unreachable host, SSH auth refused, host key unknown or changed, server down
     4  a fix was refused (not applicable, unknown variant, file changed since the check)
-  130  interrupted (Ctrl-C)
+   70  internal error: a bug in perfscope (``PERFSCOPE_DEBUG=1`` prints its traceback)
+  130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM, 129 by SIGHUP (128 + the signal number).
+       The profiler is stopped, child processes are killed, and the run folder says it is incomplete.
+
+Secrets perfscope knows (the server's API key) are registered with :func:`register_secret` and
+cut out of every error message (:func:`redact`), including server replies that echo headers.
 """
 
 from __future__ import annotations
@@ -19,7 +24,33 @@ EXIT_FINDINGS = 1
 EXIT_INPUT = 2
 EXIT_REMOTE = 3
 EXIT_FIX_REFUSED = 4
+EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a secret (an API key) so that no message perfscope prints can contain it."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered secret replaced by ``***``."""
+    for s in sorted(_SECRETS, key=len, reverse=True):
+        if s in text:
+            text = text.replace(s, "***")
+    return text
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived: unwinds like Ctrl-C (every ``finally`` runs, so the
+    profiler is stopped); the CLI exits 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class PerfscopeError(Exception):
@@ -34,7 +65,7 @@ class PerfscopeError(Exception):
 
     def __str__(self) -> str:  # one line, always
         text = self.message if not self.hint else f"{self.message} ({self.hint})"
-        return " ".join(text.split())
+        return redact(" ".join(text.split()))
 
 
 class InputError(PerfscopeError):

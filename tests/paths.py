@@ -8,3 +8,7 @@ H200 = TRACES / "h200-mla-fp8-kv"
 PUBLIC = TRACES / "public"
 TRACELENS = PUBLIC / "TraceLens" / "tests" / "traces"
 HTA = PUBLIC / "HolisticTraceAnalysis" / "tests" / "data"
+
+# real traces made by this project on the device, kept in the repository (each < 2 MB)
+KERNEL_MIX = REPO / "tests" / "traces" / "h200-kernel-mix"  # examples/kernel_mix/make_traces.py
+GPU_LOOP = REPO / "examples" / "gpu_loop" / "results"  # examples/gpu_loop/run_loop.py (SGLang-like server)

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from paths import H200, HTA, TRACELENS, TRACES
+from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, TRACELENS, TRACES
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
 from perfscope.load.reader import load_trace
 
-SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et")  # a duplicate of a smaller file; not Kineto
-ALL = sorted(p for p in TRACES.rglob("*.json.gz") if not any(s in p.name for s in SKIP))
+SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et", "908_results")  # a duplicate of a smaller file; not Kineto (x2)
+ALL = sorted(p for p in list(TRACES.rglob("*.json.gz")) + list(KERNEL_MIX.glob("*.json.gz"))
+             if not any(s in p.name for s in SKIP))
 
 # Inference traces (and the inference-like public ones): "other" must stay below this share of kernel time
 OTHER_MAX_SHARE = 0.01
@@ -54,6 +55,16 @@ MI250 = HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 A100 = HTA / "negative_queue_length_values_check/rank0.json.gz"
 CONTROL = HTA / "trace_diff/control/control.json.gz"
 SAMPLED = HTA / "trace_filter/sampled_rank-0.json.gz"
+CONV = HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"  # V100 cuDNN CNN training
+FI_EAGER = KERNEL_MIX / "fi_decode_eager.json.gz"  # FlashInfer 0.6.18 on an H200 (make_traces.py)
+FI_GRAPH = KERNEL_MIX / "fi_decode_graph.json.gz"
+TORCH_TOPP = KERNEL_MIX / "sample_topp.json.gz"
+TORCH_TOPK = KERNEL_MIX / "sample_topk.json.gz"
+TRITON_NORM = KERNEL_MIX / "triton_norm_rope_eager.json.gz"
+# real SGLang 0.5.x on an H200 (FlashInfer MLA backend, FP8 KV), traced by perfscope (h15, 2026-12-01)
+SGL_H200 = next(iter(sorted((GPU_LOOP / "h200-2026-12-01-sglang/pool495000/runs/495000-bug/traces").glob(
+    "*DECODE*.json.gz"))))
+PAGES_FIX = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/pages/traces").glob("*DECODE*.json.gz"))))
 
 # (trace, regex on the real kernel name, expected "bucket/sub" or "bucket")
 EXPECT = [
@@ -82,8 +93,8 @@ EXPECT = [
     (V100, r"epilogue::impl::globalKernel", "gemm/gemm"),
     (A100, r"cutlass::Kernel<cutlass_80_tensorop_s1688gemm", "gemm/gemm"),
     (CONTROL, r"^ampere_sgemm", "gemm/gemm"),
-    (XDIT, r"^igemm_fwd_gtcx3", "gemm/gemm"),
-    (XDIT, r"kernel_grouped_conv_fwd", "gemm/gemm"),
+    (XDIT, r"^igemm_fwd_gtcx3", "gemm/conv"),
+    (XDIT, r"kernel_grouped_conv_fwd", "gemm/conv"),
     (XDIT, r"^Im2d2Col", "gemm/gemm"),
     # MoE: expert GEMMs, routing and combine
     (VLLM_FULL, r"^_matmul_ogs_", "gemm/moe"),
@@ -134,6 +145,43 @@ EXPECT = [
     (CONTROL, r"cub::DeviceRadixSortOnesweepKernel", "sampling"),
     (CONTROL, r"cub::DeviceRadixSortHistogramKernel", "sampling"),
     (SGL_DECODE, r"ArgMaxOps", "sampling"),
+    # FlashInfer's non-attention kernels (SGLang on CUDA's default norm, activation, rope, sampling):
+    # none of them is attention although every name starts with `flashinfer::`
+    (FI_EAGER, r"flashinfer::norm::FusedAddRMSNormKernel", "elementwise/norm"),
+    (FI_EAGER, r"flashinfer::norm::RMSNormKernel", "elementwise/norm"),
+    (FI_EAGER, r"flashinfer::activation::act_and_mul_kernel", "elementwise/activation"),
+    (FI_EAGER, r"flashinfer::BatchQKApplyRotaryPosIdsCosSinCache", "elementwise/rope"),
+    (FI_EAGER, r"flashinfer::sampling::TopKTopPSamplingFromProbKernel", "sampling"),
+    (FI_EAGER, r"flashinfer::mla::BatchMLAPagedAttentionKernel", "attention"),
+    (FI_GRAPH, r"flashinfer::sampling::TopPSamplingFromProbKernel", "sampling"),
+    (FI_GRAPH, r"flashinfer::sampling::TopKSamplingFromProbKernel", "sampling"),
+    (FI_GRAPH, r"flashinfer::sampling::OnlineSoftmax(Map|Reduce)Kernel", "sampling"),
+    # Triton norm / rotary kernels named as SGLang/vLLM's: not the `_fwd_kernel` of Triton attention
+    (TRITON_NORM, r"^_rms_norm_fwd_kernel$", "elementwise/norm"),
+    (TRITON_NORM, r"^_rotary_fwd_kernel$", "elementwise/rope"),
+    # torch top-p / top-k sampling: radix sort, mbtopk
+    (TORCH_TOPP, r"DeviceRadixSortOnesweepKernel", "sampling"),
+    (TORCH_TOPK, r"mbtopk::gatherTopK", "sampling"),
+    (TORCH_TOPK, r"mbtopk::computeBlockDigitCounts", "sampling"),
+    (TORCH_TOPP, r"tensor_kernel_scan_innermost_dim", "elementwise"),  # cumsum (the rule claims it by op)
+    # cuDNN convolutions are GEMM-like work, cuDNN batch norm a norm
+    (CONV, r"^cudnn_infer_volta_scudnn_128x64_relu", "gemm/conv"),
+    (CONV, r"^cudnn_train_volta_scudnn_128x128_stridedB_splitK", "gemm/conv"),
+    (CONV, r"cudnn::detail::dgrad_engine", "gemm/conv"),
+    (CONV, r"wgrad_alg0_engine", "gemm/conv"),
+    (CONV, r"cudnn::winograd_nonfused::winogradForwardData", "gemm/conv"),
+    (CONV, r"cudnn::bn_bw_1C11_kernel_new", "elementwise/norm"),
+    # real SGLang on CUDA: FlashInfer norms, sgl-kernel rope / activation, FlashInfer's Hopper MLA kernel
+    (SGL_H200, r"flashinfer::norm::FusedAddRMSNormKernel", "elementwise/norm"),
+    (SGL_H200, r"flashinfer::norm::RMSNormKernel", "elementwise/norm"),
+    (SGL_H200, r"fused_rope_kernel", "elementwise/rope"),
+    (SGL_H200, r"act_and_mul_kernel", "elementwise/activation"),
+    (SGL_H200, r"flashinfer::mla::hopper::BatchMLAPageAttentionHopperKernel", "attention"),
+    (SGL_H200, r"^create_flashinfer_kv_indices_triton$", "elementwise/metadata"),
+    (SGL_H200, r"set_mla_kv_buffer_kernel", "copy/kv-write"),
+    (SGL_H200, r"ArgMaxOps", "sampling"),
+    # perfscope's own pages fix: an FP8 -> BF16 cast of the referenced rows, a copy
+    (PAGES_FIX, r"^_perfscope_fp8kv_rows_kernel$", "copy/cast"),
 ]
 
 
@@ -150,7 +198,7 @@ def test_real_kernel_lands_in_its_bucket(trace, pattern, expected):
 COVERAGE = [p for p in ALL if "cpu_only" not in str(p)]
 
 
-@pytest.mark.parametrize("trace", COVERAGE, ids=[str(p.relative_to(TRACES))[-60:] for p in COVERAGE])
+@pytest.mark.parametrize("trace", COVERAGE, ids=[str(p.relative_to(TRACES if TRACES in p.parents else KERNEL_MIX.parent))[-60:] for p in COVERAGE])
 def test_other_is_a_small_share_of_kernel_time(trace):
     names = names_of(trace)
     total = sum(names.values())
@@ -190,6 +238,20 @@ def test_kind_wins_over_name_and_params_are_not_matched():
 
 def test_table_is_declarative_and_compiles():
     for row in TABLE:
-        assert len(row) == 3 and all(isinstance(x, str) for x in row)
+        # (bucket, sub-bucket, regex, whose kernels the row covers)
+        assert len(row) == 4 and all(isinstance(x, str) for x in row)
+        assert len(row[3]) > 10, f"row {row[:2]} does not say whose kernels it covers"
         assert row[0] in BUCKETS
         re.compile(row[2])
+
+
+def test_real_sglang_sampling_lands_in_its_step():
+    # SGLang's step[DECODE] annotation closes before the sampler launches its argmax: the kernels
+    # launched right after it are the step's sampling, not lost between steps
+    from perfscope.analysis.diagnose import diagnose
+
+    d = diagnose([SGL_H200]).to_dict()
+    assert d["steps"]["method"] == "sglang-annotation" and d["steps"]["count"] == 10
+    assert d["buckets"]["sampling"]["ms_per_step"] > 0.005  # ArgMaxOps (greedy), ~10 us per step
+    assert d["buckets"]["attention"]["ms_per_step"] == pytest.approx(
+        sum(o["ms_per_step"] for o in d["ops"] if "BatchMLAPageAttentionHopperKernel" in o["name"]), rel=0.01)

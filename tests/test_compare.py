@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,30 @@ def test_cli_terminal_and_json(tmp_path):
     assert c["kind"] == "compare" and c["findings"]["gone"][0]["id"] == "fp8-kv-cast"
     assert c["before"]["label"] == "mla_pool_graph" and c["after"]["label"] == "mla_pages_graph"
     assert (tmp_path / "c.html").stat().st_size > 1_000_000 and "report written" in r.stderr
+
+
+def test_predictions_are_held_to_account(tmp_path, diag):
+    """The pool trace predicted its fixed step (fp8-kv-cast, gone after the fix): compare prints the
+    prediction against the fixed run's measured step, with the error in %."""
+    c = compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_fp8_graph.json.gz"))
+    (pr,) = c["predictions"]
+    pred = next(f for f in diag(H200 / "mla_pool_graph.json.gz").primary.findings if f["id"] == "fp8-kv-cast")
+    assert pr["finding"] == "fp8-kv-cast" and pr["predicted_step_ms"] == round(pred["predicted_step_ms_after_fix"], 4)
+    assert pr["measured_step_ms"] == c["step"]["after_ms"]
+    assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    assert -25 < pr["error_pct"] < 0  # 6.42 ms predicted, 6.91 ms measured
+    # a finding still present predicted nothing that was tested: no row; nor the reverse direction
+    assert compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_pool_eager.json.gz"))["predictions"] == []
+    assert compare(diag(H200 / "mla_fp8_graph.json.gz"), diag(H200 / "mla_pool_graph.json.gz"))["predictions"] == []
+    r = perfscope("compare", H200 / "mla_pool_graph.json.gz", H200 / "mla_fp8_graph.json.gz")
+    shown = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
+    assert f"measured {pr['measured_step_ms']:.2f} ms (error {pr['error_pct']:+.1f}%)" in shown
+    # with client TPOT on both sides, the prediction is carried to TPOT too
+    before = _run_folder(tmp_path / "b", H200 / "mla_pool_graph.json.gz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
+    after = _run_folder(tmp_path / "a", H200 / "mla_fp8_graph.json.gz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
+    (pr,) = compare(diagnose([before]), diagnose([after]))["predictions"]
+    assert pr["predicted_tpot_ms"] == pytest.approx(58.0 * pr["predicted_step_ms"] / c["step"]["before_ms"], rel=1e-3)
+    assert pr["measured_tpot_ms"] == 7.5
 
 
 @pytest.mark.parametrize("side", ["before", "after"])

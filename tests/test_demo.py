@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -14,16 +16,28 @@ from paths import REPO
 def test_demo_finds_fixes_and_measures(tmp_path):
     shipped = REPO / "examples" / "repro_server" / "mla_attention.py"
     before_hash = hashlib.sha256(shipped.read_bytes()).hexdigest()
-    out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "demo", "--out", str(out), "--json"],
+    # as the README runs it: no --out, from the user's working directory (the default folder
+    # ./perfscope-demo-<time> is relative; it once crashed trace by being joined twice)
+    r = subprocess.run([sys.executable, "-m", "perfscope", "demo", "--json"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout)
+    (out,) = tmp_path.glob("perfscope-demo-*")
+    assert s["before"] == str(out / "before") and s["html"] == str(out / "compare.html")
     assert s["findings_before"][0] == "fp8-kv-cast"
     assert "fp8-kv-cast" not in s["findings_after"]
     # a CPU-only trace has no GPU timeline: no idle-time rule may fire on it
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])
     assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
+    # predictions held to account: the before run's predicted step against the after run's
+    (pr,) = s["predictions"]
+    assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
+    assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    # a short patch summary and the path of the full diff, not the diff itself
+    diff = (out / "fix.diff").read_text()
+    assert s["diff"] == str(out / "fix.diff") and "perfscope fp8-kv-cast" in diff and diff.count("\n+") > 20
+    assert re.search(r"patch: \+\d+ -\d+ lines in \d+ hunks; full diff: ", " ".join(r.stderr.split()))
+    assert not any(ln.startswith(("@@", "+++", "---")) for ln in r.stderr.splitlines())  # no diff on screen
     assert (out / "compare.html").stat().st_size > 100_000
     for side in ("before", "after"):
         run = json.loads((out / side / "run.json").read_text())
@@ -32,7 +46,17 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before_hash
     patched = out / "server" / "examples" / "repro_server" / "mla_attention.py"
     assert b"perfscope fp8-kv-cast" in patched.read_bytes()
+    # CPU-only traces compared: said as CPU, not GPU
+    cmp = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(out / "before"), str(out / "after")],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "160"})
+    assert cmp.returncode == 0, cmp.stderr
+    assert "(CPU, " in cmp.stdout and "median step (CPU ops)" in cmp.stdout and "CPU op time per step" in cmp.stdout
+    assert "GPU" not in cmp.stdout
+    # one rank's EXTEND and DECODE files: the HTML labels them as stages, not as ranks
+    html = (out / "compare.html").read_text()
+    assert "Per stage, before and after" in html and "EXTEND stage (prefill)" in html and "DECODE stage" in html
     # a second demo into the same (non-empty) folder is refused, not overwritten
-    again = subprocess.run([sys.executable, "-m", "perfscope", "demo", "--out", str(out)],
-                           capture_output=True, text=True, timeout=60)
-    assert again.returncode == 2 and "not empty" in again.stderr
+    # (named through '~', as --out=~/... reaches it unexpanded by the shell)
+    again = subprocess.run([sys.executable, "-m", "perfscope", "demo", f"--out=~/{out.name}"], cwd=REPO,
+                           env={**os.environ, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "not empty" in again.stderr and str(out) in again.stderr

@@ -36,7 +36,11 @@ def test_pool_trace_finds_the_fp8_cast(mode):
     assert f is not None, d["findings"]
     assert f["evidence"]["pool_tokens"] == MEASURED["pool_tokens"] == 495000
     assert f["evidence"]["casts_per_step"] == MEASURED["layers"] == 60
-    assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.25)
+    if mode == "graph":
+        assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.1)
+    else:  # the launch timeline holds the eager step up (tests/test_stepmodel.py)
+        p = f["evidence"]["prediction"]
+        assert p["lower_bound_ms"] <= MEASURED["eager"]["fp8"]["median_ms"] <= f["predicted_step_ms_after_fix"]
     assert f["fix"] == "fp8-kv-cast"
     # eager traces show the FP8 dtype; graph traces only the kernel (no config given here)
     assert f["confidence"] == ("high" if mode == "eager" else "medium")
@@ -139,17 +143,22 @@ def test_rank_folder_in_parallel_with_per_rank_tables(tmp_path):
 
 def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
     """A one-step EXTEND file of another rank must not be called the straggler of decode."""
+    from paths import GPU_LOOP
+
     prof = tmp_path / "profile"
     prof.mkdir()
+    # two H200 decode files (byte-identical copies would be one rank: tests/test_rank_sets.py) and an
+    # H200 EXTEND file of the repro server
     shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1.1-TP-0-DECODE.trace.json.gz")
-    shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1.1-TP-1-DECODE.trace.json.gz")
-    shutil.copy(TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz",
-                prof / "1.1-TP-1-EXTEND.trace.json.gz")
+    shutil.copy(H200 / "mla_pages_graph.json.gz", prof / "1.1-TP-1-DECODE.trace.json.gz")
+    extend = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/native/traces").glob("*EXTEND*.json.gz"))))
+    shutil.copy(extend, prof / "1.1-TP-1-EXTEND.trace.json.gz")
     d = diagnose([prof], workers=2)
-    assert len(d.ranks) == 3
+    assert len(d.ranks) == 3 and not d.warnings, d.warnings
     s = d.straggler
     assert s["phase"] == "decode" and s["stage"] == "DECODE"
-    assert s["significant"] is False, s  # identical decode ranks; the 29 ms prefill step is not compared
+    decode = sorted(r.steps["median_ms"] for r in d.ranks if r.stage == "DECODE")
+    assert decode[0] <= s["ranks_median_ms"] <= decode[1]  # the prefill step is not compared
 
 
 def test_cli_json_and_fail_on_gate():
@@ -201,6 +210,23 @@ def test_bad_inputs_get_one_clear_line(tmp_path):
     shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1-TP-0.trace.json.gz")
     (prof / "1-TP-1.trace.json.gz").write_bytes(full[:1000])
     assert "truncated gzip" in _one_line_error(run_cli("diagnose", prof))
+
+
+def test_fail_on_checks_its_ids_against_the_rule_registry():
+    from perfscope.analysis.rules import rule_ids
+
+    # a misspelt id would never match: a CI gate that always passes. Refused, with the known ids
+    trace = H200 / "mla_pool_graph.json.gz"
+    line = _one_line_error(run_cli("diagnose", trace, "--fail-on", "fp8-kv-cats"))
+    assert "unknown finding id fp8-kv-cats" in line and "did you mean fp8-kv-cast?" in line
+    assert all(rid in line for rid in rule_ids()) and "any" in line
+    line = _one_line_error(run_cli("diagnose", trace, "--json", "--fail-on", "eager-decode,nope,zzz"))
+    assert "unknown finding ids nope, zzz" in line
+    assert "no finding id" in _one_line_error(run_cli("diagnose", trace, "--fail-on", " , "))
+    # known ids still gate: any, and a list with a present one
+    for ids in ("any", "eager-decode,fp8-kv-cast"):
+        r = run_cli("diagnose", trace, "--json", "--fail-on", ids)
+        assert r.returncode == 1 and "gated finding(s) present: fp8-kv-cast" in r.stderr, (ids, r.stderr)
 
 
 def test_help_explains():

@@ -114,8 +114,11 @@ for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
     m._perfscope_fp8kv_rows_kernel[(4,)](pool.view(torch.uint8), out, idx, torch.tensor([0, 3, 6], dtype=torch.int32),
         2, 300, ROW=576, FMT=m._perfscope_fp8kv_fmt(pool), BLOCK_R=16, BLOCK_C=64)
     a = out.float()
+    bits, rbits = out.view(torch.int16), pool.to(torch.bfloat16).view(torch.int16)
     for r in (5, 17, 3, 299, 100, 7):
         assert bool(((a[r] == ref[r]) | (a[r].isnan() & ref[r].isnan())).all()), (dt, r)
+        # bit for bit, the sign of zero included (0x80 is -0.0), NaN payloads aside
+        assert bool(((bits[r] == rbits[r]) | ref[r].isnan()).all()), (dt, r)
     assert bool((a[8] == 0).all())
     out = torch.zeros(300, 1, 576, dtype=torch.bfloat16)
     pt = torch.tensor([[1, 74, 0, 0], [10, 11, 12, 0]], dtype=torch.int32)

@@ -320,7 +320,10 @@ def test_pool_trace_gap_points_at_copy(mode):
     assert fp8["evidence"]["floor_step_ms"] == f["floor_ms"]
     assert fp8["evidence"]["predicted_over_floor"] == pytest.approx(fp8["predicted_step_ms_after_fix"] / f["floor_ms"],
                                                                     rel=1e-3)
-    assert fp8["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.25)
+    if mode == "graph":
+        assert fp8["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.25)
+    else:  # eager: the launch timeline holds the step up (tests/test_stepmodel.py)
+        assert fp8["evidence"]["prediction"]["lower_bound_ms"] <= MEASURED["eager"]["fp8"]["median_ms"]
 
 
 def test_eager_fixed_trace_gap_is_idle():
@@ -372,7 +375,7 @@ def test_html_report_shows_the_floor_and_its_worst_bucket(tmp_path):
     page = out.read_text()
     section = page[page.index('id="floor"'):]
     assert "Hardware floor" in page and "Furthest above its floor: <b>copy</b>" in section
-    assert "NVIDIA H200" in section and "should cost <b>3.149 ms</b>" in section
+    assert "NVIDIA H200" in section and "should cost <b>3.15 ms</b>" in section  # ms at one precision (report/wording.py)
 
 
 def test_report_header_names_an_unnamed_rocm_gpu_by_its_match():

@@ -96,7 +96,10 @@ def test_wrong_user_key_is_refused(sshd, tmp_path):
 
 
 def test_missing_identity_file(sshd, tmp_path):
-    with pytest.raises(AuthRefused, match="does not exist"):
+    # a file the user named that is not there is unusable input (exit 2), not a remote failure
+    from perfscope.errors import InputError
+
+    with pytest.raises(InputError, match="does not exist"):
         connect(sshd.target(identity=str(tmp_path / "nope")))
 
 
@@ -152,7 +155,9 @@ def test_parse_target_spec_and_ssh_config(tmp_path):
     t = parse_target("box", ssh_config=cfg)
     assert (t.host, t.user, t.port, t.identity) == ("10.1.2.3", "dave", 2200, str(key))
     assert [h.label for h in t.jump] == ["jh1", "eve@jh2:2201"]
-    with pytest.raises(RemoteError):
+    from perfscope.errors import InputError
+
+    with pytest.raises(InputError):  # a host spec that cannot be one is unusable input (exit 2)
         parse_target("a b@c", ssh_config="/nonexistent")
 
 

@@ -99,9 +99,10 @@ if _perfscope_triton is not None:
             m = b & 7
             bits = (s << 31) | ((e + 120) << 23) | (m << 20)
             normal = bits.to(tl.uint32).to(tl.float32, bitcast=True)
-            sub = m.to(tl.float32) * 0.001953125
-            sub = tl.where(s == 1, -sub, sub)
-            v = tl.where(e == 0, sub, normal)
+            # subnormal (and zero): m * 2^-9 with the sign bit set by hand (negating gives +0.0 for
+            # 0x80 on the GPU, where torch's cast gives -0.0)
+            sub = (m.to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True) | (s << 31).to(tl.uint32)
+            v = tl.where(e == 0, sub.to(tl.float32, bitcast=True), normal)
             v = tl.where((b & 127) == 127, float("nan"), v)
         else:  # e5m2 is the high byte of an IEEE half
             v = (b << 8).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)

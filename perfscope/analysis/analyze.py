@@ -19,8 +19,11 @@ from perfscope.analysis.metrics import StepMetrics, step_metrics
 from perfscope.analysis.names import short_name
 from perfscope.analysis.ops import Op, top_ops
 from perfscope.analysis.result import RankAnalysis
+from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
+from perfscope.analysis.sampling_path import sampling_tail
 from perfscope.analysis.steps import Step, StepSet, find_steps
+from perfscope.analysis.workload import classify_workload
 from perfscope.load.model import Trace
 
 TIMELINE_MAX_KERNELS = 6000
@@ -46,6 +49,7 @@ class State:
     findings: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     cpu_only: bool = False
+    workload: dict = field(default_factory=dict)  # perfscope.analysis.workload: what the trace is
     out: dict = field(default_factory=dict)
 
 
@@ -54,6 +58,15 @@ def pass_steps(st: State) -> None:
         st.trace = replace(st.trace, kernels=cpu_ops_as_kernels(st.trace))
         st.cpu_only = True
     st.stepset = find_steps(st.trace)
+    st.workload = classify_workload(st.trace)
+    if st.workload["kind"] == "training":
+        # training iterations, not decode steps
+        for s in st.stepset.steps:
+            if s.phase in ("decode", "unknown"):
+                s.phase = "train"
+        st.stepset.note = st.stepset.note.replace("(taken as decode steps)", "(training iterations)")
+    if not st.workload["serving_rules"]:
+        st.notes.append(f"This is {st.workload['how']}.")
     st.phase = st.stepset.primary_phase
     st.steps = [s for s in st.stepset.steps if s.phase == st.phase and s.kernels] or \
                [s for s in st.stepset.steps if s.phase == st.phase]
@@ -65,23 +78,33 @@ def pass_steps(st: State) -> None:
 
 
 def pass_metrics(st: State) -> None:
-    st.metrics = [step_metrics(st.trace, s) for s in st.steps]
+    sampler = bool(st.workload.get("serving_rules"))
+    st.metrics = [step_metrics(st.trace, s, sampler=sampler) for s in st.steps]
     gpu = [m.gpu_ms for m in st.metrics if m.kernels]
     st.step_ms = statistics.median(gpu) if gpu else (statistics.median([m.cpu_ms for m in st.metrics])
                                                     if st.metrics else 0.0)
     n = max(len(st.metrics), 1)
     st.kernel_ms_per_step = sum(m.kernel_ms for m in st.metrics) / n
     st.buckets_ms = {b: sum(m.buckets[b] for m in st.metrics) / n for b in BUCKETS}
-    phases = defaultdict(list)
+    # each phase timed as the analysed steps are: by the GPU work of its steps that launched some,
+    # else (no GPU work in the phase) by the CPU ranges; steps without GPU work are counted apart
+    phases: dict = defaultdict(lambda: {"gpu": [], "cpu": []})
     for s in st.stepset.steps:
-        phases[s.phase].append(s.gpu_us / 1e3 if s.kernels else s.cpu_us / 1e3)
-    st.out["phases"] = [{"phase": p, "count": len(v), "median_ms": round(statistics.median(v), 4)}
-                        for p, v in phases.items()]
+        phases[s.phase]["gpu" if s.kernels else "cpu"].append(s.gpu_us / 1e3 if s.kernels else s.cpu_us / 1e3)
+    st.out["phases"] = []
+    for p, v in phases.items():
+        xs = v["gpu"] or v["cpu"]
+        row = {"phase": p, "count": len(xs), "median_ms": round(statistics.median(xs), 4)}
+        if v["gpu"] and v["cpu"]:
+            row["steps_without_gpu_work"] = len(v["cpu"])
+        st.out["phases"].append(row)
     idle = [m.idle_ms for m in st.metrics if m.kernels]
     cpu = [m.cpu_ms for m in st.metrics]
     st.out["steps"] = {
         "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
         "method": st.stepset.method, "how": st.stepset.note,
+        "workload": st.workload.get("kind"), "workload_how": st.workload.get("how"),
+        "workload_evidence": st.workload.get("evidence"),
         "analysed_on": "cpu-ops" if st.cpu_only else "gpu-kernels",
         "mean_ms": round(statistics.fmean(gpu), 4) if gpu else None,
         "min_ms": round(min(gpu), 4) if gpu else None, "max_ms": round(max(gpu), 4) if gpu else None,
@@ -108,9 +131,12 @@ def pass_buckets(st: State) -> None:
     sub = defaultdict(float)
     kern = st.trace.kernels
     for s in st.steps:
+        sampler = set(sampling_tail(st.trace, s)) if st.workload.get("serving_rules") else set()
         for i in s.kernels:
             k = kern[i]
             b, sb = classify(k.name, k.kind)
+            if i in sampler and b != "sampling":
+                b, sb = "sampling", f"path-{b}"  # the sampler's softmax / cumsum / casts
             sub[f"{b}/{sb}"] += k.dur
     n = max(len(st.steps), 1)
     st.out["sub_buckets"] = {k: {"ms_per_step": round(v / n / 1e3, 4), "share": round(v / n / 1e3 / total, 4)}
@@ -131,7 +157,7 @@ def pass_findings(st: State) -> None:
     ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
                       step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
                       ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only)
-    st.findings = run_rules(ctx) if st.trace.kernels else []
+    st.findings = run_rules(ctx) if st.trace.kernels and st.workload.get("serving_rules", True) else []
     top = st.ops[0] if st.ops else None
     if (st.cpu_only and not st.findings and top is not None and top.bucket == "copy" and top.share >= 0.3
             and not top.attribution.input_types):
@@ -152,6 +178,16 @@ def pass_floor(st: State) -> None:
     st.out["floor"] = compute_floor(st.trace.meta.to_dict(), st.config, buckets_ms=st.buckets_ms, step_ms=st.step_ms,
                                     idle_ms=idle, phase=st.phase, step_labels=[s.label for s in st.steps])
     annotate_findings(st.findings, st.out["floor"])
+
+
+def pass_roofline(st: State) -> None:
+    """Achieved TB/s and TFLOP/s of the dominant ops against the GPU's peaks (perfscope.analysis.roofline)."""
+    if not st.trace.kernels or st.cpu_only:
+        st.out["roofline"] = {"available": False, "missing": "roofline: no GPU kernels"}
+        return
+    fl = st.out.get("floor") or {}
+    st.out["roofline"] = roofline([o.to_dict() for o in st.ops], st.trace.meta.to_dict(), st.step_ms,
+                                  fl.get("floor_ms") if fl.get("available") else None)
 
 
 def pass_timeline(st: State) -> None:
@@ -191,7 +227,8 @@ def pass_cpu_ops(st: State) -> None:
 
 
 PASSES: tuple[Callable[[State], None], ...] = (
-    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_floor, pass_timeline, pass_cpu_ops,
+    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_floor, pass_roofline, pass_timeline,
+    pass_cpu_ops,
 )
 
 
@@ -211,5 +248,5 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
         kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
         ops=[o.to_dict() for o in st.ops], findings=[f.to_dict() for f in st.findings],
         per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
-        notes=st.notes, floor=st.out.get("floor", {}),
+        notes=st.notes, floor=st.out.get("floor", {}), roofline=st.out.get("roofline", {}),
     )

@@ -7,6 +7,10 @@
     buckets   per bucket: ms/step and share before/after and their deltas (largest change first)
     findings  ids that disappeared ("gone"), appeared ("new") and stayed ("kept", with ms before/after)
     ops       top ops matched by (short name, bucket): ms/step and count/step before/after, gone/new/changed
+    predictions  for each finding of BEFORE that predicted its fixed step and is gone in AFTER: the
+              predicted step vs AFTER's measured step, and the error in % ((predicted - measured) /
+              measured); the same scaled to TPOT when both sides have a client TPOT; the kernel-only
+              answer the step model replaced and its error, and the launch-timeline lower bound
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
     verdict   one sentence
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis
 
 SCHEMA_VERSION = 1
@@ -69,6 +74,8 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
         "label": label,
         "files": files,
         "device": p.meta.get("device_name"),
+        "device_label": device_label(p.meta) or ("CPU" if p.steps.get("analysed_on") == "cpu-ops" else None),
+        "analysed_on": p.steps.get("analysed_on") or "gpu-kernels",
         "compute_capability": p.meta.get("compute_capability"),
         "platform": p.meta.get("platform"),
         "model": _model(d, info),
@@ -150,6 +157,34 @@ def _findings(fb: list[dict], fa: list[dict]) -> dict:
         "kept": [{**brief(ia[k]), "before_ms": _r(ib[k].get("ms_per_step")), "after_ms": _r(ia[k].get("ms_per_step"))}
                  for k in ia if k in ib],
     }
+
+
+def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], step_after: Optional[float],
+                 tpot_before: Optional[float], tpot_after: Optional[float]) -> list[dict]:
+    """Predictions held to account: what BEFORE said the step would take once each of its findings
+    was fixed, against what AFTER measured (for the findings AFTER no longer has)."""
+    after_ids = {f["id"] for f in fa}
+    out = []
+    for f in fb:
+        pred = f.get("predicted_step_ms_after_fix")
+        if f["id"] in after_ids or pred is None or not step_after:
+            continue
+        if step_before and pred >= 0.99 * step_before:
+            continue  # it predicted no faster step (host-side bubbles lie between steps): nothing to hold it to
+        row = {"finding": f["id"], "predicted_step_ms": _r(pred), "measured_step_ms": _r(step_after),
+               "error_pct": round((pred - step_after) / step_after * 100, 1)}
+        if tpot_before and tpot_after and step_before:
+            ptpot = tpot_before * pred / step_before  # the step's saving, carried to the client's TPOT
+            row.update({"predicted_tpot_ms": _r(ptpot), "measured_tpot_ms": _r(tpot_after),
+                        "tpot_error_pct": round((ptpot - tpot_after) / tpot_after * 100, 1)})
+        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
+        if model.get("kernel_only_prediction_ms") is not None:  # the kernel-only answer it replaced
+            ko = model["kernel_only_prediction_ms"]
+            row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - step_after) / step_after * 100, 1)})
+        if model.get("lower_bound_ms") is not None:
+            row["lower_bound_ms"] = _r(model["lower_bound_ms"])
+        out.append(row)
+    return out
 
 
 def _ops_by_key(ops: list[dict]) -> dict:
@@ -248,6 +283,7 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
                                "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
         "buckets": buckets,
         "findings": findings,
+        "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta),
         "ops": _ops(pb.ops, pa.ops, top_ops),
         "setup": setup,
         "verdict": _verdict(step, buckets, findings, setup),

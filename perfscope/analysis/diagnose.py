@@ -11,6 +11,7 @@ from typing import Callable, Optional
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
 from perfscope.analysis.result import Diagnosis, RankAnalysis
+from perfscope.capture.rundir import FRONTEND_NOTE
 from perfscope.errors import InputError, PerfscopeError
 from perfscope.load.discover import TraceFile, TraceSet, discover
 from perfscope.load.reader import load_trace
@@ -110,7 +111,14 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     slow = by_comp if use_comp else by_step
     fast = min(timed, key=lambda r: (comp if use_comp else step)[id(r)])
     mid_step = statistics.median(step.values())
+    if use_comp:
+        line = (f"rank {slow.rank}: {comp[id(slow)]:.3g} ms of compute per step, {comp_ratio:.2f}x the other ranks' "
+                f"median {ref_comp:.3g} ms (late before its collectives; its step {slow.steps['median_ms']:.3g} ms)")
+    else:
+        line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step, {step_ratio:.2f}x the other ranks' median "
+                f"{ref_step:.3g} ms/step")
     return {"rank": slow.rank, "stage": slow.stage, "phase": key[1], "median_ms": slow.steps["median_ms"],
+            "line": line,
             "ranks_median_ms": round(mid_step, 4),
             "others_median_ms": round(_median_of_others(timed, step, slow), 4),
             "slower_than_others": round(max(step_ratio, comp_ratio), 4),
@@ -141,6 +149,8 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
         cfg.setdefault("workload", tset.run_info["workload"])  # batch/context for the floor model
     cfg.update(config or {})
     files = tset.files
+    if tset.capture:
+        capture = list(capture or []) + list(tset.capture)  # a capture_traces/ subfolder: the capture map
     results: list[Optional[RankAnalysis]] = [None] * len(files)
     if workers:
         nproc, bound = workers, "option"
@@ -166,8 +176,46 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
                 if on_done:
                     on_done(done, len(files))
     ranks = [r for r in results if r is not None]
-    for path, why in tset.skipped:
+    for path in tset.frontend:
         for r in ranks:
-            r.notes.append(f"{path.name} not analysed: {why}")
-    return Diagnosis(ranks=ranks, run=tset.run_info, straggler=straggler(ranks),
-                     parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound})
+            r.notes.append(f"{path.name} not analysed: {FRONTEND_NOTE}")
+    warnings = []
+    for dup in tset.duplicates:
+        warnings.append(f"{dup['path']} is {dup['same_as']} again ({dup['how']}): analysed once, not as another rank")
+    if tset.capture:
+        warnings.append(f"{len(tset.capture)} graph-capture trace(s) in capture_traces/ used as the capture map "
+                        "(they attribute graph-replayed kernels), not as ranks")
+    mixed = not_one_job(ranks)
+    warnings.extend(mixed)
+    strag = None if mixed else straggler(ranks)
+    return Diagnosis(ranks=ranks, run=tset.run_info, straggler=strag, warnings=warnings,
+                     parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound},
+                     skipped=tset.skipped)
+
+
+def not_one_job(ranks: list[RankAnalysis]) -> list[str]:
+    """Why these files are not the ranks of one job (empty: they may be). Ranks of one job run on the
+    same GPU model, with the same world size, and no two of them are the same rank of the same stage."""
+    if len(ranks) < 2:
+        return []
+    out = []
+    gpus = sorted({str(r.meta.get("device_name")) for r in ranks if r.meta.get("device_name")})
+    if len(gpus) > 1:
+        out.append(f"these {len(ranks)} files ran on different GPUs ({', '.join(gpus)}): not the ranks of one job; "
+                   "they are listed side by side, with no straggler")
+    ws = sorted({r.meta.get("world_size") for r in ranks if r.meta.get("world_size")})
+    if len(ws) > 1:
+        out.append(f"these files report different world sizes ({', '.join(map(str, ws))}): not the ranks of one "
+                   "job; no straggler")
+    seen: dict = {}
+    for r in ranks:
+        if r.rank is None:
+            continue
+        key = (r.rank, r.stage, r.meta.get("host"))
+        if key in seen:
+            out.append(f"{seen[key]} and {r.file} both are rank {r.rank}"
+                       f"{' (' + r.stage + ')' if r.stage else ''}: different runs, not ranks of one job; "
+                       "no straggler")
+            break
+        seen[key] = r.file
+    return out

@@ -161,6 +161,9 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
         return base
     if inp["missing"]:
         base["missing"] = "floor: needs " + "; ".join(inp["missing"])
+        # what the user can add on the command line (all of it, or the floor cannot be had this way)
+        flags = [m.split(" (")[0] for m in inp["missing"] if m.startswith("--")]
+        base["missing_options"] = flags if len(flags) == len(inp["missing"]) else []
         return base
     shape: ModelShape = inp["model"]
     gpu = gm.gpu
@@ -234,7 +237,7 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
     if below:
         notes.append("measured below the floor in " + ", ".join(below) +
                      ": the model config, batch or context does not match the traced run")
-    if shape.is_moe:
+    if shape.is_moe and w.experts_touched_per_rank is not None:
         notes.append(f"routed experts read: {w.experts_touched_per_rank:.1f} per MoE layer per rank, expected "
                      f"for {tokens} token(s) under uniform routing")
     notes.append("bandwidth model: launch, per-kernel ramp and collective latencies are not in the floor")

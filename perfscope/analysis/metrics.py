@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.sampling_path import sampling_tail
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
@@ -43,15 +44,17 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def step_metrics(trace: Trace, step: Step) -> StepMetrics:
+def step_metrics(trace: Trace, step: Step, sampler: bool = True) -> StepMetrics:
+    """``sampler``: count the step's sampling path (perfscope.analysis.sampling_path) as sampling (LLM traces)."""
     kern = trace.kernels
     buckets = dict.fromkeys(BUCKETS, 0.0)
     ivs = []
     other = []  # everything but communication: what can hide a collective
     ksum = 0.0
+    sampler = set(sampling_tail(trace, step)) if sampler else set()  # the sampler's softmax / cumsum / ...
     for i in step.kernels:
         k = kern[i]
-        b = classify(k.name, k.kind)[0]
+        b = "sampling" if i in sampler else classify(k.name, k.kind)[0]
         buckets[b] += k.dur
         ksum += k.dur
         ivs.append((k.ts, k.ts + k.dur))

@@ -27,6 +27,7 @@ class RankAnalysis:
     cpu_ops: list[dict] = field(default_factory=list)  # top CPU ops (always; the analysis when no kernels)
     notes: list[str] = field(default_factory=list)
     floor: dict = field(default_factory=dict)  # perfscope.analysis.floor: what a step should cost, gap per bucket
+    roofline: dict = field(default_factory=dict)  # perfscope.analysis.roofline: achieved TB/s, TFLOP/s per top op
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,6 +45,8 @@ class Diagnosis:
     run: dict = field(default_factory=dict)  # run.json of a perfscope run folder, when given
     straggler: Optional[dict] = None
     parallel: dict = field(default_factory=dict)  # {files, workers, bound}: how the files were parsed
+    warnings: list[str] = field(default_factory=list)  # about the set of files (ranks of different jobs, ...)
+    skipped: list = field(default_factory=list)  # [{path, why}]: non-trace JSON found in a given folder
 
     @property
     def timings(self) -> dict:
@@ -79,11 +82,14 @@ class Diagnosis:
             "findings": p.findings,
             "ops": p.ops,
             "device": {k: p.meta.get(k) for k in ("device_name", "compute_capability", "num_sms", "platform")},
-            "notes": p.notes,
+            "notes": p.notes + self.warnings,
+            "warnings": self.warnings,
             "floor": p.floor,
+            "roofline": p.roofline,
             "primary_rank": p.rank,
             "straggler": self.straggler,
             "parallel": self.parallel,
+            "skipped": self.skipped,
             "ranks": [r.to_dict() for r in self.ranks],
         }
         if self.run:

@@ -1,14 +1,15 @@
 """Find the decode (and prefill) steps of a trace and the GPU work each one launched.
 
 How steps are found, first that applies:
-  1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]`` (and the
-     vLLM's ``execute_context_C(..)_generation_G(..)`` markers (real vLLM 0.32; TraceLens-instrumented
-     servers write ``execute_N_context_C(..)_generation_G(..)``);
+  1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]``, vLLM's
+     ``execute_context_N(tokens)_generation_M(tokens)`` and the ``execute_N_context_C(..)_generation_G(..)``
+     markers TraceLens-instrumented servers write;
   2. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
   3. CUDA/HIP graph launches, one step each;
   4. the whole trace as one window.
 A CPU annotation covers the launches, not the GPU work: SGLang does not wait for the GPU, so a
-step's kernels run on after the annotation closes. A step is therefore timed by the GPU work it
+step's kernels run on after the annotation closes. SGLang's annotation also closes before the sampler
+runs: launches just after it (before the next step's) are the step's sampling and join it. A step is therefore timed by the GPU work it
 launched (runtime calls inside the window -> kernels with the same correlation id), from its first
 kernel's start to its last kernel's end.
 """
@@ -24,7 +25,10 @@ from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.load.model import Trace
 
 _SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b([^\]]*)\]")
-_EXECUTE = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)")
+_EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
+# vLLM's own model-runner annotation: execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>)
+_VLLM_EXECUTE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+TAIL_US = 2000.0  # how far after a step annotation its sampler's launches may come (see find_steps)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
@@ -99,8 +103,9 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     ex = []
     for a in cpu_ann:
         m = _EXECUTE.match(a.name)
-        if m:
-            ctx, gen = int(m.group(1)), int(m.group(2))
+        v = None if m else _VLLM_EXECUTE.match(a.name)
+        if m or v:
+            ctx, gen = (int(m.group(2)), int(m.group(3))) if m else (int(v.group(2)), int(v.group(4)))
             phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
@@ -143,9 +148,17 @@ def find_steps(trace: Trace) -> StepSet:
 
     starts = [s.cpu_start for s in steps]
 
+    # SGLang's `step[...]` annotation covers the forward pass; the sampler's launches (softmax, argmax
+    # or sampling kernels) come right after it closes, before the next step's: they belong to the step
+    # they sample for. A launch after a step's annotation and before the next one joins it when it comes
+    # within TAIL_US (or the step's own CPU length, if longer) of its end.
+    tail_ok = method == "sglang-annotation"
+
     def window_of(ts: float) -> int:
         i = bisect.bisect_right(starts, ts) - 1
         if i >= 0 and ts <= steps[i].cpu_end:
+            return i
+        if tail_ok and i >= 0 and ts - steps[i].cpu_end <= max(TAIL_US, steps[i].cpu_end - steps[i].cpu_start):
             return i
         return -1
 

@@ -4,11 +4,13 @@ folder, list / check / hash / fetch trace files, find the server's python, read 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import zlib
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
-from perfscope.util.files import sha256_file
+from perfscope.util.files import atomic_writer, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
 # saves the server tens of seconds per trace)
@@ -189,6 +191,15 @@ class HostIO:
                               f"{(r.stderr.strip() or 'mktemp failed').splitlines()[-1][:200]}")
         return path
 
+    def discard_dir(self, path: str, prefix: str = "perfscope-trace.") -> None:
+        """Remove a folder :meth:`mkdtemp` made, with whatever is in it (only such a folder:
+        absolute, named ``prefix*``). Best effort: a failure is ignored."""
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if not path.startswith("/") or not name.startswith(prefix) or ".." in path.split("/"):
+            return
+        with contextlib.suppress(Exception):
+            self.run(["rm", "-rf", "--", path], timeout=60)
+
     def chmod(self, path: str, mode: int) -> None:
         self.run(["chmod", format(mode, "o"), "--", path])
 
@@ -336,20 +347,49 @@ class SSHHost(HostIO):
         self.s.close()
 
 
+def kill_group(p: subprocess.Popen, grace: float = 2.0) -> None:
+    """SIGTERM to the process group ``p`` leads, SIGKILL after ``grace`` seconds; reaps ``p``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            p.wait(wait)
+            # the leader is gone; others in its group may still run
+            os.killpg(p.pid, 0)
+        except subprocess.TimeoutExpired:
+            continue
+        except (ProcessLookupError, PermissionError):
+            break
+    with contextlib.suppress(Exception):
+        p.wait(1)
+
+
 class LocalHost(HostIO):
     """The server runs on this machine (``--url``): its files are read in place."""
 
     label = "localhost"
 
     def run(self, argv, timeout=60.0):
+        """Run a command in its own process group: a timeout or an interrupt kills the whole group
+        (a hung ``--restart-cmd``'s children too), not only the outer process."""
         try:
-            p = subprocess.run(list(argv), capture_output=True, timeout=timeout)
+            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True)
         except FileNotFoundError:
             return CommandResult(quote_argv(argv), 127, "", f"{argv[0]}: not found")
-        except subprocess.TimeoutExpired:
-            raise RemoteError(f"local command timed out after {timeout:g}s: {quote_argv(argv)[:120]}") from None
-        return CommandResult(quote_argv(argv), p.returncode, p.stdout.decode("utf-8", "replace"),
-                             p.stderr.decode("utf-8", "replace"))
+        except OSError as e:  # e.g. a PATH entry this user cannot enter
+            return CommandResult(quote_argv(argv), 126, "", f"{argv[0]}: {e.strerror or e}")
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except BaseException as e:
+            kill_group(p)
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise RemoteError(f"local command timed out after {timeout:g}s: {quote_argv(argv)[:120]}") from None
+            raise
+        return CommandResult(quote_argv(argv), p.returncode, out.decode("utf-8", "replace"),
+                             err.decode("utf-8", "replace"))
 
     def list_traces(self, folder, match=is_trace_name):
         try:
@@ -375,29 +415,20 @@ class LocalHost(HostIO):
         return sha256_file(path)
 
     def fetch(self, path, local, expected_sha256, progress=None):
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.part")
         total = os.path.getsize(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
-        try:
-            with open(path, "rb") as src, open(tmp, "wb") as dst:
-                while b := src.read(1 << 20):
-                    dst.write(b)
-                    h.update(b)
-                    done += len(b)
-                    if progress:
-                        progress(done, total)
-                dst.flush()
-                os.fsync(dst.fileno())
+        with open(path, "rb") as src, atomic_writer(local) as dst:
+            while b := src.read(1 << 20):
+                dst.write(b)
+                h.update(b)
+                done += len(b)
+                if progress:
+                    progress(done, total)
             digest = h.hexdigest()
             if expected_sha256 and digest != expected_sha256:
                 raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
-            os.replace(tmp, local)
-            return digest
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        return digest
 
     def remove(self, paths, folder):
         for p in paths:

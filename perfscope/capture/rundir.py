@@ -270,13 +270,9 @@ def _load_json(run_dir: Path) -> dict:
         raise InputError(f"{run_dir} is not a run folder (expected a folder with {RUN_FILE} and {TRACES_DIR}/)")
     if not path.is_file():
         raise InputError(f"{run_dir} has no {RUN_FILE}: not a perfscope run folder (perfscope trace makes one)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e}): damaged run folder") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path} is not a JSON object: damaged run folder")
-    return data
+    from perfscope.util import jsonio
+
+    return jsonio.read(path, "run.json of a run folder; damaged?", expect=dict)
 
 
 def _check(cond: bool, path: Path, what: str) -> None:
@@ -284,7 +280,24 @@ def _check(cond: bool, path: Path, what: str) -> None:
         raise InputError(f"{path}: {what}")
 
 
-def read_run(path: str | Path, *, verify: bool = False) -> RunInfo:
+def mark_incomplete(run_dir: str | Path, *, reason: str, command: Iterable[str] = (), engine: str = "sglang",
+                    host: str | None = None) -> Path | None:
+    """After a failed or interrupted trace: a run.json with ``"status": "incomplete"`` (which
+    :func:`read_run` refuses in one line); the folder is made if need be. Traces already copied stay."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = {"schema_version": SCHEMA_VERSION, "tool": {"name": "perfscope", "version": __version__},
+            "created": _now(), "kind": "trace", "status": "incomplete", "incomplete_reason": reason[:500],
+            "command": list(command), "host": host, "engine": engine, "files": []}
+    path = run_dir / RUN_FILE
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2) + "\n")
+    return path
+
+
+_FILE_FIELDS = {"sha256": str, "bytes": int, "rank": int, "stage": str, "host": str, "parallel": dict}
+
+
+def read_run(path: str | Path, *, verify: bool = False, _depth: int = 0) -> RunInfo:
     """Read and validate a run folder (or its run.json). Every listed trace must exist with its
     recorded size; ``verify=True`` also checks sha256. Raises InputError with one line."""
     path = Path(path)
@@ -292,7 +305,10 @@ def read_run(path: str | Path, *, verify: bool = False) -> RunInfo:
     data = _load_json(run_dir)
     rj = run_dir / RUN_FILE
     sv = data.get("schema_version")
-    _check(isinstance(sv, int), rj, "no schema_version: not a perfscope run.json")
+    _check(isinstance(sv, int) and not isinstance(sv, bool), rj, "no schema_version: not a perfscope run.json")
+    if data.get("status") == "incomplete":
+        raise InputError(f"{run_dir} is an incomplete run folder ({data.get('incomplete_reason') or 'the trace did not finish'}): "
+                         "trace again")
     if sv > SCHEMA_VERSION:
         raise InputError(f"{rj} has schema_version {sv}, this perfscope reads up to {SCHEMA_VERSION}: upgrade perfscope")
     for key, typ in (("server_info", dict), ("versions", dict), ("gpu", list), ("workload", dict),
@@ -301,8 +317,16 @@ def read_run(path: str | Path, *, verify: bool = False) -> RunInfo:
             _check(isinstance(data[key], typ), rj, f"'{key}' should be a {typ.__name__}")
     files: list[TraceFile] = []
     root = run_dir.resolve()
+    for key in ("tpot_ms", "ttft_ms"):
+        v = (data.get("timings") or {}).get(key)
+        _check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)), rj,
+               f"timings.{key} should be a number, not {type(v).__name__}")
     for i, f in enumerate(data.get("files") or []):
         _check(isinstance(f, dict) and isinstance(f.get("path"), str) and f["path"], rj, f"files[{i}] has no path")
+        for key, typ in _FILE_FIELDS.items():
+            v = f.get(key)
+            _check(v is None or (isinstance(v, typ) and not isinstance(v, bool)), rj,
+                   f"files[{i}].{key} should be {'an' if typ is int else 'a'} {typ.__name__}, not {type(v).__name__}")
         full = (run_dir / f["path"]).resolve()
         _check(full == root or root in full.parents, rj, f"files[{i}] path {f['path']!r} leaves the run folder")
         tf = TraceFile(
@@ -320,9 +344,13 @@ def read_run(path: str | Path, *, verify: bool = False) -> RunInfo:
             tf.verify()
         files.append(tf)
     members: list[RunInfo] = []
-    for m in data.get("members") or []:
-        _check(isinstance(m, dict) and isinstance(m.get("dir"), str), rj, "a members entry has no dir")
-        members.append(read_run(run_dir / m["dir"], verify=False))
+    _check(data.get("members") is None or isinstance(data["members"], list), rj, "'members' should be a list")
+    for i, m in enumerate(data.get("members") or []):
+        _check(isinstance(m, dict) and isinstance(m.get("dir"), str) and m["dir"], rj, f"members[{i}] has no dir")
+        sub = (run_dir / m["dir"]).resolve()
+        _check(root in sub.parents, rj, f"members[{i}] dir {m['dir']!r} is not a sub-folder of the run folder")
+        _check(_depth == 0, rj, "a member run folder has members of its own")
+        members.append(read_run(sub, verify=False, _depth=_depth + 1))
     if members and not files:
         files = [f for m in members for f in m.files]
     if members:

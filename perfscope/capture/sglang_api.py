@@ -189,11 +189,15 @@ class SGLangClient:
             conn.close()
 
     def request_json(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None) -> Any:
+        from perfscope.util import jsonio
+
         raw = self.request(method, path, body, timeout)
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise RemoteError(f"{method} {path}: the reply is not JSON: {raw[:120]!r}") from None
+            json.loads(raw)
+        except (ValueError, RecursionError):
+            if raw.lstrip()[:1] not in (b"{", b"["):
+                raise RemoteError(f"{method} {path}: the reply is not JSON: {raw[:120]!r}") from None
+        return jsonio.loads(raw, f"{method} {path} reply", error=RemoteError)
 
     # ------------------------------------------------------------------ endpoints
     def health(self, timeout: Optional[float] = None) -> bool:
@@ -234,11 +238,13 @@ class SGLangClient:
     def start_profile(self, output_dir: Optional[str] = None, num_steps: Optional[int] = None,
                       activities: Optional[list] = None, with_stack: Optional[bool] = None,
                       record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,
-                      profile_prefix: Optional[str] = None, server_has_gpu: bool = False, **extra: Any) -> str:
+                      profile_prefix: Optional[str] = None, request_timeout: Optional[float] = None,
+                      server_has_gpu: bool = False, **extra: Any) -> str:
         """Arm the profiler. Only the fields given are sent (older servers reject unknown ones).
-        Returns the server's reply text; 0.4.7+ replies before any trace is written. ``MEM`` (CUDA
-        memory history) is refused unless ``server_has_gpu``: on a host without a GPU it kills a
-        real SGLang server."""
+        Returns the server's reply text; 0.4.7+ replies before any trace is written.
+        ``request_timeout``: how long to wait for the reply (default: 120 s or the client's).
+        ``MEM`` (CUDA memory history) is refused unless ``server_has_gpu``: on a host without a GPU
+        it kills a real SGLang server."""
         if activities and any(str(a).upper() == "MEM" for a in activities) and not server_has_gpu:
             raise InputError("not sending activities MEM: the server reports no GPU, and recording CUDA "
                              "memory history there kills an SGLang server")
@@ -249,13 +255,15 @@ class SGLangClient:
         if unknown:
             raise InputError(f"unknown /start_profile fields: {unknown}")
         body = {k: v for k, v in body.items() if v is not None}
-        return self.request("POST", "/start_profile", body or None, timeout=max(self.timeout, 120.0)) \
+        wait = request_timeout if request_timeout is not None else max(self.timeout, 120.0)
+        return self.request("POST", "/start_profile", body or None, timeout=wait) \
             .decode("utf-8", "replace").strip()
 
-    def stop_profile(self) -> str:
-        """Stop and write the traces (the server may take long to export: generous timeout). An
-        error when no profile runs (SGLang 0.4.10+): :class:`HTTPStatusError`."""
-        return self.request("POST", "/stop_profile", None, timeout=max(self.timeout, 600.0)) \
+    def stop_profile(self, request_timeout: Optional[float] = None) -> str:
+        """Stop and write the traces (the server may take long to export: generous timeout, or
+        ``request_timeout``). An error when no profile runs (SGLang 0.4.10+): :class:`HTTPStatusError`."""
+        wait = request_timeout if request_timeout is not None else max(self.timeout, 600.0)
+        return self.request("POST", "/stop_profile", None, timeout=wait) \
             .decode("utf-8", "replace").strip()
 
     def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:

@@ -31,6 +31,7 @@ from perfscope.capture.ssh import ServerDown, SSHTarget, connect
 from perfscope.capture.vocab import is_loopback_url, token_ids
 from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
 from perfscope.errors import InputError, PerfscopeError, RemoteError
+from perfscope.util.files import user_path
 
 log_fn = Callable[[str], None]
 
@@ -90,7 +91,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                log: log_fn = print, progress=None, cancel: threading.Event | None = None) -> HostResult:
     """Trace one server, write ``out_dir`` as a run folder, return what was written."""
     cancel = cancel or threading.Event()
-    out_dir = Path(out_dir).absolute()  # file entries are relative to it; a relative --out is not doubled
+    out_dir = user_path(out_dir)
     label = ep.label
     port = ep.port or opts.port
     if ep.url:
@@ -158,23 +159,30 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         try:
             if cancel.is_set():
                 raise KeyboardInterrupt  # another host failed before this one armed: do not arm
+            # from the moment /start_profile is sent the profiler may be arming: an interrupt or a
+            # timeout while it has not answered still sends /stop_profile. The wait is bounded by --timeout.
+            armed = True
+            wait_s = min(max(opts.http_timeout, 120.0), opts.timeout)
             try:
                 if opts.engine == "vllm":
-                    api.start_profile()
+                    api.start_profile(request_timeout=wait_s)
                 else:
-                    api.start_profile(**profile, server_has_gpu=server_has_gpu(info, gpu))
+                    api.start_profile(**profile, request_timeout=wait_s,
+                                      server_has_gpu=server_has_gpu(info, gpu))
             except PerfscopeError as e:
                 if re.search(r"already in progress|already running|already started", str(e), re.I):
+                    armed = False  # someone else's profile: not ours to stop
                     raise RemoteError(f"a profile is already running on {label} (someone else's?): "
                                       "not touching it; try again when it ends") from None
                 if isinstance(e, HTTPStatusError) and e.status == 500 and opts.engine == "sglang":
-                    # SGLang 0.5.x turns a refused start into a bare 500 (its log has the reason)
+                    # SGLang 0.5.x turns a refused start into a bare 500 (its log has the reason):
+                    # nothing of ours was armed, and a /stop_profile would stop someone else's
+                    armed = False
                     raise RemoteError(f"{label} refused /start_profile (HTTP 500): SGLang answers so while a "
                                       "profile is already running (someone else's?) or when its profiler "
                                       "cannot start; nothing was armed, and perfscope left it alone",
                                       hint="see the server's log for the reason; try again when that profile ends") from None
                 raise
-            armed = True
             say(f"profiler armed: {opts.steps} steps{' per stage' if by_stage else ''} -> {remote_dir}")
             load = TraceLoad(url, opts, ids=ids).start()
             if opts.engine == "vllm":
@@ -183,26 +191,25 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 api.stop_profile()
             got = wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
             complete = True  # the load stops now: requests still streaming are cut, their tokens timed
+        except BaseException as e:
+            _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, armed, e,
+                     load=load, command=command, engine=opts.engine, host=label if ep.target else None,
+                     stop_timeout=opts.timeout)
+            raise
         finally:
             if load is not None:
                 load.stop(wait=5 if not complete else 60)
-            if armed and not complete:
-                _stop_quietly(api, say)
         workload, timings = load.summary() if load else ({}, {})
         timings.setdefault("under_profiler", True)
         # copy back
         files = []
-        for f in got:
-            local = out_dir / rundir.TRACES_DIR / f.name
-            digest_remote = io.sha256(f.path)
-            task = progress.add_task(f"{label} {f.name}", total=f.size) if progress else None
-            cb = (lambda done, total, t=task: progress.update(t, completed=done)) if progress else None
-            digest = io.fetch(f.path, local, digest_remote, cb)
-            if not trace_file_complete(local):
-                local.unlink()
-                raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
-                                  "the server may have crashed while writing it")
-            files.append(rundir.file_entry(out_dir, local, host=label if ep.target else None, sha256=digest))
+        try:
+            _copy_back(io, got, out_dir, label, ep, progress, files)
+        except BaseException as e:
+            _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, False, e,
+                     got=got, command=command, engine=opts.engine, host=label if ep.target else None,
+                     stop_timeout=opts.timeout)
+            raise
         for fe in files:
             if fe.get("role") == "frontend":
                 say(f"{Path(fe['path']).name}: {rundir.FRONTEND_NOTE}; kept, not analysed")
@@ -273,6 +280,51 @@ def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path) -> lis
     return got
 
 
+def _copy_back(io: HostIO, got: list, out_dir: Path, label: str, ep: Endpoint, progress, files: list) -> None:
+    """Fetch each trace (sha256-checked, atomic) into ``out_dir/traces``, appending run.json entries."""
+    for f in got:
+        local = out_dir / rundir.TRACES_DIR / f.name
+        digest_remote = io.sha256(f.path)
+        task = progress.add_task(f"{label} {f.name}", total=f.size) if progress else None
+        cb = (lambda done, total, t=task: progress.update(t, completed=done)) if progress else None
+        digest = io.fetch(f.path, local, digest_remote, cb)
+        if not trace_file_complete(local):
+            local.unlink()
+            raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
+                              "the server may have crashed while writing it")
+        files.append(rundir.file_entry(out_dir, local, host=label if ep.target else None, sha256=digest))
+
+
+def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed: bool, err: BaseException, *,
+             load=None, got=(), command=(), engine="sglang", host=None, stop_timeout: float = 600.0) -> None:
+    """A trace that will not finish (error, timeout, SIGINT/TERM/HUP): stop the profiler if it is
+    (or may be) armed, stop the load, remove the folder perfscope made on the host, and leave the
+    run folder with a run.json that says it is incomplete. Never raises."""
+    try:
+        if load is not None:
+            load.stop(wait=5)
+        if armed:
+            _stop_quietly(api, say, timeout=max(5.0, min(600.0, stop_timeout)))
+        if remote_dir:
+            io.discard_dir(remote_dir)
+    except BaseException as e:  # noqa: BLE001 - cleanup must not replace the error being reported
+        say(f"warning: cleanup after the failure was cut short: {type(e).__name__}")
+    with contextlib.suppress(BaseException):
+        rundir.mark_incomplete(out_dir, reason=_reason(err), command=command, engine=engine, host=host)
+
+
+def _reason(err: BaseException) -> str:
+    from perfscope.errors import Interrupted
+
+    if isinstance(err, Interrupted):
+        import signal as _signal
+
+        return f"interrupted by {_signal.Signals(err.signum).name}"
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    return str(err) or type(err).__name__
+
+
 def _my_uid(io: HostIO) -> int | None:
     r = io.run(["id", "-u"])
     return int(r.stdout.strip()) if r.ok and r.stdout.strip().isdigit() else None
@@ -303,9 +355,11 @@ def _server_info(api, label: str) -> dict:
     return info
 
 
-def _stop_quietly(api, say) -> None:
+def _stop_quietly(api, say, timeout: float | None = None) -> None:
+    """/stop_profile, waiting at most ``timeout`` s for the reply (the server stops profiling when
+    the request arrives; writing the traces may go on after that)."""
     try:
-        api.stop_profile()
+        api.stop_profile(request_timeout=timeout)
         say("profiler stopped")
     except Exception as e:  # 'no profile running' is fine; anything else is reported, not raised
         if not _is_not_running(e):
@@ -329,7 +383,7 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
     """Trace one or several servers. One host: ``out_dir`` is its run folder. Several: in
     parallel threads, ``out_dir/<host>/`` each, plus ``out_dir/run.json`` listing them. Ctrl-C
     stops every host's profiler before it returns."""
-    out_dir = Path(out_dir)
+    out_dir = user_path(out_dir)  # relative paths are joined onto below: resolve once
     if len(endpoints) == 1:
         return [trace_host(endpoints[0], opts, out_dir, command=command, log=log, progress=progress)]
     cancel = threading.Event()
@@ -357,11 +411,19 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
             results[i] = f.result()
         elif not isinstance(e, KeyboardInterrupt):
             errors.append((ep.label, e))
+    if errors or any(isinstance(f.exception(), KeyboardInterrupt) for f in futs):
+        with contextlib.suppress(BaseException):
+            rundir.mark_incomplete(out_dir, reason=str(errors[0][1]) if errors else "interrupted",
+                                   command=command, engine=opts.engine, host=None)
     if errors:
         label, e = errors[0]
         if isinstance(e, PerfscopeError):
-            raise type(e)(f"{label}: {e.message}" if label not in e.message else e.message, hint=e.hint)
-        raise RemoteError(f"{label}: {e}")
+            err = Exception.__new__(type(e))  # the same class (exit code) and fields, the host named first
+            err.__dict__.update(e.__dict__)
+            err.message = f"{label}: {e.message}" if label not in e.message else e.message
+            err.args = (err.message,)
+            raise err from None
+        raise e
     done = [r for r in results if r is not None]
     all_files = []
     for d, r in zip(dirs, done):

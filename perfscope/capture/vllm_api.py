@@ -88,11 +88,12 @@ class VLLMClient(SGLangClient):
                 info["max_total_num_tokens"] = tokens
         return info
 
-    def start_profile(self, **_ignored: Any) -> str:
+    def start_profile(self, request_timeout: Optional[float] = None, **_ignored: Any) -> str:
         """POST /start_profile (no body: vLLM's profiler is configured at server start). A 404 means
         the server runs without a torch profiler directory."""
         try:
-            return self.request("POST", "/start_profile", None, timeout=max(self.timeout, 120.0)) \
+            wait = request_timeout if request_timeout is not None else max(self.timeout, 120.0)
+            return self.request("POST", "/start_profile", None, timeout=wait) \
                 .decode("utf-8", "replace").strip()
         except HTTPStatusError as e:
             if e.status in (404, 405):
@@ -102,9 +103,11 @@ class VLLMClient(SGLangClient):
                     "\"torch_profiler_dir\": \"DIR\"}') and pass the same DIR as --profile-dir") from None
             raise
 
-    def stop_profile(self) -> str:
-        """POST /stop_profile: replies once the workers wrote their traces (can take minutes)."""
-        return self.request("POST", "/stop_profile", None, timeout=max(self.timeout, 600.0)) \
+    def stop_profile(self, request_timeout: Optional[float] = None) -> str:
+        """POST /stop_profile: replies once the workers wrote their traces (can take minutes, or
+        at most ``request_timeout`` s)."""
+        wait = request_timeout if request_timeout is not None else max(self.timeout, 600.0)
+        return self.request("POST", "/stop_profile", None, timeout=wait) \
             .decode("utf-8", "replace").strip()
 
     def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:

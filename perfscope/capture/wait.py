@@ -16,8 +16,8 @@ def expected_files(info: dict, by_stage: bool) -> int:
     """Trace files one profile writes: one per scheduler process (x2 with by-stage), on this node."""
     def num(k, d=1):
         try:
-            return max(int(info.get(k) or d), 1)
-        except (TypeError, ValueError):
+            return min(max(int(info.get(k) or d), 1), 1 << 16)
+        except (TypeError, ValueError, OverflowError):
             return d
 
     n = num("tp_size") * num("pp_size")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from perfscope.errors import InputError
+from perfscope.errors import InputError, register_secret
 
 
 def option():
@@ -24,4 +24,5 @@ def read(var: Optional[str]) -> Optional[str]:
     key = os.environ.get(var)
     if not key:
         raise InputError(f"--api-key-env {var}: that environment variable is not set or empty")
+    register_secret(key)  # cut out of any message perfscope prints
     return key

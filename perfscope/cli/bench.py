@@ -14,11 +14,16 @@ from rich.console import Console
 from rich.table import Table
 
 from perfscope.bench.store import store
-from perfscope.cli import _apikey
+from perfscope.cli import _apikey, _paths
 from perfscope.errors import InputError
 
 NAME = "bench"
 ORDER = 60
+EXAMPLES = [
+    ("perfscope bench --host gpu-box --out run1", "TTFT / TPOT / ITL over SSH, stored in run1/bench.json"),
+    ("perfscope bench --url http://127.0.0.1:30000 --num-requests 16 --concurrency 4", "a local server, 4 streams"),
+    ("perfscope bench --url http://127.0.0.1:8000 --engine vllm --json", "vLLM's /v1/completions, as JSON"),
+]
 
 
 
@@ -84,7 +89,7 @@ def command(
     timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds to wait for any one reply or stream frame."),
     api_key_env: Optional[str] = _apikey.option(),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to store bench.json in "
+    out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to store bench.json in "
                                                                  "(an existing trace run folder gets it added)."),
 ) -> int:
     """Measure TTFT, TPOT (as SGLang's bench_serving defines it: (latency - TTFT) / (output_tokens - 1))

@@ -7,10 +7,16 @@ from typing import Optional
 
 import typer
 
+from perfscope.cli import _paths
 from perfscope.errors import InputError, PerfscopeError
 
 NAME = "compare"
 ORDER = 60
+EXAMPLES = [
+    ("perfscope compare run1 run2", "before / after: step time, TPOT, buckets, findings, changed ops"),
+    ("perfscope compare run1 run2 --html before-after.html", "+ a self-contained HTML comparison"),
+    ("perfscope compare before.json.gz after.json.gz --json", "two trace files, as JSON"),
+]
 
 
 def load_side(path: Path, which: str, config: Optional[dict] = None, workers: Optional[int] = None):
@@ -36,7 +42,7 @@ def label_of(path: Path) -> str:
 def command(
     before: Path = typer.Argument(..., help="The baseline: a trace file, profile folder or perfscope run folder."),
     after: Path = typer.Argument(..., help="The run to compare with it (after the fix)."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    html: Optional[Path] = _paths.out_option("--html", help="Also write a self-contained HTML report here."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as one JSON object on stdout."),
     config_before: Optional[Path] = typer.Option(None, "--config-before", help="Server config JSON of BEFORE."),
     config_after: Optional[Path] = typer.Option(None, "--config-after", help="Server config JSON of AFTER."),

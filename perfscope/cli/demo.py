@@ -9,14 +9,20 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from perfscope.cli import _paths
 from perfscope.errors import InputError
 
 NAME = "demo"
 ORDER = 5
+EXAMPLES = [
+    ("perfscope demo", "the whole loop on CPU, into ./perfscope-demo-<time>: trace, diagnose, fix, re-measure, compare"),
+    ("perfscope demo --out demo1 --json", "the same into ./demo1, the summary as JSON on stdout"),
+    ("perfscope demo --device cuda --layers 60 --pool-tokens 495000", "the full-size server on a GPU"),
+]
 
 
 def command(
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the run folders, the HTML "
+    out: Optional[Path] = _paths.out_option("--out", "-o", help="Folder for the run folders, the HTML "
                                                                  "comparison and demo.json (default ./perfscope-demo-<time>)."),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the full-size server on a GPU."),
     layers: int = typer.Option(4, "--layers", min=1, help="Model layers (one pool cast each)."),
@@ -35,7 +41,7 @@ def command(
     from perfscope.demo import DemoConfig, run_demo
     from perfscope.report import jsonout
 
-    folder = out or Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder = out or _paths.resolve(Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
     console = Console(stderr=json_out)
     s = run_demo(DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy),
                  console)
@@ -47,5 +53,10 @@ def command(
                   f"   ({s['speedup']:.1f}x faster)")
     console.print(f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
                   f"{', '.join(s['findings_after']) or 'none'}")
+    from perfscope.report.compare_terminal import prediction_line
+
+    for pr in s.get("predictions") or []:
+        console.print(prediction_line(pr))
+    console.print(f"patch: {s['diff']}", markup=False)
     console.print(f"HTML comparison: {s['html']}\nrun folders: {s['before']}  {s['after']}\n"
                   f"took {s['seconds']:.0f} s")

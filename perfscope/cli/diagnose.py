@@ -10,29 +10,55 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from perfscope.cli import _paths
 from perfscope.errors import GateFailed, InputError
 
 NAME = "diagnose"
 ORDER = 20
+EXAMPLES = [
+    ("perfscope diagnose run1", "a run folder of perfscope trace (or trace files, or an SGLang profile folder)"),
+    ("perfscope diagnose run1 --json --fail-on fp8-kv-cast", "CI gate: exit 1 when that finding is present"),
+    ("perfscope diagnose run1 --model-config config.json --html r.html --markdown r.md",
+     "+ the hardware floor, an HTML report and a Markdown summary for an issue or PR"),
+]
 
 
 def _load_config(path: Optional[Path]) -> dict:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: unreadable server config ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: server config must be a JSON object (SGLang's /server_info)")
-    return data
+    from perfscope.util import jsonio
+
+    return jsonio.read(path, "server config: a JSON object, SGLang's /server_info", expect=dict)
+
+
+def fail_on_ids(fail_on: Optional[str]) -> set[str]:
+    """The finding ids of ``--fail-on`` (comma-separated, or 'any'), each checked against the rule
+    registry: a misspelt id would otherwise never match and silently pass a CI gate (InputError,
+    exit 2, naming the known ids)."""
+    from difflib import get_close_matches
+
+    from perfscope.analysis.rules import rule_ids
+
+    if fail_on is None:
+        return set()
+    wanted = {x.strip() for x in fail_on.split(",") if x.strip()}
+    if not wanted:
+        raise InputError(f"--fail-on {fail_on!r}: no finding id given; known: any, {', '.join(rule_ids())}")
+    known = set(rule_ids()) | {"any"}
+    bad = sorted(wanted - known)
+    if bad:
+        near = get_close_matches(bad[0], sorted(known), n=1)
+        raise InputError(f"--fail-on: unknown finding id{'s' if len(bad) > 1 else ''} {', '.join(bad)}"
+                         + (f" (did you mean {near[0]}?)" if near else "")
+                         + f"; known: any, {', '.join(rule_ids())} (perfscope rules)")
+    return wanted
 
 
 def gate(findings: list[dict], fail_on: Optional[str]) -> None:
     """Raise GateFailed (exit 1) when a finding named in ``fail_on`` (or any, with 'any') was found."""
-    if not fail_on:
+    wanted = fail_on_ids(fail_on)
+    if not wanted:
         return
-    wanted = {x.strip() for x in fail_on.split(",") if x.strip()}
     hit = [f["id"] for f in findings if "any" in wanted or f["id"] in wanted]
     if hit:
         raise GateFailed(f"gated finding(s) present: {', '.join(sorted(set(hit)))}")
@@ -59,8 +85,14 @@ def command(
         None, "--capture-trace", metavar="PATH",
         help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
              "attributes CUDA-graph-replayed kernels to the CPU op, shapes and source line recorded at capture."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report (offline, "
+    html: Optional[Path] = _paths.out_option("--html", help="Also write a self-contained HTML report (offline, "
                                                              "charts inside) to this file."),
+    markdown: Optional[Path] = _paths.out_option("--markdown", metavar="FILE",
+                                                 help="Also write the summary to paste into an issue or PR "
+                                                      "(verdict, bucket table, top ops, findings) as Markdown."),
+    csv_dir: Optional[Path] = _paths.out_option("--csv", metavar="DIR",
+                                                help="Also write the bucket and op tables (and the per-rank "
+                                                     "table) as CSV files into this folder."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,
     GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with
@@ -71,6 +103,9 @@ def command(
     from perfscope.analysis.diagnose import diagnose
     from perfscope.report import jsonout, terminal
 
+    fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
+    if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
+        raise InputError(f"--csv {csv_dir}: exists and is not a folder")
     err = Console(stderr=True)
     cfg = _load_config(config)
     from perfscope.analysis.floor import with_floor_inputs
@@ -88,13 +123,37 @@ def command(
                              completed=done, total=total),
                          on_done=lambda done, total: prog.update(
                              task, description=f"analysed {done}/{total} trace files", completed=done, total=total))
+    if len(paths) == 1:
+        _fix_commands_with_trace(d, paths[0])
     if html is not None:
         from perfscope.report.html import write_diagnosis_html
 
         write_diagnosis_html(html, d, cfg, announce=err)
+    if markdown is not None:
+        from perfscope.report.markdown import diagnosis_markdown
+        from perfscope.util.files import atomic_write_text
+
+        atomic_write_text(markdown, diagnosis_markdown(d, top=top))
+        err.print(f"markdown summary written: {markdown}", markup=False, highlight=False)
+    if csv_dir is not None:
+        from perfscope.report.markdown import write_csv
+
+        files = write_csv(csv_dir, d)
+        err.print(f"CSV tables written: {', '.join(str(f) for f in files)}", markup=False, highlight=False)
     if json_out:
         jsonout.emit(d.to_dict())
     else:
         terminal.render(d, Console(), top=top)
     gate(d.primary.findings, fail_on)
     return 0
+
+
+def _fix_commands_with_trace(d, path: Path) -> None:
+    """Each finding's "fix:" command reads this trace (``--trace``): the fix picks its value and
+    predicts the step from the finding, e.g. eager-decode's --cuda-graph-max-bs from the batch sizes."""
+    import shlex
+
+    for r in d.ranks:
+        for f in r.findings:
+            if f.get("fix") and f.get("fix_command"):
+                f["fix_command"] = f"perfscope fix {f['fix']} --trace {shlex.quote(str(path))}"

@@ -7,8 +7,15 @@ from typing import List, Optional
 
 import typer
 
+from perfscope.cli import _paths
+
 NAME = "report"
 ORDER = 25
+EXAMPLES = [
+    ("perfscope report run1", "run1/report.html: works offline, charts inside"),
+    ("perfscope report trace.json.gz -o ~/r.html", "a trace file, written where you say"),
+    ("perfscope report run1 --capture-trace capture/", "CUDA-graph-replayed kernels attributed to their ops"),
+]
 
 
 def default_output(paths: List[Path]) -> Path:
@@ -25,7 +32,7 @@ def default_output(paths: List[Path]) -> Path:
 def command(
     paths: List[Path] = typer.Argument(..., help="A perfscope run folder (run.json + traces/), an SGLang profile "
                                                  "folder, or trace files (.json/.json.gz)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="The HTML file to write (default: "
+    output: Optional[Path] = _paths.out_option("-o", "--output", help="The HTML file to write (default: "
                                           "RUN_DIR/report.html, or ./<trace>.report.html)."),
     config: Optional[Path] = typer.Option(None, "--config", help="The server's config as JSON (SGLang "
                                                                  "/server_info); run folders carry it already."),
@@ -46,7 +53,7 @@ def command(
     from perfscope.report.html import write_diagnosis_html
 
     cfg = _load_config(config)
-    out = output or default_output(paths)
+    out = output or _paths.resolve(default_output(paths))
     d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     write_diagnosis_html(out, d, cfg, announce=Console(stderr=True))
     return 0

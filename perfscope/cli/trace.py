@@ -15,11 +15,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from perfscope.cli import _apikey
+from perfscope.cli import _apikey, _paths
 from perfscope.errors import InputError
 
 NAME = "trace"
 ORDER = 10
+EXAMPLES = [
+    ("perfscope trace --host gpu-box --port 30000 --out run1", "SSH (known_hosts checked): every rank's trace + run.json in ./run1"),
+    ("perfscope trace --host gpu-box --bench 8 --out run1", "the same, plus TTFT/TPOT of 8 requests without the profiler"),
+    ("perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof", "a local vLLM server, no SSH"),
+]
 
 _SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
 
@@ -121,7 +126,7 @@ def command(
                                    "of the same workload (perfscope bench), stored in the run folder."),
     api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
+    out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
 ) -> int:
     """Profile a live SGLang (or vLLM) server and bring its traces home: reads the server's config,
@@ -173,7 +178,7 @@ def command(
             for h, p in zip(host, ports)
         ]
     if out is None:
-        out = Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        out = _paths.resolve(Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {out} exists and is not empty: pick a new folder")
     if output_len < 2:
@@ -187,7 +192,9 @@ def command(
         profile_prefix=profile_prefix,
     )
     argv = scrub_argv(_canonical_argv(ctx))
-    log = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
+    from perfscope.errors import redact
+
+    log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731  (no key in any line)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
         results = trace(endpoints, opts, out, command=argv, log=log, progress=prog)

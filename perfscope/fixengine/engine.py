@@ -15,6 +15,7 @@ holds ``manifest.json`` and ``original-<sha256>.py``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from perfscope import __version__
-from perfscope.errors import InputError, PerfscopeError
+from perfscope.errors import FixRefused, InputError, PerfscopeError
 from perfscope.fixengine.edit import unified_diff
 from perfscope.fixengine.host import FixHost, join
 from perfscope.fixengine.model import (
@@ -57,6 +58,9 @@ class FixRequest:
     force: bool = False
     expect_sha256: Optional[str] = None
     overrides: dict = field(default_factory=dict)  # Environment field -> value from options
+    launch_file: Optional[str] = None  # a launch-flag fix's target: the server's launch script / unit / compose file
+    facts: dict = field(default_factory=dict)  # from --trace: {"findings": [...], "trace": path}
+    source_fix: bool = True  # False for launch-flag fixes: the server's python and sglang install are not needed
 
 
 @dataclass
@@ -128,13 +132,15 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
             info = {}
         if info:
             env.server_url = req.server_url
+            env.server_args = dict(info)
             for k_env, k_info in (("sglang_version", "version"), ("kv_cache_dtype", "kv_cache_dtype"),
                                   ("attention_backend", "attention_backend"),
                                   ("decode_attention_backend", "decode_attention_backend"), ("dtype", "dtype")):
                 if info.get(k_info) not in (None, ""):
                     setattr(env, k_env, str(info[k_info]))
                     env.sources[k_env] = "server_info"
-    need_python = not req.target_file or req.python
+    env.facts.update(req.facts)
+    need_python = (req.source_fix and not req.target_file) or req.python
     if need_python:
         if req.python:
             cands = [req.python]
@@ -214,16 +220,30 @@ def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
     p = join(host, folder, "manifest.json")
     if not host.exists(p):
         return None
-    try:
-        return json.loads(host.read_bytes(p))
-    except ValueError:
-        raise InputError(f"{p}: manifest is not valid JSON; refusing to touch the file (remove it by hand)") from None
+    from perfscope.util import jsonio
+
+    man = jsonio.loads(host.read_bytes(p), f"{p} (fix manifest; refusing to touch the file, remove it by hand)",
+                       error=FixRefused, expect=dict)
+    for key in ("backup", "sha256_before", "sha256_after"):
+        v = man.get(key)
+        if not isinstance(v, str) or not v or (key == "backup" and ("/" in v or v.startswith("."))):
+            raise FixRefused(f"{p}: fix manifest has no usable {key!r}; refusing to touch the file "
+                             "(remove the manifest by hand)")
+    for key in ("strategy", "variant", "applied_at"):
+        if man.get(key) is not None and not isinstance(man[key], str):
+            raise FixRefused(f"{p}: fix manifest's {key!r} is not text; refusing to touch the file")
+    return man
 
 
 # ----------------------------------------------------------------------------------- target
 
 
 def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequest) -> tuple[TargetSpec, str, bytes]:
+    if fix.kind == "launch":
+        if not req.launch_file:
+            raise InputError(f"{fix.id} edits the server's launch command: give --launch-file F")
+        env.facts["launch_file"] = req.launch_file
+        return fix.target_for(env, req.target), req.launch_file, host.read_bytes(req.launch_file)
     if req.target_file:
         path = req.target_file
         data = host.read_bytes(path)
@@ -260,8 +280,19 @@ def _base_report(fix: FixModule, env: Environment, spec: TargetSpec, path: str, 
 def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> tuple[Report, Optional[bytes], object]:
     """Everything up to the patched bytes, without writing. Returns (report, patched, detection)."""
     env = env or probe_env(host, req)
+    if fix.kind == "launch" and not req.launch_file:
+        return describe_launch(fix, host, env, req), None, None
     spec, path, data = resolve_target(fix, host, env, req)
     rep = _base_report(fix, env, spec, path, data)
+    if fix.kind == "launch":
+        # a flag value picked from the trace is not recomputed on a file perfscope already edited
+        folder = state_dir_for(host, req, fix, path)
+        man = load_manifest(host, folder)
+        if man and man.get("sha256_after") == rep.sha256_before:
+            rep.manifest, rep.strategy, rep.variant = join(host, folder, "manifest.json"), man.get("strategy"), man.get("variant")
+            rep.outcome = AlreadyApplied(f"{path} is as {fix.id} left it (applied {man.get('applied_at')}); "
+                                         f"--revert restores the original")
+            return rep, None, None
     det = fix.detect(spec, data, env)
     rep.variant = det.variant
     rep.anchors = det.anchors
@@ -272,7 +303,9 @@ def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environme
         folder = state_dir_for(host, req, fix, path)
         man = load_manifest(host, folder)
         rep.manifest = join(host, folder, "manifest.json") if man else None
-        if man and man.get("sha256_after") == rep.sha256_before:
+        if fix.kind == "launch" and not man:
+            rep.outcome = AlreadyApplied(det.reason)
+        elif man and man.get("sha256_after") == rep.sha256_before:
             rep.outcome = AlreadyApplied(f"{path} is already patched ({man.get('strategy')} strategy, "
                                          f"applied {man.get('applied_at')})")
             rep.strategy = man.get("strategy")
@@ -320,7 +353,25 @@ def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environme
     return rep, after, det
 
 
+def _lock_path(host: FixHost, req: FixRequest) -> str:
+    return join(host, state_root(host, req), ".lock")
+
+
 def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
+    """Check, then patch with a backup and a manifest; one apply or revert at a time per host
+    (a lock in the state folder), and a failed write leaves no manifest behind."""
+    env = env or probe_env(host, req)
+    with host.lock(_lock_path(host, req)):
+        return _apply(fix, host, req, env)
+
+
+def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
+    env = env or probe_env(host, req)
+    with host.lock(_lock_path(host, req)):
+        return _revert(fix, host, req, env)
+
+
+def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> Report:
     rep, after, _ = plan(fix, host, req, env)
     if after is None:
         return rep
@@ -329,9 +380,14 @@ def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environm
         rep.outcome = Refused(f"{path} changed since the check (sha256 {rep.sha256_before[:12]}…, expected "
                               f"{req.expect_sha256[:12]}…): check again")
         return rep
+    m = host.mode(path)
+    if m is not None and not m & 0o222:
+        rep.outcome = Refused(f"{path} is read-only (mode {m:04o}): someone made it so on purpose; "
+                              "chmod u+w it first if it should be patched")
+        return rep
     folder = state_dir_for(host, req, fix, path)
     host.makedirs(folder)
-    backup = join(host, folder, f"original-{rep.sha256_before}.py")
+    backup = join(host, folder, f"original-{rep.sha256_before}{_suffix(path)}")
     original = host.read_bytes(path)
     if sha256_bytes(original) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed since the check: nothing written; check again")
@@ -353,9 +409,16 @@ def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environm
     if host.sha256(path) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
         return rep
-    host.write_bytes_atomic(path, after)
+    try:
+        host.write_bytes_atomic(path, after, tmp_dir=folder)  # temp file in the state folder, not the package
+    except BaseException:
+        # the file was not replaced (the writer renames only a complete temp file): no manifest
+        # may claim it was
+        with contextlib.suppress(Exception):
+            host.run(["rm", "-f", "--", mpath])
+        raise
     if host.sha256(path) != rep.sha256_after:
-        host.write_bytes_atomic(path, original)
+        host.write_bytes_atomic(path, original, tmp_dir=folder)
         rep.outcome = Failed(f"{path} did not read back as written; the original was put back")
         return rep
     rep.manifest = mpath
@@ -364,8 +427,52 @@ def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environm
     return rep
 
 
-def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None) -> Report:
-    env = env or probe_env(host, req)
+def _suffix(path: str) -> str:
+    ext = os.path.splitext(path)[1]
+    return ext if ext and len(ext) <= 10 and ext[1:].isalnum() else ".bak"
+
+
+def describe_launch(fix: FixModule, host: FixHost, env: Environment, req: FixRequest) -> Report:
+    """A launch-flag fix without --launch-file: the change, the server's command line; nothing written."""
+    from perfscope.fixengine.launch import server_command_line
+
+    rep = Report(fix=fix.id, outcome=Checked(), env=env, target="launch-command")
+    rep.notes.extend(env.notes)
+    engine, d, current = fix.describe(env)
+    cl = server_command_line(host, req.port) if req.port else None
+    rep.extra["flag_changes"] = [c.describe() for c in d.changes]
+    rep.extra["server_flags"] = {k: v for k, v in current.items()}
+    rep.extra["server_command_line"] = cl.argv if cl and cl.argv else None
+    rep.strategy, rep.strategy_reason = "flags", d.why
+    if env.server_args:
+        shown = ", ".join(f"{f.key}={env.server_args.get(f.key)!r}" for f in fix.flags.get(engine, ())
+                          if f.key and f.key in env.server_args)
+        if shown:
+            rep.notes.append(f"/server_info reports {shown}")
+    else:
+        assumed = ", ".join(f"{k} {v}" if v is not True else k for k, v in getattr(fix, "assumed", {}).items())
+        rep.notes.append("the server's /server_info was not read (give --url, or --host with --port): the change "
+                         "is decided from the trace" + (f", assuming the launch command has {assumed} as the "
+                                                        "finding implies" if assumed else ""))
+    if cl and cl.argv:
+        rep.notes.append(f"the server (pid {cl.pid}, port {req.port}) was started as: {cl.text()}")
+    rep.notes.extend(f"predicted step after the fix: {d.predicted_step_ms:.2f} ms" + (f" ({d.prediction})" if d.prediction else "")
+                     for _ in [0] if d.predicted_step_ms is not None)
+    if d.refused:
+        rep.outcome = Refused(d.refused)
+    elif d.skipped:
+        rep.outcome = Skipped(d.skipped)
+    elif not d.changes:
+        rep.outcome = AlreadyApplied(f"the server already runs with what {fix.id} sets ({d.why or 'flags right'})")
+    else:
+        rep.diff = "".join(f"  {c.describe()}{(': ' + c.why) if c.why else ''}\n" for c in d.changes)
+        rep.outcome = Checked("no --launch-file: the change is " + "; ".join(c.describe() for c in d.changes)
+                              + " on the server's launch command; nothing changed (give --launch-file F to "
+                              "edit it, --apply --restart-cmd CMD to apply and re-measure)")
+    return rep
+
+
+def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> Report:
     spec, path, data = resolve_target(fix, host, env, req)
     rep = _base_report(fix, env, spec, path, data)
     folder = state_dir_for(host, req, fix, path)
@@ -382,7 +489,7 @@ def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environ
     rep.strategy, rep.variant = man.get("strategy"), man.get("variant")
     backup = join(host, folder, man["backup"])
     if not host.exists(backup):
-        rep.outcome = Failed(f"backup {backup} is missing: cannot restore")
+        rep.outcome = Refused(f"backup {backup} is missing: cannot restore the original")
         return rep
     original = host.read_bytes(backup)
     if sha256_bytes(original) != man["sha256_before"]:
@@ -397,7 +504,7 @@ def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environ
                               "changed after the patch (sglang reinstalled or edited?); --force restores the "
                               "original anyway")
         return rep
-    host.write_bytes_atomic(path, original)
+    host.write_bytes_atomic(path, original, tmp_dir=folder)
     if host.sha256(path) != man["sha256_before"]:
         rep.outcome = Failed(f"{path} did not read back as the original after restoring")
         return rep

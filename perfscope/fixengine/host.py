@@ -7,13 +7,16 @@ SSH transport), and the server-environment probes of :mod:`perfscope.capture.hos
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+import stat as stat_mod
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from perfscope.capture.hostio import HostIO, LocalHost, SSHHost
-from perfscope.errors import InputError, RemoteError
+from perfscope.errors import FixRefused, InputError, RemoteError
 from perfscope.util.files import atomic_write_bytes, sha256_bytes
 
 
@@ -28,7 +31,10 @@ class FixHost:
     def read_bytes(self, path: str) -> bytes:
         raise NotImplementedError
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None) -> None:
+    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
+                           tmp_dir: Optional[str] = None) -> None:
+        """Temp file + rename (symlinks kept, special files refused); ``tmp_dir`` holds the temp
+        file when it is on the same file system (the engine's state folder)."""
         raise NotImplementedError
 
     def exists(self, path: str) -> bool:
@@ -42,6 +48,15 @@ class FixHost:
 
     def sha256(self, path: str) -> str:
         return sha256_bytes(self.read_bytes(path))
+
+    def mode(self, path: str) -> Optional[int]:
+        """The permission bits of ``path`` (symlinks followed), None if it cannot be stat'ed."""
+        raise NotImplementedError
+
+    def lock(self, path: str, timeout: float = 120.0):
+        """A context manager holding an exclusive lock on ``path`` on the host: two applies or
+        reverts at once are serialised. Released when the process or the SSH connection dies."""
+        raise NotImplementedError
 
     # commands
     def run(self, argv: Sequence[str], timeout: float = 60.0):
@@ -69,11 +84,41 @@ class LocalFixHost(FixHost):
         except OSError as e:
             raise InputError(f"{path}: cannot read ({e.strerror})") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None) -> None:
+    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
+                           tmp_dir: Optional[str] = None) -> None:
         try:
-            atomic_write_bytes(path, data, mode=mode)
+            atomic_write_bytes(path, data, mode=mode, tmp_dir=tmp_dir)
         except PermissionError:
             raise InputError(f"{path}: permission denied (run as the user that owns the server's python)") from None
+        except OSError as e:  # read-only file system, disk full, ...: nothing was replaced
+            raise InputError(f"{path}: cannot write ({e.strerror or e}); the file is unchanged") from None
+
+    def mode(self, path: str) -> Optional[int]:
+        try:
+            return stat_mod.S_IMODE(os.stat(path).st_mode)
+        except OSError:
+            return None
+
+    @contextlib.contextmanager
+    def lock(self, path: str, timeout: float = 120.0) -> Iterator[None]:
+        import fcntl
+
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise FixRefused(f"another perfscope fix holds {path} for more than {timeout:g}s; "
+                                         "try again when it ends") from None
+                    time.sleep(0.1)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
@@ -101,8 +146,9 @@ class SSHFixHost(FixHost):
         except (IOError, OSError) as e:
             raise RemoteError(f"{self.label}:{path}: cannot read ({e})") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None) -> None:
-        self.s.write_bytes_atomic(path, data, mode=mode)
+    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
+                           tmp_dir: Optional[str] = None) -> None:
+        self.s.write_bytes_atomic(path, data, mode=mode, tmp_dir=tmp_dir)
 
     def exists(self, path: str) -> bool:
         return self.run(["test", "-e", path]).rc == 0
@@ -121,6 +167,44 @@ class SSHFixHost(FixHost):
 
     def sha256(self, path: str) -> str:
         return self.s.sha256(path)
+
+    def mode(self, path: str) -> Optional[int]:
+        try:
+            return stat_mod.S_IMODE(self.s.sftp().stat(path).st_mode or 0)
+        except Exception:
+            return None
+
+    @contextlib.contextmanager
+    def lock(self, path: str, timeout: float = 120.0) -> Iterator[None]:
+        """``flock`` (else python3's fcntl) on the host, held by a command that lives as long as
+        this SSH channel: closing it (or losing the connection) releases the lock."""
+        self.makedirs(posixpath.dirname(path))
+        script = ('if command -v flock >/dev/null 2>&1; then exec flock -w "$2" "$1" sh -c \'echo locked; read x\'; fi; '
+                  'exec python3 -c "import fcntl,sys,time,os\nf=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT,0o600)\n'
+                  'd=time.time()+float(sys.argv[2])\nwhile True:\n try: fcntl.flock(f,fcntl.LOCK_EX|fcntl.LOCK_NB); break\n'
+                  ' except BlockingIOError:\n  if time.time()>d: sys.exit(1)\n  time.sleep(0.1)\n'
+                  'print(\'locked\',flush=True)\nsys.stdin.read()" "$1" "$2"')
+        from perfscope.capture.ssh.commands import quote_argv
+
+        chan = self.s.transport.open_session(timeout=self.s.target.timeout)
+        try:
+            chan.exec_command(quote_argv(["sh", "-c", script, "perfscope-lock", path, f"{timeout:g}"]))
+            chan.settimeout(timeout + 10)
+            got = b""
+            while b"locked" not in got:
+                try:
+                    chunk = chan.recv(64)
+                except Exception:
+                    chunk = b""
+                if not chunk:
+                    raise FixRefused(f"{self.label}: another perfscope fix holds {path} for more than "
+                                     f"{timeout:g}s (or flock/python3 is missing there); try again when it ends")
+                got += chunk
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                chan.shutdown_write()
+                chan.close()
 
 
 def join(host: FixHost, *parts: str) -> str:

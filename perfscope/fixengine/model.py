@@ -111,6 +111,8 @@ class Environment:
     server_url: Optional[str] = None
     sources: dict = field(default_factory=dict)  # fact -> where it was read
     notes: list = field(default_factory=list)
+    server_args: dict = field(default_factory=dict, repr=False)  # /server_info as the server answered
+    facts: dict = field(default_factory=dict)  # from the trace (--trace) and the request: findings, launch file
 
     @property
     def sm(self) -> Optional[tuple[int, int]]:
@@ -123,7 +125,9 @@ class Environment:
             return None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["server_args"] = len(self.server_args)  # the number of keys: the whole of it is 500+ keys
+        return d
 
 
 # ---------------------------------------------------------------------------------- fix parts
@@ -187,6 +191,7 @@ class FixModule:
     strategies: tuple[str, ...] = ()
     requirements: dict = {}  # strategy -> text
     marker: str = ""  # a line present in every patched file
+    kind: str = "source"  # source: patches a file of the server's code; launch: flags (fixengine/flags.py)
     folder: Any = None  # pathlib.Path of the fix folder (set by the registry)
 
     # ---- hooks

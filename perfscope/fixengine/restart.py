@@ -15,10 +15,13 @@ The sequence:
 2. measure the server as it runs (``perfscope.bench.measure``): ``before/bench.json``;
 3. apply (refused if the file changed during the measurement), ``fix.diff``;
 4. run CMD, then wait until ``/health`` answers: CMD and the wait together get
-   ``health_timeout`` seconds;
+   ``health_timeout`` seconds; when the process on ``--port`` can be seen, the one answering
+   must not be the one that served before CMD (a CMD that failed to stop the old server leaves
+   it answering, and the new one cannot bind the port);
 5. measure again: ``after/bench.json``. A benchmark that fails counts as an unhealthy server;
-6. unhealthy: revert the file byte for byte, run CMD again and wait again (the same bound), and
-   end ``Failed`` with one line saying what happened and whether the server answers again.
+6. unhealthy, or slower than before by more than ``max_slowdown`` (TPOT median; default 10%):
+   revert the file byte for byte, run CMD again and wait again (the same bound), and end
+   ``Failed`` with one line saying what happened and whether the server answers again.
 
 ``restart.json`` (the record: command, TPOT before/after, healthy, reverted, ...) and ``fix.json``
 (the final report) are written last, atomically, whatever the outcome; nothing in the run folder
@@ -92,8 +95,23 @@ def _run_cmd(host: FixHost, cmd: str, timeout: float) -> tuple[bool, str]:
     return True, ""
 
 
-def _restart(host: FixHost, cmd: str, client, timeout: float) -> tuple[bool, str]:
-    """Run CMD, then wait for /health; both within ``timeout`` seconds. (ok, why not)."""
+def _server_pid(host: FixHost, port: Optional[int]) -> Optional[int]:
+    """The pid of the process listening on ``port`` on the host, if it can be seen."""
+    if not port:
+        return None
+    try:
+        pid = host.io.server_process(port).get("pid")
+    except PerfscopeError:
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def _restart(host: FixHost, cmd: str, client, timeout: float, *, port: Optional[int] = None,
+             old_pid: Optional[int] = None) -> tuple[bool, str]:
+    """Run CMD, then wait for /health; both within ``timeout`` seconds. (ok, why not). With
+    ``old_pid`` (the process that served ``port`` before CMD): an answer from that same process is
+    no restart (a CMD that failed to stop the old server leaves it answering /health, and the new
+    one cannot bind the port), and measuring it would credit the patch with the old code's speed."""
     deadline = time.monotonic() + timeout
     ok, why = _run_cmd(host, cmd, timeout)
     if not ok:
@@ -104,6 +122,9 @@ def _restart(host: FixHost, cmd: str, client, timeout: float) -> tuple[bool, str
         client.wait_healthy(timeout=max(0.5, left), interval=0.5)
     except PerfscopeError:
         return False, f"no healthy answer on {client.base_url}/health within {timeout:g}s of the restart"
+    if old_pid is not None and _server_pid(host, port) == old_pid:
+        return False, (f"the server was not restarted: process {old_pid}, which served port {port} before "
+                       "the restart command, still serves it (the command did not stop it)")
     return True, ""
 
 
@@ -114,7 +135,7 @@ def _tpot(summary: Optional[dict]) -> Optional[float]:
 
 def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, env: Environment, cmd: str, *,
                        health_timeout: float = 900.0, out: Optional[Path] = None,
-                       bench: Optional[BenchSpec] = None,
+                       bench: Optional[BenchSpec] = None, max_slowdown: float = 0.10,
                        log: Callable[[str], None] = print) -> engine.Report:
     from perfscope.capture.sglang_api import SGLangClient
 
@@ -124,6 +145,8 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         raise InputError("--restart-cmd is empty")
     if health_timeout <= 0:
         raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
+    if max_slowdown < 0:
+        raise InputError(f"--max-slowdown {max_slowdown:g}: expected a fraction >= 0")
     spec = bench or BenchSpec()
     out = out or Path(f"perfscope-fix-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -136,7 +159,8 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     # 1. check: only a patch that will be written is worth measuring and restarting for
     rep, after_bytes, _ = engine.plan(fix, host, req, env)
     out.mkdir(parents=True, exist_ok=True)
-    record: dict = {"restart_cmd": cmd, "health_timeout_s": health_timeout, "url": req.server_url,
+    record: dict = {"restart_cmd": cmd, "health_timeout_s": health_timeout, "max_slowdown": max_slowdown,
+                    "url": req.server_url,
                     "host": host.label, "workload": dataclasses.asdict(spec), "before": None, "after": None,
                     "healthy": None, "reverted": None, "healthy_after_revert": None}
 
@@ -170,7 +194,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     atomic_write_text(out / "fix.diff", rep.diff or "")
     try:
         return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out,
-                                   health_timeout, log)
+                                   health_timeout, log, max_slowdown)
     except BaseException as e:  # Ctrl-C (or worse) after the patch was written: the record says where it stands
         record["stopped_by"] = type(e).__name__
         rep.notes.append(f"stopped ({type(e).__name__}) before the restart was verified: {rep.path} is "
@@ -180,10 +204,11 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         raise
 
 
-def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out, health_timeout, log):
+def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out, health_timeout, log,
+                        max_slowdown=0.10):
     # 4. restart and 5. measure again
     log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
-    ok, why = _restart(host, cmd, client, health_timeout)
+    ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
     if ok:
         try:
             info2 = client.server_info()
@@ -194,14 +219,21 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         else:
             record["after"] = _store(out / "after", res2, client.base_url, host, info2, argv)
     record["healthy"] = ok
+    slower = False
     if ok:
         b, a = _tpot(record["before"]), _tpot(record["after"])
-        if b and a:
-            rep.notes.append(f"TPOT median {b:.2f} ms -> {a:.2f} ms ({b / a:.2f}x faster); run folder {out}")
-        return finish(rep)
+        if b and a and a > b * (1.0 + max_slowdown):
+            slower = True
+            why = (f"TPOT median {b:.2f} ms -> {a:.2f} ms: {a / b - 1:.0%} slower, more than --max-slowdown "
+                   f"{max_slowdown:.0%}")
+        else:
+            if b and a:
+                rep.notes.append(f"TPOT median {b:.2f} ms -> {a:.2f} ms ({b / a:.2f}x faster); run folder {out}")
+            return finish(rep)
+    record["slower"] = slower
 
-    # 6. unhealthy: put the original back and restart again
-    log(f"server unhealthy after the patch ({why}); reverting and restarting again")
+    # 6. unhealthy (or slower): put the original back and restart again
+    log(f"server {'slower' if slower else 'unhealthy'} after the patch ({why}); reverting and restarting again")
     try:
         back = engine.revert(fix, host, req, env)
         reverted, rwhy = back.outcome.kind == "reverted", back.outcome.reason
@@ -210,12 +242,13 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
     record["reverted"] = reverted
     ok2, why2 = _restart(host, cmd, client, health_timeout)
     record["healthy_after_revert"] = ok2
+    what = "the server was slower with the patch" if slower else "the server did not come back healthy with the patch"
     if not reverted:
-        rep.outcome = Failed(f"the server did not come back healthy with the patch ({why}); the revert FAILED "
+        rep.outcome = Failed(f"{what} ({why}); the revert FAILED "
                              f"({rwhy}), the server restarted: " + ("healthy" if ok2 else f"still unhealthy ({why2})"))
         return finish(rep)
     rep.sha256_after = rep.sha256_before
     rep.outcome = Failed(
-        f"the server did not come back healthy with the patch ({why}); the patch was reverted byte for byte "
+        f"{what} ({why}); the patch was reverted byte for byte "
         "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now"))
     return finish(rep)

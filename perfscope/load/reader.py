@@ -10,7 +10,9 @@ shared/traces this is ~3x faster than ``orjson.loads`` and peaks below 2.5x the 
 from __future__ import annotations
 
 import ast
+import math
 import os
+import stat
 import re
 import zlib
 from pathlib import Path
@@ -34,6 +36,9 @@ def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], 
     """The file's JSON bytes, inflated if gzipped. Truncated or corrupt gzip -> InputError."""
     p = Path(path)
     try:
+        st = p.stat()
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            raise InputError(f"{p}: not a regular file (a pipe or device): save the trace to a file and pass its path")
         comp = p.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{p}: no such file") from None
@@ -70,6 +75,15 @@ def _gunzip(comp: bytes, p: Path, progress) -> bytearray:
             data = d.unconsumed_tail
             if progress:
                 progress(len(comp) - len(data), len(comp))
+            if d.eof and d.unused_data:  # RFC 1952: several members are one file, read whole
+                rest = d.unused_data
+                if rest[:2] != b"\x1f\x8b":
+                    if rest.strip(b"\0"):
+                        raise InputError(f"{p}: {len(rest):,} bytes of junk after the gzip stream")
+                    break
+                d = zlib.decompressobj(31)
+                data = rest
+                continue
             if d.eof or (not data and not out):
                 break
     except zlib.error as e:
@@ -88,7 +102,7 @@ def _meta_dict(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
             return None
     return value
 
@@ -125,6 +139,8 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
     repaired = 0
     try:
         top = TOP.decode(buf)
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to be a trace") from None
     except msgspec.DecodeError as e:
         fixed_buf, repaired = repair_names(buf)
         try:
@@ -161,7 +177,9 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
     for raw in top.traceEvents:
         try:
             e = decode(raw)
-        except msgspec.ValidationError:
+            if not _sane(e):
+                raise msgspec.ValidationError("out of range")
+        except (msgspec.ValidationError, RecursionError):
             e = _lax_event(raw)
             meta.lax_events += 1
             if e is None:
@@ -203,48 +221,101 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
                  annotations=annots)
 
 
+_I64 = 1 << 63
+# Kineto timestamps may be Unix-epoch microseconds (~1.7e15 in 2022-2026, e.g. HTA's test traces):
+# bound them at ~3,000 years; a duration is bounded at ~31 years.
+_MAX_TS_US = 1e17
+_MAX_DUR_US = 1e15
+
+
+def _int64(v) -> bool:
+    return v is None or (-_I64 <= v < _I64)
+
+
+def _sane(e: Event) -> bool:
+    """Values the typed schema lets through but analysis cannot use: out-of-range numbers."""
+    if not (math.isfinite(e.ts) and math.isfinite(e.dur) and abs(e.ts) < _MAX_TS_US and 0 <= e.dur < _MAX_DUR_US):
+        return False
+    if isinstance(e.pid, int) and not _int64(e.pid) or isinstance(e.tid, int) and not _int64(e.tid):
+        return False
+    a = e.args
+    if a is not None:
+        for v in (a.correlation, a.external_id, a.stream, a.device, a.python_id, a.python_parent):
+            if not _int64(v):
+                return False
+        for g in (a.grid, a.block):
+            if g is not None and not all(_int64(x) for x in g):
+                return False
+    return True
+
+
 def _lax_event(raw) -> Optional[Event]:
-    """An event whose field types break the schema (e.g. numbers written as strings)."""
+    """An event whose field types break the schema (e.g. numbers written as strings). Fields that
+    still make no sense become their defaults; an event without a usable time is dropped."""
     try:
         d = ANY_EVENT.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if not isinstance(d, dict):
         return None
     try:
-        a = d.get("args") or {}
+        a = d.get("args")
+        if not isinstance(a, dict):
+            a = {}
 
         def num(v, default=None):
-            try:
-                return int(v) if v is not None else default
-            except (TypeError, ValueError):
+            if isinstance(v, bool):
                 return default
+            try:
+                n = int(v) if v is not None else default
+            except (TypeError, ValueError, OverflowError):
+                return default
+            return n if n is None or -_I64 <= n < _I64 else default
 
+        def ints(v):
+            if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and -_I64 <= x < _I64 for x in v):
+                return v
+            return None
+
+        def ident(v):  # pid / tid: an int or a string, else 0
+            if isinstance(v, str):
+                return v
+            n = num(v)
+            return n if n is not None else 0
+
+        def text(v):
+            return v if isinstance(v, str) else ""
+
+        ts, dur = float(d.get("ts", 0.0) or 0.0), float(d.get("dur", 0.0) or 0.0)
+        if not (math.isfinite(ts) and math.isfinite(dur) and abs(ts) < _MAX_TS_US and 0 <= dur < _MAX_DUR_US):
+            return None
         args = Args(correlation=num(a.get("correlation")), external_id=num(a.get("External id")),
                     stream=num(a.get("stream")), device=num(a.get("device")),
-                    grid=a.get("grid") if isinstance(a.get("grid"), list) else None,
-                    block=a.get("block") if isinstance(a.get("block"), list) else None,
+                    grid=ints(a.get("grid")), block=ints(a.get("block")),
                     python_id=num(a.get("Python id")), python_parent=num(a.get("Python parent id")))
-        return Event(ph=str(d.get("ph", "")), cat=str(d.get("cat", "")), name=str(d.get("name", "")),
-                     pid=d.get("pid", 0), tid=d.get("tid", 0), ts=float(d.get("ts", 0.0) or 0.0),
-                     dur=float(d.get("dur", 0.0) or 0.0), args=args)
-    except (TypeError, ValueError):
+        return Event(ph=text(d.get("ph", "")), cat=text(d.get("cat", "")), name=text(d.get("name", "")),
+                     pid=ident(d.get("pid", 0)), tid=ident(d.get("tid", 0)), ts=ts, dur=dur, args=args)
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
 def _fill_meta(meta: TraceMeta, top) -> None:
+    def count(v):  # a non-negative int, else None
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _I64 else None
+
     props = _meta_dict(top.deviceProperties)
     if isinstance(props, list) and props and isinstance(props[0], dict):
         p0 = props[0]
-        meta.device_name = p0.get("name")
-        if p0.get("computeMajor") is not None:
-            meta.compute_capability = f"{p0.get('computeMajor')}.{p0.get('computeMinor', 0)}"
-        meta.num_sms = p0.get("numSms")
-        meta.total_mem_bytes = p0.get("totalGlobalMem")
+        meta.device_name = p0.get("name") if isinstance(p0.get("name"), str) else None
+        major, minor = count(p0.get("computeMajor")), count(p0.get("computeMinor", 0))
+        if major is not None:
+            meta.compute_capability = f"{major}.{minor or 0}"
+        meta.num_sms = count(p0.get("numSms"))
+        meta.total_mem_bytes = count(p0.get("totalGlobalMem"))
     dist = _meta_dict(top.distributedInfo)
     if isinstance(dist, dict):
-        meta.rank = dist.get("rank")
-        meta.world_size = dist.get("world_size")
+        meta.rank = count(dist.get("rank"))
+        meta.world_size = count(dist.get("world_size"))
     meta.with_stack = _truthy(top.with_stack)
     meta.record_shapes = _truthy(top.record_shapes)
     if top.roctracer_version is not None or top.hip_runtime_version is not None or (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 from rich.console import Console, Group
@@ -12,6 +13,7 @@ from rich.text import Text
 
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
+from perfscope.report import wording
 
 BUCKET_STYLE = {"copy": "red", "gemm": "blue", "attention": "magenta", "communication": "yellow",
                 "moe": "cyan", "sampling": "green", "elementwise": "bright_black", "other": "white"}
@@ -23,35 +25,104 @@ def _bar(share: float, width: int = 24) -> str:
 
 
 def _fmt_ms(x: Optional[float]) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
+    return wording.ms(x)
 
 
-def header(d: Diagnosis) -> Panel:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def fix_commands(d: Diagnosis, f: dict) -> Optional[tuple[str, str]]:
+    """(check command, apply command) for a finding's fix module, aimed at the server the trace came
+    from when the run folder names it (``--host``, and ``--port`` when not SGLang's default)."""
+    if not f.get("fix"):
+        return None
+    run = d.run or {}
+    cmd = f"perfscope fix {f['fix']}"
+    host = run.get("host")
+    if host:
+        cmd += f" --host {host}"
+    port = (run.get("server_info") or {}).get("port")
+    if host and isinstance(port, int) and port != 30000:
+        cmd += f" --port {port}"
+    return cmd, cmd + " --apply"
+
+
+def share_of(f: dict, cpu: bool = False) -> str:
+    """What a finding's share is of; a CPU-only trace has CPU op time where GPUs have kernel time."""
+    what = f.get("share_of") or "kernel time"
+    return "CPU op time" if cpu and what == "kernel time" else what
+
+
+def verdict(d: Diagnosis) -> Panel:
+    """The first screen: the top finding, what it costs, the command that fixes it and the step time
+    predicted after it; or, when no rule matched, what was analysed and what the rules cover."""
+    p = d.primary
+    s = p.steps
+    cpu = s.get("analysed_on") == "cpu-ops"
+    gpu = device_label(p.meta) or ("CPU (no GPU activity)" if cpu else "unknown GPU")
+    step_ms = s.get("median_ms")
+    files = f" · {_plural(len(d.ranks), 'trace')}" if len(d.ranks) > 1 else ""
+    steps = _plural(s.get("count", 0), f"{s.get('phase')} step")
+    title = f"perfscope diagnose · {gpu}{files} · {steps} · median {_fmt_ms(step_ms)} ms"
+    if not p.findings:
+        from perfscope.analysis.rules import RULES
+
+        ran = [r for r in RULES if not cpu or not r.needs_gpu_timeline]
+        skipped = "" if len(ran) == len(RULES) else f"; the {len(RULES) - len(ran)} idle-time rules need a GPU timeline"
+        body = [f"[bold green]No known bottleneck matched[/] in the {steps} analysed "
+                f"({'their CPU ops: the trace has no GPU kernels' if cpu else 'their GPU kernels'}).",
+                f"[dim]The {len(ran)} rules checked look for: {', '.join(r.id for r in ran)}{skipped} "
+                f"(what each means: perfscope rules).[/]"]
+        return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
+    f = p.findings[0]
+    body = [f"[bold red]{escape(f['id'])}[/]  [bold]{escape(f['title'])}[/]",
+            f"costs [bold]{_fmt_ms(f['ms_per_step'])} ms[/] per step ({wording.pct(f['share'])} of {share_of(f, cpu)}), "
+            f"confidence {f['confidence']}"]
+    cmds = fix_commands(d, f)
+    if cmds:
+        where = "" if (d.run or {}).get("host") else "; remote server: add --host HOST"
+        body.append(f"fix:   [bold green]{escape(cmds[1])}[/]")
+        body.append(f"[dim]       (dry run first: without --apply{where})[/]")
+    elif f.get("remedy"):
+        body.append(f"remedy: {escape(f['remedy'])}")
+    pred = f.get("predicted_step_ms_after_fix")
+    if pred is not None and step_ms:
+        speed = f" ({step_ms / pred:.1f}x faster)" if pred > 0 and step_ms / pred >= 1.05 else ""
+        body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
+    if len(p.findings) > 1:
+        body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
+    return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
+
+
+def facts(d: Diagnosis) -> list[str]:
+    """Two or three short lines under the verdict: how the steps were found, kernel vs idle time,
+    other phases, the measured TPOT."""
     p = d.primary
     m = p.meta
     s = p.steps
     cpu = s.get("analysed_on") == "cpu-ops"
-    unit = "CPU ops" if cpu else "GPU work"
-    gpu = device_label(m) or ("no GPU activity" if cpu else "unknown GPU")
-    lines = [
-        f"[bold]{escape(str(gpu))}[/]" + (f" (sm {m['compute_capability']})" if m.get("compute_capability") else "") +
-        f"  {len(d.ranks)} trace file(s)" + (f", world size {m.get('world_size')}" if m.get("world_size") else ""),
-        f"steps: [bold]{s.get('count', 0)} {s.get('phase')}[/] found by {escape(str(s.get('how') or s.get('method')))}",
-        f"median step ({unit}): [bold]{_fmt_ms(s.get('median_ms'))} ms[/]"
-        f"   {'op' if cpu else 'kernel'} time/step {_fmt_ms(p.kernel_ms_per_step)} ms"
-        f"   {'idle' if cpu else 'GPU idle'} in step {_fmt_ms(p.idle_ms_per_step)} ms",
-    ]
+    arch = wording.gpu_arch(m)
+    arch = f" ({arch})" if arch else ""
+    ws = f", world size {m.get('world_size')}" if m.get("world_size") else ""
+    lines = [f"[dim]{escape(str(device_label(m) or ('CPU' if cpu else 'unknown GPU')))}{arch}{ws}; steps found by "
+             f"{escape(str(s.get('how') or s.get('method')))}[/]",
+             f"[dim]per step: {'op' if cpu else 'kernel'} time {_fmt_ms(p.kernel_ms_per_step)} ms, "
+             f"{'idle' if cpu else 'GPU idle'} {_fmt_ms(p.idle_ms_per_step)} ms[/]"]
     other = [ph for ph in p.phases if ph["phase"] != s.get("phase")]
     if other:
-        lines.append("other phases: " + ", ".join(f"{ph['phase']} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)"
-                                                  for ph in other))
+        lines[-1] = lines[-1][:-3] + "; other phases: " + ", ".join(
+            f"{ph['phase']} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)" for ph in other) + "[/]"
     t = d.timings
     if t.get("tpot_ms"):
         how = "perfscope bench" if t["source"] == "bench" else "during the trace, under the profiler"
         lines.append(f"measured TPOT (client, {how}): [bold]{_fmt_ms(t['tpot_ms'])} ms[/]")
-    return Panel("\n".join(lines), title="perfscope diagnose", expand=False)
+    return lines
+
+
+def header(d: Diagnosis) -> Panel:
+    """(kept for callers of the old layout) the verdict panel."""
+    return verdict(d)
 
 
 def bucket_table(p: RankAnalysis) -> Table:
@@ -74,16 +145,17 @@ def bucket_table(p: RankAnalysis) -> Table:
     return t
 
 
-def op_where(o: dict) -> str:
-    """One line: who launched the op, with which dtypes/shapes, from which source line."""
+def op_where(o: dict, graph: str = "CUDA graph") -> str:
+    """One line: who launched the op, with which dtypes/shapes, from which source line. ``graph``:
+    what the platform calls its graphs (``wording.graph_word``: HIP graph on ROCm)."""
     where = []
     if o.get("graph_replay"):
         geo = f"grid {o.get('grid')} x block {o.get('block')}" if o.get("grid") else ""
-        where.append(f"CUDA-graph replay {geo}".strip() + (f", captured in {o['captured']}:" if o.get("captured") else ""))
+        where.append(f"{graph.replace(' ', '-')} replay {geo}".strip() + (f", captured in {o['captured']}:" if o.get("captured") else ""))
     if o.get("op_chain"):
         where.append(" > ".join(o["op_chain"]))
     if o.get("input_types"):
-        where.append("(" + ", ".join(str(t).replace("c10::", "") for t in o["input_types"] if t) + ")")
+        where.append("(" + ", ".join(wording.dtype_name(t) for t in o["input_types"] if t) + ")")
     if o.get("input_dims"):
         where.append(" ".join(str(d) for d in o["input_dims"] if d))
     if o.get("source"):
@@ -100,7 +172,7 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
     t.add_column("n", justify="right")
     for o in p.ops[:limit]:
         st = BUCKET_STYLE.get(o["bucket"], "white")
-        where = op_where(o)
+        where = op_where(o, wording.graph_word(p.meta))
         cell = f"[bold]{escape(o['short'])}[/]" + (f"\n[dim]  {escape(where)}[/]" if where else "")
         t.add_row(cell, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["ms_per_step"]), f"{o['share']:.1%}",
                   f"{o['count_per_step']:.0f}")
@@ -126,37 +198,68 @@ def ranks_table(d: Diagnosis) -> Optional[Table]:
     return t
 
 
-def findings_panel(p: RankAnalysis) -> Panel:
+def findings_panel(d: Diagnosis) -> Optional[Panel]:
+    """Every finding in full: what it costs, why (its summary), the prediction, the fix, the evidence."""
+    p = d.primary
+    cpu = p.steps.get("analysed_on") == "cpu-ops"
     if not p.findings:
-        return Panel("No known bottleneck matched.", title="Findings", expand=False)
+        return None
     parts = []
     for f in p.findings:
         pred = f.get("predicted_step_ms_after_fix")
         head = Text.assemble((f"[{f['id']}] ", "bold red"), (f["title"], "bold"),
-                             f"  {f['ms_per_step']:.2f} ms/step, {f['share']:.0%} of kernel time, confidence {f['confidence']}")
-        body = Text(f["summary"])
-        lines = [head, body]
+                             f"  {_fmt_ms(f['ms_per_step'])} ms/step, {wording.pct(f['share'])} of {share_of(f, cpu)}, "
+                             f"confidence {f['confidence']}")
+        lines = [head, Text(f["summary"])]
         if pred is not None:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
-            lines.append(Text(f"predicted step after fix: {pred:.2f} ms" + (f"  (floor {fl:.2f} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
-        if f.get("fix_command"):
-            lines.append(Text.assemble(("fix: ", "bold"), (f["fix_command"], "bold green")))
-        elif f.get("remedy"):
+            lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
+                              + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
+        cmds = fix_commands(d, f)
+        if cmds:
+            lines.append(Text.assemble(("fix: ", "bold"), (cmds[1], "bold green"), ("  (check first: " + cmds[0] + ")", "dim")))
+        if f.get("remedy") and not cmds:
             lines.append(Text.assemble(("remedy: ", "bold"), f["remedy"]))
-        ev = {k: v for k, v in f["evidence"].items() if v is not None and k not in ("kernel",)}
-        lines.append(Text("evidence: " + ", ".join(f"{k}={v}" for k, v in list(ev.items())[:12]), style="dim"))
+        ev = {k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"}
+        items = wording.evidence_items(ev)
+        if items:
+            lines.append(Text("evidence: " + " · ".join(items), style="dim"))
         parts.append(Group(*lines))
         parts.append(Text(""))
-    return Panel(Group(*parts[:-1]), title="Findings", expand=False)
+    return Panel(Group(*parts[:-1]), title="Findings", title_align="left", expand=False)
+
+
+def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
+    """The ops furthest above their own floor: achieved TB/s and TFLOP/s against the GPU's peaks."""
+    r = getattr(p, "roofline", None) or {}
+    if not r.get("available"):
+        return []
+    rows = sorted(r["ops"], key=lambda o: -o["ms_per_step_above_floor"])[:top]
+    out = [f"[dim]  ops against {escape(str(r['gpu']))}'s peaks ({r['peak_tb_s']} TB/s, {r['peak_bf16_tflops']:.0f} "
+           f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"]
+    for o in rows:
+        tf = f", {o['achieved_tflops']:.1f} TFLOP/s" if o["flops"] else ""
+        out.append(f"[dim]    {escape(str(o['name'])[:48])}: {o['achieved_tb_s']:.2f} TB/s "
+                   f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
+                   f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
+    return out
 
 
 def floor_lines(p: RankAnalysis) -> list[str]:
-    """A few lines: the floor of a step on this GPU, the measured step against it, the bucket furthest above."""
+    """A few lines: the floor of a step on this GPU, the measured step against it, the bucket furthest
+    above. Without a floor: one short hint, and only when options the user can add would give it."""
     fl = p.floor or {}
     if not fl:
         return []
     if not fl.get("available"):
-        return [f"[dim]{escape(str(fl.get('missing') or 'floor: not computed'))}[/]"]
+        opts = fl.get("missing_options") or []
+        if not opts:
+            return []
+        gpu = (fl.get("gpu") or {}).get("name")
+        meta = {"--model-config": "CONFIG_JSON", "--batch": "N", "--context": "TOKENS"}
+        add = " ".join(f"{o.split()[0]} {meta.get(o.split()[0], 'VALUE')}" for o in opts)
+        return [f"[dim]floor (what this step should cost{' on the ' + escape(str(gpu)) if gpu else ''}): "
+                f"add {escape(add)}[/]"]
     g = fl.get("gpu") or {}
     i = fl.get("inputs") or {}
     b = fl.get("buckets") or {}
@@ -170,18 +273,26 @@ def floor_lines(p: RankAnalysis) -> list[str]:
         f" measured {_fmt_ms(fl['measured_ms'])} ms is [bold]{fl.get('ratio') or 0:.1f}x[/]; furthest above its floor: "
         f"[bold {BUCKET_STYLE.get(w, 'white')}]{w}[/] (+{_fmt_ms(fl['worst_gap_ms'])} ms)",
         f"[dim]  ms/step measured/floor: {rows}[/]",
-        f"[dim]  reads {by.get('weights', 0) / 1e9:.2f} GB weights + {by.get('kv', 0) / 1e9:.3f} GB KV per step "
+        f"[dim]  reads {wording.nbytes(by.get('weights', 0))} weights + {wording.nbytes(by.get('kv', 0))} KV per step "
         f"(batch {i.get('batch')}, context {i.get('context')}, tp {i.get('tp_size')}, KV {i.get('kv_cache_dtype')})"
         + (f"; memory-bandwidth utilisation {mbu:.0%}" if mbu is not None else "") + "[/]",
     ]
 
 
 def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> None:
+    """Verdict first (the top finding, its cost, the fix command, the predicted step: the first
+    screen), then the buckets, the floor, the ops, the ranks, and every finding in full."""
     c = console or Console()
     p = d.primary
-    c.print(header(d))
+    c.print(verdict(d))
+    for line in facts(d):
+        c.print(line)
     for note in p.notes:
         c.print(f"[yellow]note:[/] {escape(note)}")
+    if d.skipped:
+        names = ", ".join(Path(x["path"]).name for x in d.skipped[:3]) + (", ..." if len(d.skipped) > 3 else "")
+        c.print(f"[yellow]note:[/] skipped {_plural(len(d.skipped), 'JSON file')} that "
+                f"{'is' if len(d.skipped) == 1 else 'are'} not a profiler trace: {escape(names)}")
     if not p.per_step and p.cpu_ops:
         t = Table(title="Top CPU ops (no GPU kernels)", title_justify="left")
         t.add_column("op")
@@ -190,19 +301,23 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         for o in p.cpu_ops[:top]:
             t.add_row(escape(o["name"]), _fmt_ms(o["ms_per_step"]), f"{o['count_per_step']:.0f}")
         c.print(t)
-        return
-    c.print(bucket_table(p))
-    for line in floor_lines(p):
-        c.print(line)
-    c.print(ops_table(p, top))
+    else:
+        c.print(bucket_table(p))
+        for line in floor_lines(p) + roofline_lines(p):
+            c.print(line)
+        c.print(ops_table(p, top))
     rt = ranks_table(d)
     if rt is not None:
         c.print(rt)
         s = d.straggler or {}
         if s.get("significant"):
-            c.print(f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
+            # the line compares like with like: step time with step time, or compute with compute
+            c.print(f"[red]straggler:[/] {escape(s['line'])}" if s.get("line") else
+                    f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
                     f"{s['slower_than_others']:.2f}x the other ranks' median ({s['signal']})")
     par = d.parallel or {}
     if par.get("bound") == "memory":
         c.print(f"note: {par['files']} trace files parsed {par['workers']} at a time, to fit in the memory available")
-    c.print(findings_panel(p))
+    fp = findings_panel(d)
+    if fp is not None:
+        c.print(fp)

@@ -1,11 +1,32 @@
-"""Write files atomically and hash them: nothing a user had is lost or half-written."""
+"""Write files atomically and hash them: nothing a user had is lost or half-written.
+
+One writer for every file perfscope writes on this machine (:func:`atomic_writer`, and
+:func:`atomic_write_bytes` / :func:`atomic_write_text` over it), with these rules:
+
+* a new path or an existing *regular* file: a temporary file in the same folder, fsync, then
+  ``os.replace`` -- readers see the old content or the new one, never a mix; the permission bits
+  of the file it replaces are kept;
+* a symlink: the file it points to is written (by the rules above), so the link stays a link;
+* a character device or a FIFO (``-o /dev/null``, ``/dev/stdout``, a named pipe): written in
+  place, never replaced -- a rename over ``/dev/null`` would break the machine;
+* anything else that is not a regular file (a folder, a block device, a socket): refused with
+  :class:`~perfscope.errors.InputError`.
+
+The SSH session's remote writer (:meth:`perfscope.capture.ssh.session.SSHSession.write_bytes_atomic`)
+applies the same rules through SFTP, using :func:`plan_write` for the decision.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import stat as stat_mod
 import tempfile
 from pathlib import Path
+from typing import IO, Iterator, Optional
+
+from perfscope.errors import InputError
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -20,32 +41,74 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
+def plan_write(st_mode: Optional[int], where: str) -> str:
+    """How to write a path whose (symlink-resolved) ``st_mode`` is given (None: it does not exist):
+    ``"replace"`` (temp file + rename) or ``"in_place"``; anything else raises InputError."""
+    if st_mode is None or stat_mod.S_ISREG(st_mode):
+        return "replace"
+    if stat_mod.S_ISCHR(st_mode) or stat_mod.S_ISFIFO(st_mode):
+        return "in_place"
+    if stat_mod.S_ISDIR(st_mode):
+        raise InputError(f"{where}: is a folder, not a file")
+    kind = "block device" if stat_mod.S_ISBLK(st_mode) else "socket" if stat_mod.S_ISSOCK(st_mode) else "special file"
+    raise InputError(f"{where}: is a {kind}; perfscope writes only regular files, character devices and FIFOs")
 
-    Readers see the old content or the new one, never a mix. The file's permission bits are kept
-    when it existed (or set to ``mode``).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None and path.exists():
-        mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+def _resolve(path: Path) -> Path:
+    """The file a symlink (chain) points to; the path itself otherwise."""
+    if path.is_symlink():
+        return Path(os.path.realpath(path))
+    return path
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike, mode: int | None = None,
+                  tmp_dir: str | os.PathLike | None = None) -> Iterator[IO[bytes]]:
+    """A binary file object for ``path`` written by the rules in the module docstring; the new
+    content replaces the old only when the ``with`` block ends without an exception.
+
+    ``tmp_dir``: where the temporary file lives, when it is on the target's file system (else the
+    target's folder): the fix engine keeps it in its state folder, so that a kill at any moment
+    leaves no stray file in a package folder."""
+    target = _resolve(Path(path))
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    how = plan_write(st.st_mode if st else None, str(path))
+    if how == "in_place":
+        with open(target, "wb") as f:
+            yield f
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None and st is not None:
+        mode = st.st_mode & 0o7777
+    where = target.parent
+    if tmp_dir is not None:
+        with contextlib.suppress(OSError):
+            if os.stat(tmp_dir).st_dev == os.stat(target.parent).st_dev:
+                where = Path(tmp_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=where)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
-    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None,
+                       tmp_dir: str | os.PathLike | None = None) -> Path:
+    """Write ``data`` to ``path`` with :func:`atomic_writer`; returns ``path``."""
+    with atomic_writer(path, mode=mode, tmp_dir=tmp_dir) as f:
+        f.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
@@ -63,3 +126,12 @@ def resource_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"perfscope resource folder {name!r} not found beside {pkg}")
+
+
+def user_path(path: str | os.PathLike) -> Path:
+    """A path the user typed, made absolute once: ``~`` expanded, relative to the working directory.
+
+    Every command that writes (``--out``, ``--html``, ``-o``, ``--markdown``, ``--csv``) resolves its
+    path here before anything joins onto it, so ``--out run1`` and ``--out ~/runs/r1`` mean what
+    they mean in a shell. Symlinks are kept (``absolute``, not ``resolve``)."""
+    return Path(os.path.expanduser(os.fspath(path))).absolute()

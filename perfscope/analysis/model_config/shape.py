@@ -46,7 +46,8 @@ class ModelShape:
 
     @property
     def is_moe(self) -> bool:
-        return self.n_experts > 0 and self.top_k > 0
+        # a config with experts whose every layer is dense (first_k_dense_replace >= layers) is dense
+        return self.n_experts > 0 and self.top_k > 0 and (not self.moe_layers or any(self.moe_layers))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -169,12 +170,6 @@ def parse_model(cfg: dict, *, server_quant: Optional[str] = None, server_dtype: 
 
 def load_model_config(path: Path) -> dict:
     """Read a config.json for ``--model-config`` (one-line errors)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise InputError(f"{path}: cannot read the model config ({e.strerror or e})") from None
-    except ValueError as e:
-        raise InputError(f"{path}: the model config is not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: the model config must be a JSON object (a Hugging Face config.json)")
-    return data
+    from perfscope.util import jsonio
+
+    return jsonio.read(path, "model config: a JSON object, a Hugging Face config.json", expect=dict)

@@ -23,8 +23,31 @@ RULES: tuple[Rule, ...] = (
 def run_rules(ctx: RuleContext) -> list[Finding]:
     rules = [r for r in RULES if ctx.gpu_timeline or not r.needs_gpu_timeline]
     found = [f for f in (r.check(ctx) for r in rules) if f is not None]
+    for f in found:
+        model_prediction(ctx, f)
     found.sort(key=lambda f: -f.ms_per_step)
     return found
+
+
+def model_prediction(ctx: RuleContext, f: Finding) -> None:
+    """Replace a kernel-level prediction (step minus the kernel time saved) by the step replayed on the
+    CPU launch timeline (perfscope.analysis.stepmodel): the GPU cannot run ahead of the launches."""
+    if f.new_duration is None or not ctx.gpu_timeline or not ctx.steps:
+        return
+    from perfscope.analysis.stepmodel import predict_after
+
+    p = predict_after(ctx.trace, ctx.steps, ctx.step_ms, f.new_duration, f.added_us_per_step)
+    if not p:
+        return
+    f.evidence["prediction"] = p
+    before = f.predicted_step_ms_after_fix
+    f.predicted_step_ms_after_fix = p["predicted_step_ms"]
+    if before is not None and f.summary and f"{before:.1f} ms" in f.summary:
+        f.summary = f.summary.replace(f"{before:.1f} ms", f"{p['predicted_step_ms']:.1f} ms")
+    lo, pr = p.get("lower_bound_ms"), p["predicted_step_ms"]
+    if lo is not None and pr > 1.3 * lo and f.summary:
+        f.summary += (f" The fixed step waits on kernel launches: ~{pr:.1f} ms at this trace's launch rate "
+                      f"(a profiled run's), at least {lo:.1f} ms with launches at the runtime's own cost.")
 
 
 def rule_ids() -> list[str]:

@@ -9,7 +9,7 @@ from these docs (``perfscope rules --markdown``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 if TYPE_CHECKING:
     from perfscope.analysis.attribution import Attributor
@@ -27,19 +27,25 @@ class Finding:
     title: str
     summary: str  # one sentence a user can act on
     ms_per_step: float
-    share: float  # of the analysed steps' kernel time
+    share: float  # kernel time: of the analysed steps' kernel time; idle time: of the step (cycle); <= 1
     confidence: str
     fix: Optional[str] = None  # id of the fix module that addresses it
     remedy: str = ""  # what to do when there is no fix module (or in addition)
     predicted_step_ms_after_fix: Optional[float] = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    share_of: str = "kernel time"  # what ``share`` is a share of: "kernel time", "the step", "the step cycle"
+    # what the fix does to the kernels, for the step model (perfscope.analysis.stepmodel): the new
+    # duration in µs of kernel i (None: unchanged), and GPU time the fix adds per step. Not serialised.
+    new_duration: Optional[Callable[[int], Optional[float]]] = field(default=None, repr=False, compare=False)
+    added_us_per_step: float = field(default=0.0, repr=False, compare=False)
 
     @property
     def fix_command(self) -> Optional[str]:
-        return f"perfscope fix {self.fix} --apply" if self.fix else None
+        # the check (diff, nothing changed); diagnose adds --trace when it read one input
+        return f"perfscope fix {self.fix}" if self.fix else None
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if k not in ("new_duration", "added_us_per_step")}
         d["fix_command"] = self.fix_command
         return d
 
@@ -99,6 +105,7 @@ class Rule:
     false_positives: ClassVar[str]
     # rules that read GPU idle time: meaningless on a CPU-only trace analysed on its CPU ops
     needs_gpu_timeline: ClassVar[bool] = False
+    share_of: ClassVar[str] = "kernel time"  # idle-time rules: "the step" or "the step cycle"
 
     def check(self, ctx: RuleContext) -> Optional[Finding]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -106,6 +113,7 @@ class Rule:
     def finding(self, **kw) -> Finding:
         kw.setdefault("fix", self.fix)
         kw.setdefault("remedy", self.remedy)
+        kw.setdefault("share_of", self.share_of)
         return Finding(id=self.id, title=self.title, **kw)
 
     @classmethod

@@ -13,7 +13,7 @@ _PREFILL = ("prefill", "mixed")
 class ChunkedPrefillInterference(Rule):
     id = "chunked-prefill-interference"
     title = "Prefill chunks interleaved with decode steps"
-    fix = None
+    fix = "chunked-prefill-interference"
     what = ("EXTEND (prefill) forwards run between DECODE forwards: every running request waits for each "
             "prefill chunk, so inter-token latency has a tail of one chunk's duration.")
     why = ("A scheduler serves new requests by prefilling them between decode steps; with large chunks a "

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Optional
 
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 
+_BS = re.compile(r"\bbs=(\d+)")
+
 
 class EagerDecode(Rule):
     needs_gpu_timeline = True
+    share_of = "the step"
     id = "eager-decode"
     title = "Eager (launch-bound) decode: no CUDA graph"
-    fix = None
+    fix = "eager-decode"
     what = ("Decode steps launch hundreds of kernels one by one (no `cudaGraphLaunch`) and the GPU sits "
             "idle between them while the CPU issues the next launch.")
     why = ("At decode batch sizes most kernels run for a few microseconds, less than the CPU needs to "
@@ -42,13 +46,15 @@ class EagerDecode(Rule):
         durs = sorted(kern[i].dur for s in ctx.steps for i in s.kernels)
         med_us = durs[len(durs) // 2] if durs else 0.0
         predicted = max(ctx.step_ms - idle, 0.0)
+        # SGLang's step[DECODE bs=N] labels: the batch sizes the graphs must cover (--cuda-graph-max-bs)
+        sizes = sorted({int(m.group(1)) for s in ctx.steps for m in [_BS.search(s.label or "")] if m})
         summary = (f"Decode runs eagerly: {launches:.0f} kernel launches per step and no CUDA graph; the GPU "
                    f"idles {idle:.1f} of {ctx.step_ms:.1f} ms per step ({idle_share:.0%}) waiting for launches.")
         return self.finding(
-            summary=summary, ms_per_step=idle, share=idle / max(ctx.kernel_ms_per_step, 1e-9),
+            summary=summary, ms_per_step=idle, share=idle_share,  # idle: a share of the step, not of kernel time
             confidence="high" if idle_share > 0.4 else "medium", predicted_step_ms_after_fix=predicted,
             evidence={"launches_per_step": launches, "graph_launches_per_step": graphs,
                       "idle_ms_per_step": round(idle, 3), "idle_share": round(idle_share, 3),
-                      "median_kernel_us": round(med_us, 2),
+                      "median_kernel_us": round(med_us, 2), "decode_batch_sizes": sizes,
                       "disable_cuda_graph": ctx.config_value("disable_cuda_graph"),
                       "cuda_graph_max_bs": ctx.config_value("cuda_graph_max_bs")})

@@ -48,7 +48,10 @@ class Fp8KvCast(Rule):
     evidence = ("Eager traces: the CPU op chain `aten::to > aten::_to_copy > aten::copy_` with an FP8 "
                 "input type and Input Dims [tokens, 1, 576]. Graph traces (no CPU ops): the kernel name "
                 "and its grid x block x elements-per-thread, which give the elements cast; pool tokens = "
-                "elements / 576. Casts per step, ms per step and share of kernel time.")
+                "elements / 576. A cast torch splits into several launches (32-bit indexing: 16 per layer "
+                "for a 15.7M-token pool) counts once: consecutive launches of the kernel on one stream are "
+                "one cast. Checked against the server's max_total_num_tokens when known. Casts per step, "
+                "ms per step and share of kernel time.")
     remedy = ("`perfscope fix fp8-kv-cast --apply`: on SM90 with FlashInfer >= 0.6.14, give FP8 to "
               "`plan()` and read the pool directly (native); elsewhere cast only the pages the batch reads.")
     false_positives = ("A model that really keeps a BF16 copy of a large FP8 tensor per layer for another "
@@ -73,29 +76,65 @@ class Fp8KvCast(Rule):
                 hits += 1
         return hits / len(sample) if sample else 0.0
 
+    @staticmethod
+    def launches_of_casts(ctx: RuleContext) -> dict:
+        """Cast kernels of the steps grouped into casts: {signature: [[kernel index, ...], ...]}.
+
+        torch splits a cast whose byte offsets overflow 32 bits into several launches of the same
+        kernel, back to back on one stream (TensorIterator's 32-bit indexing): SGLang's default
+        FP8 pool on one H200 (15.7M rows x 576) is cast in 16 launches per layer. Consecutive
+        launches of one signature on one stream, with no other kernel of that stream between them
+        (and the same input shapes where the trace records them), are one cast."""
+        kern = ctx.trace.kernels
+        casts: dict[tuple, list[list[int]]] = defaultdict(list)
+        merge: dict = {}  # signature -> do its back-to-back launches belong to one cast?
+        for s in ctx.steps:
+            last: dict = {}  # stream -> (signature, run) of its last kernel if that was a cast, else None
+            for i in sorted(s.kernels, key=lambda j: (kern[j].ts, j)):
+                k = kern[i]
+                if not is_cast_candidate(k):
+                    last[k.stream] = None
+                    continue
+                sig = ctx.attributor.signature(k)
+                prev = last.get(k.stream)
+                if prev is not None and prev[0] == sig:
+                    if sig not in merge:
+                        # decided once per signature, at its first back-to-back pair: the same input
+                        # shapes (or none recorded) = one op's launches (attribution walks the CPU
+                        # ops, too slow to ask for every launch of a long trace)
+                        a = ctx.attributor.attribute(kern[prev[1][0]]).input_dims
+                        merge[sig] = a == ctx.attributor.attribute(k).input_dims
+                    if merge[sig]:
+                        prev[1].append(i)
+                        continue
+                run = [i]
+                casts[sig].append(run)
+                last[k.stream] = (sig, run)
+        return casts
+
     def check(self, ctx: RuleContext) -> Optional[Finding]:
         if not ctx.steps or ctx.kernel_ms_per_step <= 0:
             return None
         kern = ctx.trace.kernels
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for s in ctx.steps:
-            for i in s.kernels:
-                k = kern[i]
-                if is_cast_candidate(k):
-                    groups[(ctx.attributor.signature(k), k.grid, k.block)].append(i)
+        groups = self.launches_of_casts(ctx)
         if not groups:
             return None
-        # the largest group by time is the pool cast candidate
-        key, idx = max(groups.items(), key=lambda kv: sum(kern[i].dur for i in kv[1]))
-        _, grid, block = key
+        # the largest signature by time is the pool cast candidate
+        _, runs = max(groups.items(), key=lambda kv: sum(kern[i].dur for r in kv[1] for i in r))
+        idx = [i for r in runs for i in r]
+        heads = [r[0] for r in runs]
         name = kern[idx[0]].name
         n = ctx.n_steps
-        casts_per_step = len(idx) / n
+        casts_per_step = len(runs) / n
+        launches = sorted(len(r) for r in runs)
+        launches_per_cast = launches[len(launches) // 2]
         ms_per_step = sum(kern[i].dur for i in idx) / n / 1e3
         share = ms_per_step / ctx.kernel_ms_per_step
         latent = latent_dim(ctx.config)
-
-        k0 = kern[idx[0]]
+        # a cast of the usual launch count (the step's first and last may be cut by the trace window)
+        full = next((r for r in runs if len(r) == launches_per_cast), runs[0])
+        k0 = kern[full[0]]
+        grid, block = k0.grid, k0.block
         attr = ctx.attributor.attribute(k0)
         src_type = dst_type = None
         dims = None
@@ -109,14 +148,15 @@ class Fp8KvCast(Rule):
             dst_type = dst[0] if dst else None
         elements = None
         if dims and all(isinstance(x, int) for x in dims):
-            elements = math.prod(dims)
+            elements = math.prod(dims)  # the whole tensor, however many launches cast it
             tokens = math.prod(dims[:-1])
             latent = dims[-1]
             source = "cpu-op shapes"
-        elif grid and block:
-            elements = math.prod(grid) * math.prod(block) * elements_per_thread(name)
-            tokens = elements // latent  # the grid rounds elements up to a whole block
-            source = "kernel launch geometry"
+        elif all(kern[i].grid and kern[i].block for i in full):
+            elements = sum(math.prod(kern[i].grid) * math.prod(kern[i].block) * elements_per_thread(kern[i].name)
+                           for i in full)
+            tokens = elements // latent  # the grid rounds elements up to a whole block (per launch)
+            source = "kernel launch geometry" + (f" ({len(full)} launches)" if len(full) > 1 else "")
         else:
             return None
         if casts_per_step < 2 or elements < self.MIN_ELEMENTS or share < self.MIN_SHARE:
@@ -125,17 +165,18 @@ class Fp8KvCast(Rule):
             return None  # the recorded dtypes say this is not an FP8 cast (or there are none to say it is)
         pool_cfg = ctx.config_value("max_total_num_tokens")
         pool_sized = isinstance(pool_cfg, int) and pool_cfg > 0 and tokens >= 0.5 * pool_cfg
-        gathered = self.gathered_first(kern, idx)
+        gathered = self.gathered_first(kern, heads)
         if gathered > 0.5 and not pool_sized:
             return None  # each cast reads a freshly gathered tensor: only the referenced pages
 
         kv_dtype = str(ctx.config_value("kv_cache_dtype", default="") or "")
         confidence = "high" if src_type else ("high" if "fp8" in kv_dtype else "medium")
         bytes_per_cast = elements * 3  # read 1 B (fp8) + write 2 B (bf16)
-        avg_us = sum(kern[i].dur for i in idx) / len(idx)
+        avg_us = sum(kern[i].dur for i in idx) / len(runs)  # per cast, all its launches
         evidence = {
             "pool_tokens": int(tokens),
             "casts_per_step": round(casts_per_step, 2),
+            "launches_per_cast": launches_per_cast,
             "elements_per_cast": int(elements),
             "latent_dim": int(latent),
             "bytes_per_cast": int(bytes_per_cast),
@@ -155,13 +196,21 @@ class Fp8KvCast(Rule):
             "kv_cache_dtype": kv_dtype or None,
             "max_total_num_tokens": pool_cfg,
         }
+        note = ""
         if isinstance(pool_cfg, int) and pool_cfg > 0:
             evidence["pool_fraction_cast"] = round(tokens / pool_cfg, 3)
+            # SGLang's pool holds max_total_num_tokens + page_size rows; a launch grid rounds up by < 1 row
+            evidence["pool_matches_config"] = abs(tokens - pool_cfg) <= max(64, pool_cfg // 1000)
+            if not evidence["pool_matches_config"]:
+                note = f" (the server reports a {pool_cfg:,}-token pool)"
         # Fixed: the casts disappear (native) or shrink to the pages the batch reads (pages).
         predicted = max(ctx.step_ms - ms_per_step, 0.0)
         where = f" at {attr.source}" if attr.source else ""
+        split = f", each in {launches_per_cast} launches (torch's 32-bit indexing)" if launches_per_cast > 1 else ""
         summary = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
-                   f"{where}: {ms_per_step:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
+                   f"{note}{where}{split}: {ms_per_step:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
                    f"fixed, the step should take ~{predicted:.1f} ms.")
+        removed = frozenset(idx)  # fixed natively, the casts are gone (the step model replays the rest)
         return self.finding(summary=summary, ms_per_step=ms_per_step, share=share, confidence=confidence,
-                            predicted_step_ms_after_fix=predicted, evidence=evidence)
+                            predicted_step_ms_after_fix=predicted, evidence=evidence,
+                            new_duration=lambda i: 0.0 if i in removed else None)

@@ -47,9 +47,10 @@ def graph_fraction(ctx: RuleContext) -> float:
 
 class HostBubble(Rule):
     needs_gpu_timeline = True
+    share_of = "the step cycle"
     id = "host-bubble"
     title = "Host bubble around CUDA-graph replay"
-    fix = None
+    fix = "overlap-off"  # the overlap scheduler prepares the next batch while the GPU runs
     what = ("Decode runs as CUDA-graph replays, yet the GPU sits idle between one step's last kernel and the "
             "next step's first: the host prepares the next batch (scheduling, input and metadata copies, "
             "sampling bookkeeping) while the GPU waits.")
@@ -94,7 +95,7 @@ class HostBubble(Rule):
                    f"({gap:.2f} ms between steps, {inside:.2f} ms inside): {share_cycle:.0%} of a {cycle:.2f} ms "
                    f"step cycle.")
         return self.finding(
-            summary=summary, ms_per_step=bubble, share=bubble / max(ctx.kernel_ms_per_step, 1e-9),
+            summary=summary, ms_per_step=bubble, share=share_cycle,  # idle: a share of the step cycle
             confidence="high" if share_cycle > 0.25 else "medium",
             predicted_step_ms_after_fix=round(ctx.step_ms, 4),
             evidence={"gap_between_steps_ms": round(gap, 4), "idle_inside_step_ms": round(inside, 4),

@@ -19,9 +19,10 @@ def _gaps(ctx: RuleContext) -> list[float]:
 
 class OverlapOff(Rule):
     needs_gpu_timeline = True
+    share_of = "the step cycle"
     id = "overlap-off"
     title = "Overlap scheduler off: GPU idle between decode forwards"
-    fix = None
+    fix = "overlap-off"
     what = ("SGLang runs its scheduler without overlap: after each decode forward the CPU processes the "
             "results and builds the next batch while the GPU waits, so every step starts with an idle gap.")
     why = ("With the overlap scheduler the next batch is scheduled and launched while the current forward "
@@ -70,7 +71,7 @@ class OverlapOff(Rule):
                    f"step cycle): " + ("`disable_overlap_schedule` is set." if off else
                                        "no overlap-scheduler kernels were seen."))
         return self.finding(
-            summary=summary, ms_per_step=gap, share=gap / max(ctx.kernel_ms_per_step, 1e-9), confidence=confidence,
+            summary=summary, ms_per_step=gap, share=share_cycle, confidence=confidence,  # idle: of the step cycle
             predicted_step_ms_after_fix=round(ctx.step_ms, 4),
             evidence={"gap_between_steps_ms": round(gap, 4), "step_gpu_ms": round(ctx.step_ms, 4),
                       "step_cycle_ms": round(cycle, 4), "gap_share_of_cycle": round(share_cycle, 4),

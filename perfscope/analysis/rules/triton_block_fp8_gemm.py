@@ -36,14 +36,29 @@ class TritonBlockFp8Gemm(Rule):
         if not gemm_ms or ms / gemm_ms < self.MIN_GEMM_FRACTION or share < self.MIN_SHARE:
             return None
         cc = ctx.trace.meta.compute_capability
-        deepgemm_ok = cc in ("9.0", "10.0")
+        deepgemm_ok = deepgemm_supported(ctx.trace.meta)
         saved = ms * (1 - 1 / DEEPGEMM_SPEEDUP)
         summary = (f"Triton block-FP8 GEMMs take {ms:.2f} ms per step ({ms / gemm_ms:.0%} of GEMM time, "
                    f"{share:.0%} of kernel time)" + ("; DeepGEMM runs these on this GPU." if deepgemm_ok else "."))
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, confidence="high" if deepgemm_ok else "medium",
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved, 0.0), 4),
+            new_duration=lambda i: (ctx.trace.kernels[i].dur / DEEPGEMM_SPEEDUP
+                                    if classify(ctx.trace.kernels[i].name) == ("gemm", "block-fp8-triton") else None),
             evidence={"triton_block_fp8_ms_per_step": round(ms, 4), "calls_per_step": round(calls, 2),
                       "share_of_gemm": round(ms / gemm_ms, 4), "compute_capability": cc,
                       "deepgemm_supported_gpu": deepgemm_ok, "assumed_deepgemm_speedup": DEEPGEMM_SPEEDUP,
                       "quantization": ctx.config_value("quantization")})
+
+
+# DeepGEMM's kernels: SM90 (H100/H200/H20/H800) and SM100-family Blackwell (B200 10.0, GB300/B300 10.3)
+DEEPGEMM_CC = ("9.0", "10.0", "10.3")
+
+
+def deepgemm_supported(meta) -> bool:
+    """Whether DeepGEMM runs on the trace's GPU: an NVIDIA GPU (an AMD MI210 reports "9.0" too) of a
+    compute capability it has kernels for."""
+    name = (meta.device_name or "").upper()
+    if meta.platform != "cuda" or "AMD" in name or "INSTINCT" in name or "RADEON" in name:
+        return False
+    return meta.compute_capability in DEEPGEMM_CC

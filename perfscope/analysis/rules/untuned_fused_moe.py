@@ -44,6 +44,8 @@ class UntunedFusedMoe(Rule):
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, confidence="medium",
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved, 0.0), 4),
+            new_duration=lambda i: (ctx.trace.kernels[i].dur / TUNED_SPEEDUP
+                                    if _FUSED_MOE.search(ctx.trace.kernels[i].name) else None),
             evidence={"fused_moe_ms_per_step": round(ms, 4), "fused_moe_calls_per_step": round(calls, 2),
                       "share_of_gemm": round(ms / gemm_ms, 4) if gemm_ms else None,
                       "assumed_tuned_speedup": TUNED_SPEEDUP, "device": ctx.trace.meta.device_name,

@@ -9,26 +9,17 @@ from pathlib import Path
 import paramiko
 
 from perfscope.capture.ssh.errors import AuthRefused, HostKeyChanged, HostKeyUnknown, HostUnreachable
-from perfscope.capture.ssh.hostkeys import _AcceptNew, _known_hosts_files, _RefuseUnknown, fingerprint
+from perfscope.capture.ssh.hostkeys import KnownHostsPolicy, _known_hosts_files, fingerprint, load_lines, prefer_known
 from perfscope.capture.ssh.session import SSHSession
 from perfscope.capture.ssh.target import SSHTarget
-from perfscope.errors import RemoteError
+from perfscope.errors import InputError, RemoteError
 
 
 def _connect_one(target: SSHTarget, sock=None, via: str | None = None) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
+    client = paramiko.SSHClient()  # its own host-key tables stay empty: KnownHostsPolicy decides
     read, write_to = _known_hosts_files(target)
-    known = paramiko.HostKeys()
-    for p in read:
-        if p.is_file():
-            try:
-                known.load(str(p))
-                client.get_host_keys().load(str(p))
-            except (OSError, paramiko.SSHException) as e:
-                raise RemoteError(f"cannot read known_hosts {p}: {e}") from None
-    client.set_missing_host_key_policy(
-        _AcceptNew(target, write_to, known) if target.accept_new else _RefuseUnknown(target, write_to)
-    )
+    lines = load_lines(read)
+    client.set_missing_host_key_policy(KnownHostsPolicy(target, lines, write_to, target.accept_new))
     kw = dict(
         hostname=target.host,
         port=target.port,
@@ -38,12 +29,13 @@ def _connect_one(target: SSHTarget, sock=None, via: str | None = None) -> parami
         auth_timeout=target.timeout,
         channel_timeout=target.timeout,
         sock=sock,
+        transport_factory=prefer_known(lines, target.known_hosts_name),
         allow_agent=True,
         look_for_keys=target.identity is None,
     )
     if target.identity:
         if not Path(target.identity).is_file():
-            raise AuthRefused(f"identity file {target.identity} does not exist")
+            raise InputError(f"identity file {target.identity} does not exist")
         kw["key_filename"] = target.identity
     where = target.label + (f" via {via}" if via else "")
     try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
 import re
 import select
+import shlex
 import stat as stat_mod
 import threading
 import time
@@ -20,6 +22,19 @@ from perfscope.capture.ssh.errors import CommandFailed
 from perfscope.capture.ssh.forward import LocalForward
 from perfscope.capture.ssh.target import SSHTarget
 from perfscope.errors import RemoteError
+
+
+_PGID_TAG = "perfscope-pgid:"
+
+
+def _take_pgid(err: bytearray) -> tuple[int | None, bytearray]:
+    """The pid line the wrapper wrote first on stderr, and stderr without it."""
+    tag = _PGID_TAG.encode()
+    if not err.startswith(tag) or b"\n" not in err:
+        return None, err
+    first, rest = bytes(err).split(b"\n", 1)
+    num = first[len(tag):]
+    return (int(num) if num.isdigit() else None), bytearray(rest)
 
 
 class SSHSession:
@@ -47,10 +62,16 @@ class SSHSession:
         """Run a command on the host. ``argv`` items are each shlex-quoted (a ``str`` is sent as
         is: only for fixed text). Output is decoded as UTF-8 with replacement."""
         line = quote_argv(argv)
+        # sshd makes the command's shell a session (and process-group) leader: it says its pid
+        # first, so that a timeout or an interrupt can kill the whole group on the host, not just
+        # close the channel and leave a hung `systemctl restart` running.
+        wrapped = f"printf '{_PGID_TAG}%s\\n' \"$$\" >&2; exec sh -c {shlex.quote(line)}"
+        pgid: int | None = None
+        chan = None
         try:
             chan = self.transport.open_session(timeout=self.target.timeout)
             chan.settimeout(timeout)
-            chan.exec_command(line)
+            chan.exec_command(wrapped)
             if input is not None:
                 chan.sendall(input)
             chan.shutdown_write()
@@ -62,18 +83,26 @@ class SSHSession:
                     continue
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
+                    if pgid is None:
+                        pgid, err = _take_pgid(err)
                     continue
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
-                    chan.close()
                     raise RemoteError(f"command on {self.target.label} timed out after {timeout:g}s: {line[:120]}")
                 select.select([chan], [], [], 0.2)
             rc = chan.recv_exit_status()
             chan.close()
-        except RemoteError:
-            raise
-        except (paramiko.SSHException, OSError, EOFError) as e:
+            if pgid is None:
+                pgid, err = _take_pgid(err)
+        except BaseException as e:
+            if chan is not None:
+                with contextlib.suppress(Exception):
+                    chan.close()
+            if pgid is not None:
+                self._kill_group(pgid)
+            if isinstance(e, RemoteError) or not isinstance(e, (paramiko.SSHException, OSError, EOFError)):
+                raise
             raise RemoteError(f"SSH command on {self.target.label} failed: {e}") from None
         res = CommandResult(line, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
         if check and rc != 0:
@@ -82,6 +111,17 @@ class SSHSession:
                 f"on {self.target.label}: `{line[:120]}` exited {rc}" + (f": {msg[-1][:200]}" if msg else "")
             )
         return res
+
+    def _kill_group(self, pgid: int) -> None:
+        """SIGTERM, then SIGKILL after 2 s, to a process group on the host (best effort)."""
+        script = (f"kill -TERM -- -{pgid} 2>/dev/null || exit 0; i=0; while [ $i -lt 20 ]; do "
+                  f"kill -0 -- -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pgid} 2>/dev/null; exit 0")
+        with contextlib.suppress(Exception):
+            chan = self.transport.open_session(timeout=5)
+            chan.settimeout(10)
+            chan.exec_command(script)
+            chan.recv_exit_status()
+            chan.close()
 
     # port forwarding -----------------------------------------------------------------------
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1", *, check: bool = True) -> LocalForward:
@@ -132,28 +172,44 @@ class SSHSession:
             except (OSError, paramiko.SSHException) as e:
                 raise RemoteError(f"cannot read {path} on {self.target.label}: {e}") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
-        """Write a remote file via a temporary file in the same folder and an atomic rename;
-        the old file's permission bits are kept (or set to ``mode``)."""
-        d, name = posixpath.split(path)
-        tmp = posixpath.join(d, f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp")
+    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
+                           tmp_dir: str | None = None) -> None:
+        """Write a remote file via a temporary file and an atomic rename; the old file's permission
+        bits are kept (or set to ``mode``). The temporary file lives in ``tmp_dir`` when the rename
+        from there works (same file system), else in the file's own folder."""
+        from perfscope.util.files import plan_write
+
         with self._sftp_lock:
             sftp = self.sftp()
-            try:
-                if mode is None:
-                    try:
-                        mode = stat_mod.S_IMODE(sftp.stat(path).st_mode or 0) or None
-                    except FileNotFoundError:
-                        mode = None
-                with sftp.open(tmp, "wb") as f:
-                    f.set_pipelined(True)
-                    f.write(data)
-                if mode is not None:
-                    sftp.chmod(tmp, mode)
+            try:  # the rules of perfscope.util.files.atomic_writer, over SFTP
                 try:
-                    sftp.posix_rename(tmp, path)
-                except (IOError, paramiko.SSHException):
-                    sftp.rename(tmp, path)  # servers without the posix-rename extension
+                    if stat_mod.S_ISLNK(sftp.lstat(path).st_mode or 0):
+                        path = sftp.normalize(path)  # write the link's target: the link stays
+                    st = sftp.stat(path)
+                except FileNotFoundError:
+                    st = None
+                how = plan_write(st.st_mode if st is not None else None, f"{self.target.label}:{path}")
+                if how == "in_place":
+                    with sftp.open(path, "wb") as f:
+                        f.write(data)
+                    return
+                if mode is None and st is not None:
+                    mode = stat_mod.S_IMODE(st.st_mode or 0) or None
+            except (OSError, paramiko.SSHException) as e:
+                raise RemoteError(f"cannot write {path} on {self.target.label}: {e}") from None
+            d, name = posixpath.split(path)
+            tmp_name = f".{name}.perfscope-{os.getpid()}-{threading.get_ident()}.tmp"
+            if tmp_dir:
+                tmp = posixpath.join(tmp_dir, tmp_name)
+                try:
+                    self._write_rename(sftp, tmp, path, data, mode)
+                    return
+                except (OSError, paramiko.SSHException):  # another file system: the file's own folder
+                    with contextlib.suppress(Exception):
+                        sftp.remove(tmp)
+            tmp = posixpath.join(d, tmp_name)
+            try:
+                self._write_rename(sftp, tmp, path, data, mode, fallback=True)
             except BaseException as e:
                 try:
                     sftp.remove(tmp)
@@ -162,6 +218,26 @@ class SSHSession:
                 if isinstance(e, (OSError, paramiko.SSHException)):
                     raise RemoteError(f"cannot write {path} on {self.target.label}: {e}") from None
                 raise
+
+    @staticmethod
+    def _write_rename(sftp, tmp: str, path: str, data: bytes, mode: int | None, fallback: bool = False) -> None:
+        try:
+            with sftp.open(tmp, "wb") as f:
+                f.set_pipelined(True)
+                f.write(data)
+            if mode is not None:
+                sftp.chmod(tmp, mode)
+            try:
+                sftp.posix_rename(tmp, path)
+            except (IOError, paramiko.SSHException):
+                if not fallback:
+                    raise
+                sftp.rename(tmp, path)  # servers without the posix-rename extension
+        except BaseException:
+            if not fallback:
+                with contextlib.suppress(Exception):
+                    sftp.remove(tmp)
+            raise
 
     def sha256(self, path: str) -> str:
         """sha256 of a remote file, computed on the host."""
@@ -181,16 +257,15 @@ class SSHSession:
         """Copy a remote file here atomically (temp file + rename) and return its sha256. With
         ``expected_sha256`` a mismatch deletes the copy and raises :class:`RemoteError`.
         ``progress(done_bytes, total_bytes)`` is called as data arrives."""
-        local = Path(local)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.part")
+        from perfscope.util.files import atomic_writer
+
         h = hashlib.sha256()
         try:
-            with self._sftp_lock:
+            with self._sftp_lock, atomic_writer(local) as dst:
                 sftp = self.sftp()
                 total = sftp.stat(remote).st_size or 0
                 done = 0
-                with sftp.open(remote, "rb") as src, open(tmp, "wb") as dst:
+                with sftp.open(remote, "rb") as src:
                     src.prefetch(total)
                     while True:
                         block = src.read(1 << 20)
@@ -201,23 +276,17 @@ class SSHSession:
                         done += len(block)
                         if progress:
                             progress(done, total)
-                    dst.flush()
-                    os.fsync(dst.fileno())
-            digest = h.hexdigest()
-            if expected_sha256 and digest != expected_sha256:
-                raise RemoteError(
-                    f"{remote} from {self.target.label} arrived damaged: sha256 {digest[:12]}... "
-                    f"but the host has {expected_sha256[:12]}..."
-                )
-            os.replace(tmp, local)
+                digest = h.hexdigest()
+                if expected_sha256 and digest != expected_sha256:
+                    raise RemoteError(
+                        f"{remote} from {self.target.label} arrived damaged: sha256 {digest[:12]}... "
+                        f"but the host has {expected_sha256[:12]}..."
+                    )
             return digest
         except FileNotFoundError:
             raise RemoteError(f"{remote} does not exist on {self.target.label}") from None
         except (paramiko.SSHException, EOFError) as e:
             raise RemoteError(f"copying {remote} from {self.target.label} failed: {e}") from None
-        finally:
-            if tmp.exists():
-                tmp.unlink()
 
     def remove(self, paths: Iterable[str], folder: str | None = None) -> None:
         """Delete files (and then the folder, if empty) over SFTP; errors are ignored."""

@@ -1,0 +1,1 @@
+"""The GPU loop of run_loop.py, one module per phase."""

@@ -1,0 +1,63 @@
+"""The sampling path of a step: everything a step runs on the logits after its last GEMM (the LM head).
+
+A sampler is a chain of small kernels over a [batch, vocab] tensor: a cast to float, the
+temperature divide, softmax over the vocabulary, then either a fused sampling kernel (FlashInfer
+``*SamplingFromProbKernel``) or torch's sort / cumsum / mask / multinomial (top-p), topk /
+multinomial (top-k), or argmax (greedy). By name alone the softmax, the cumsum
+(``tensor_kernel_scan_innermost_dim``) and the multinomial's ``distribution_elementwise`` kernels
+are plain elementwise work; by position they are the sampler's. So the kernels that start after
+the step's last GEMM ends belong to the sampling path when that tail holds a sampling kernel
+(sort, topk, argmax, multinomial, FlashInfer sampling); attention, GEMM, MoE and communication
+kernels never do.
+"""
+
+from __future__ import annotations
+
+import re
+
+from perfscope.analysis.buckets import classify
+from perfscope.analysis.steps import Step
+from perfscope.load.model import Trace
+
+_NEVER = ("gemm", "attention", "communication", "moe")
+# torch-native sort/topk kernels (not FlashInfer's fused sampling)
+TORCH_SORT = re.compile(r"RadixSort|radix_sort|radixSort|bitonicSort|segmented_sort|sort_kernel|SortOnesweep|"
+                        r"mbtopk::|sbtopk|gatherTopK|sort_postprocess", re.I)
+_SCAN = re.compile(r"scan_innermost|scan_outer|DeviceScan|cumsum", re.I)
+_SOFTMAX = re.compile(r"softmax", re.I)
+_MULTINOMIAL = re.compile(r"distribution_elementwise|exponential_|multinomial", re.I)
+
+
+def sampling_tail(trace: Trace, step: Step) -> list[int]:
+    """Kernel indices of the step's sampling path (empty when its tail holds no sampling kernel)."""
+    kern = trace.kernels
+    if not step.kernels:
+        return []
+    last_gemm_end = None
+    for i in step.kernels:
+        k = kern[i]
+        if k.kind == "kernel" and classify(k.name, k.kind)[0] == "gemm":
+            if last_gemm_end is None or k.end > last_gemm_end:
+                last_gemm_end = k.end
+    if last_gemm_end is None:
+        return []
+    tail = [i for i in step.kernels if kern[i].ts >= last_gemm_end - 0.5
+            and classify(kern[i].name, kern[i].kind)[0] not in _NEVER]
+    if not any(classify(kern[i].name, kern[i].kind)[0] == "sampling" for i in tail):
+        return []
+    return tail
+
+
+def kind_of(name: str) -> str:
+    """What a sampling-path kernel does: sort, scan (cumsum), softmax, multinomial, fused, other."""
+    if "flashinfer::sampling" in name:
+        return "fused"
+    if TORCH_SORT.search(name):
+        return "sort/topk"
+    if _SCAN.search(name):
+        return "cumsum"
+    if _SOFTMAX.search(name):
+        return "softmax"
+    if _MULTINOMIAL.search(name) or "ArgMax" in name:
+        return "multinomial/argmax"
+    return "other"

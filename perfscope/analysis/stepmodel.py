@@ -1,0 +1,244 @@
+"""The step after a fix, replayed on the CPU launch timeline: a step cannot finish before its last launch.
+
+Subtracting a kernel's time from the step is right only when the GPU was the bottleneck all
+along. Long kernels hide the CPU: while a 0.8 ms cast runs, the CPU launches the next kernels
+ahead, and once the cast is gone the GPU waits on those launches again (eager decode on the H200
+trace: "step minus casts" said 7.0 ms, 9.8 ms was measured). So every kernel-level prediction is
+replayed here:
+
+- each kernel starts at ``max(its launch + launch latency, the end of the previous kernel on its
+  stream)`` and runs for its new duration (0 when the fix removes it); kernels of one CUDA-graph
+  launch keep their original spacing inside the graph;
+- launches keep their recorded CPU times (the lower bound: the CPU still issues them), except
+  that a host wait (a synchronize, or a copy to the host that waited for the GPU) ends earlier
+  when the GPU work it waited for ends earlier, and every later launch of that thread moves with it;
+- the predicted step is the measured step minus what the replay saves (model with the new
+  durations vs the model with the recorded ones), so the model's own error cancels.
+
+Cross-stream event waits are not modelled (each stream only waits for itself and its launches; a
+delay neither explains is kept as it was): multi-stream steps (NCCL on its own streams) replay short.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Optional
+
+from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
+from perfscope.load.model import Trace
+
+_WAIT_MIN_US = 5.0  # a runtime call this long that returns when the GPU work before it ends: a host wait
+
+
+def _is_wait_candidate(name: str) -> bool:
+    return "Synchronize" in name or name.startswith(("cudaMemcpy", "hipMemcpy", "cuMemcpy")) or \
+        name in ("cudaStreamWaitEvent",)
+
+
+class StepReplay:
+    """One step's kernels and the runtime calls around them, ready to be replayed with new durations."""
+
+    def __init__(self, trace: Trace, step: Step, by_corr: Optional[dict] = None):
+        import bisect
+
+        self.trace = trace
+        self.step = step
+        kern = trace.kernels
+        by_corr = by_corr if by_corr is not None else {l.corr: l for l in trace.launches if l.corr is not None}
+        self.orphans = []  # kernels with no launch record: kept where they ran
+        launched: dict = {}  # id(launch) -> [kernel indices]
+        lat = []
+        prev_end: dict = {}
+        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
+            k = kern[i]
+            l = by_corr.get(k.corr)
+            if l is None:
+                self.orphans.append(i)
+                continue
+            pe = prev_end.get(k.stream)
+            if not is_graph_launch(l.name) and (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
+                lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
+            prev_end[k.stream] = k.end
+            launched.setdefault(id(l), (l, []))[1].append(i)
+        # the launch latency: the quickest launch-to-start on an idle stream, capped (a GPU running behind
+        # its CPU makes every launch-to-start long: that is queueing, kept by the anchors below)
+        lat.sort()
+        self.latency_us = min(max(lat[len(lat) // 10], 1.0), 20.0) if lat else 5.0
+        # delays the launch and the stream do not explain (work queued before the step, a wait on
+        # another stream, CPU/GPU clock offset): kept in the replay; the first kernel of each stream
+        # also never starts before it did (the GPU was busy before the step)
+        self.delay: dict = {}
+        self.first_on_stream: dict = {}
+        prev_end = {}
+        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
+            k = kern[i]
+            l = by_corr.get(k.corr)
+            pe = prev_end.get(k.stream)
+            if pe is None:
+                self.first_on_stream[i] = k.ts
+            if l is not None and not is_graph_launch(l.name):  # graph kernels keep their spacing instead
+                expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
+                d = k.ts - expl
+                if d > 3 * self.latency_us and pe is not None:
+                    self.delay[i] = d
+            prev_end[k.stream] = k.end
+        threads = {(l.pid, l.tid) for l, _ in launched.values()}
+        lo = min([step.cpu_start] + [l.ts for l, _ in launched.values()])
+        hi = max([step.cpu_end] + [l.ts for l, _ in launched.values()])
+        # every runtime call of the launching threads in the step, in CPU order, with its kernels
+        self.events = []
+        for l in trace.launches:
+            if (l.pid, l.tid) in threads and lo <= l.ts <= hi:
+                ks = launched.get(id(l), (None, []))[1]
+                wait = (not ks and l.dur >= _WAIT_MIN_US and _is_wait_candidate(l.name)
+                        and not is_kernel_launch(l.name))
+                if ks or wait or is_kernel_launch(l.name):
+                    self.events.append((l, ks, wait))
+        self.events.sort(key=lambda e: e[0].ts)
+        # the outermost torch op around each eager launch: a fix that removes all its kernels removes
+        # its CPU time too (later launches of that thread move up by it)
+        by_thread: dict = {}
+        for o in trace.cpu_ops:
+            if (o.pid, o.tid) in threads and o.name.startswith("aten::") and lo - 1e4 <= o.ts <= hi:
+                by_thread.setdefault((o.pid, o.tid), []).append(o)
+        for th, ops in by_thread.items():
+            ops.sort(key=lambda o: (o.ts, -o.dur))
+            outer, end = [], float("-inf")
+            for o in ops:
+                if o.ts >= end:
+                    outer.append(o)
+                    end = o.ts + o.dur
+            by_thread[th] = (outer, [o.ts for o in outer])
+        self.op_of_event = []
+        for l, ks, _ in self.events:
+            op = None
+            entry = by_thread.get((l.pid, l.tid))
+            if entry and ks and not is_graph_launch(l.name):
+                outer, starts = entry
+                j = bisect.bisect_right(starts, l.ts) - 1
+                if j >= 0 and outer[j].ts <= l.ts <= outer[j].ts + outer[j].dur:
+                    op = outer[j]
+            self.op_of_event.append(op)
+
+    def run(self, duration: Callable[[int], float], timeline: str = "recorded") -> dict:
+        """Replay with ``duration(kernel index) -> µs``.
+
+        ``timeline="recorded"``: launches keep their recorded CPU times (less the CPU time of torch ops
+        the fix removes, and host waits that end earlier). ``"launch-api"``: each thread only spends
+        its runtime calls' own time (back to back, no Python or torch time between them): a lower
+        bound on any run's CPU, the profiled one included. Returns {span_us, last_end_us, last_launch_us}."""
+        kern = self.trace.kernels
+        new_d = {}
+        for l, ks, _ in self.events:
+            for i in ks:
+                new_d[i] = max(0.0, float(duration(i)))
+        for i in self.orphans:
+            new_d[i] = max(0.0, float(duration(i)))
+        gone = [bool(ks) and all(new_d[i] == 0.0 and kern[i].dur > 0 for i in ks) for _, ks, _ in self.events]
+        # ops all of whose launches are gone
+        keep_op: dict = {}
+        for n, o in enumerate(self.op_of_event):
+            if o is not None:
+                keep_op[id(o)] = keep_op.get(id(o), False) or not gone[n]
+        removed_op_done: set = set()
+        free: dict = {}
+        graph_prev: dict = {}
+        clock: dict = {}  # thread -> its CPU time in the new timeline (launch-api) / shift (recorded)
+        shift: dict = {}
+        orig_done = new_done = float("-inf")
+        first, last_end, last_launch = None, float("-inf"), float("-inf")
+        for n, (l, ks, wait) in enumerate(self.events):
+            th = (l.pid, l.tid)
+            if timeline == "launch-api":
+                t = max(clock.get(th, l.ts), l.ts - 1e12)
+                cost = 0.0 if gone[n] else l.dur
+            else:
+                t = l.ts + shift.get(th, 0.0)
+                cost = l.dur
+                o = self.op_of_event[n]
+                if o is not None and not keep_op[id(o)] and id(o) not in removed_op_done:
+                    removed_op_done.add(id(o))
+                    shift[th] = shift.get(th, 0.0) - o.dur  # the op's whole CPU time goes
+                    t = l.ts + shift[th]
+            end = t + cost
+            if wait and orig_done > float("-inf") and l.ts + l.dur >= orig_done - 2.0:
+                extra = max(0.0, (l.ts + l.dur) - orig_done)
+                end = max(t + min(l.dur, _WAIT_MIN_US), new_done + extra)
+            if ks:
+                last_launch = max(last_launch, t)
+            for i in ks:
+                k = kern[i]
+                d = new_d[i]
+                ready = t + self.latency_us
+                if is_graph_launch(l.name) and (id(l), k.stream) in graph_prev:
+                    o_end, n_end = graph_prev[(id(l), k.stream)]
+                    ready = max(ready, n_end + max(0.0, k.ts - o_end))
+                start = max(ready, free.get(k.stream, float("-inf")) + self.delay.get(i, 0.0),
+                            self.first_on_stream.get(i, float("-inf")))
+                graph_prev[(id(l), k.stream)] = (k.end, start + d)
+                free[k.stream] = start + d
+                if d > 0 or k.dur == 0:  # a kernel the fix removes neither starts nor ends the step
+                    first = start if first is None else min(first, start)
+                    last_end = max(last_end, start + d)
+                orig_done = max(orig_done, k.end)
+                new_done = max(new_done, start + d)
+            if timeline == "launch-api":
+                clock[th] = end
+            else:
+                shift[th] = end - (l.ts + l.dur)
+        for i in self.orphans:
+            k = kern[i]
+            first = k.ts if first is None else min(first, k.ts)
+            last_end = max(last_end, k.ts + new_d[i])
+        if first is None:
+            return {"span_us": 0.0, "last_end_us": 0.0, "last_launch_us": 0.0}
+        return {"span_us": last_end - first, "last_end_us": last_end, "last_launch_us": last_launch}
+
+
+def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
+                  added_us_per_step: float = 0.0) -> dict:
+    """The step after a fix that changes kernel durations (``new_duration(i)``: µs, or None = unchanged).
+
+    ``added_us_per_step``: GPU time of kernels the fix adds (e.g. one fused sampling kernel), put
+    at the step's end. Returns the prediction and how it was bound."""
+    kern = trace.kernels
+    by_corr = {l.corr: l for l in trace.launches if l.corr is not None}
+    saved, low_after, kernel_saved, launch_bound = [], [], [], 0
+    for s in steps:
+        if not s.kernels:
+            continue
+        r = StepReplay(trace, s, by_corr)
+
+        def nd(i):
+            v = new_duration(i)
+            return kern[i].dur if v is None else v
+
+        base = r.run(lambda i: kern[i].dur)
+        after = r.run(nd)
+        ks = sum(kern[i].dur - nd(i) for i in s.kernels) - added_us_per_step
+        saved.append(base["span_us"] - after["span_us"] - added_us_per_step)
+        kernel_saved.append(ks)
+        # the lower bound: the GPU work left, and the runtime calls alone back to back
+        low = r.run(nd, timeline="launch-api")
+        gpu_left = s.gpu_us - ks
+        low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))
+        # launch-bound: the replayed step ends within a few launch latencies of its last launch
+        if after["last_launch_us"] + 3 * r.latency_us >= after["last_end_us"]:
+            launch_bound += 1
+    if not saved:
+        return {}
+    sv = statistics.median(saved) / 1e3
+    ks = statistics.median(kernel_saved) / 1e3
+    pred = max(step_ms - sv, 0.0)
+    lower = min(statistics.median(low_after) / 1e3, pred)
+    return {
+        "predicted_step_ms": round(pred, 4),
+        "lower_bound_ms": round(lower, 4),
+        "kernel_time_saved_ms": round(ks, 4),
+        "step_time_saved_ms": round(sv, 4),
+        "kernel_only_prediction_ms": round(max(step_ms - ks, 0.0), 4),
+        "launch_bound_steps": f"{launch_bound}/{len(saved)}",
+        "model": "CPU launch timeline replay (perfscope.analysis.stepmodel): predicted on this trace's "
+                 "recorded launch times; lower_bound_ms with only the runtime calls' own CPU time "
+                 "(what an unprofiled run cannot beat)",
+    }

@@ -1,0 +1,76 @@
+"""What a trace is: LLM inference (serving), training, or other (non-LLM) inference.
+
+perfscope's rules are about LLM serving (decode steps, server flags). A `ProfilerStep` trace of a
+training loop or of a CNN is not a decode loop: its steps are training iterations, its NCCL
+all-reduces are gradient syncs, and "turn on CUDA graphs in SGLang" is no advice for it. So the
+trace kind is read first, from what each kind must contain:
+
+- training: autograd's backward ops (`autograd::engine::evaluate_function: ...`, `*Backward0`), the
+  optimizer (`Optimizer.step#...`, `Optimizer.zero_grad#...`); without CPU ops, backward kernels
+  (`*backward*`, `*_bwd*`, cuDNN `dgrad`/`wgrad`) as a real share of kernel time;
+- non-LLM inference: no backward, and convolutions a large share of kernel time (CNNs, VAEs);
+- LLM inference otherwise (serving-engine step annotations, KV-cache writes, sampling and decode
+  attention kernels say so with more confidence).
+"""
+
+from __future__ import annotations
+
+import re
+
+from perfscope.analysis.buckets import classify
+from perfscope.load.model import Trace
+
+_BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
+_OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+_BACKWARD_KERNEL = re.compile(r"backward|_bwd|dgrad|wgrad", re.I)
+_SERVING_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)|^execute_\w*context")
+
+BACKWARD_OPS_MIN = 3
+BACKWARD_KERNEL_SHARE = 0.10
+CONV_SHARE = 0.20
+
+
+def classify_workload(trace: Trace) -> dict:
+    """{kind: "llm-inference" | "training" | "inference", serving_rules: bool, evidence: {...}, how: str}.
+
+    ``serving_rules``: whether perfscope's rules (all about LLM serving) run on the trace."""
+    bw_ops = sum(1 for o in trace.cpu_ops if _BACKWARD_OP.search(o.name))
+    optim = sum(1 for a in trace.annotations if _OPTIMIZER.match(a.name)) + \
+        sum(1 for o in trace.cpu_ops if _OPTIMIZER.match(o.name))
+    serving = sum(1 for a in trace.annotations if _SERVING_STEP.match(a.name))
+    total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
+    bw_us = conv_us = llm_us = 0.0
+    for k in trace.kernels:
+        if k.kind != "kernel":
+            continue
+        b, sub = classify(k.name, k.kind)
+        if _BACKWARD_KERNEL.search(k.name):
+            bw_us += k.dur
+        if sub == "conv":
+            conv_us += k.dur
+        if sub == "kv-write" or b == "sampling" or "flashinfer::" in k.name:
+            llm_us += k.dur
+    ev = {"backward_ops": bw_ops, "optimizer_steps": optim, "serving_step_annotations": serving,
+          "backward_kernel_share": round(bw_us / total, 4) if total else 0.0,
+          "conv_kernel_share": round(conv_us / total, 4) if total else 0.0}
+    if serving == 0 and (bw_ops >= BACKWARD_OPS_MIN or optim > 0 or (total and bw_us / total >= BACKWARD_KERNEL_SHARE)):
+        what = []
+        if bw_ops:
+            what.append(f"{bw_ops} autograd backward ops")
+        if optim:
+            what.append(f"{optim} optimizer steps")
+        if total and bw_us / total >= BACKWARD_KERNEL_SHARE:
+            what.append(f"backward kernels {bw_us / total:.0%} of kernel time")
+        return {"kind": "training", "serving_rules": False, "evidence": ev,
+                "how": "a training trace (" + ", ".join(what) + "): its steps are training iterations, "
+                       "not decode steps; perfscope's serving rules do not apply"}
+    if serving == 0 and total and conv_us / total >= CONV_SHARE and not llm_us:
+        return {"kind": "inference", "serving_rules": False, "evidence": ev,
+                "how": f"non-LLM inference (convolutions {conv_us / total:.0%} of kernel time, no KV cache or "
+                       "sampling kernels): perfscope's serving rules do not apply"}
+    if serving or llm_us:
+        how = "LLM inference: " + ("serving-engine step annotations" if serving else "KV-cache / sampling / FlashInfer kernels")
+        return {"kind": "llm-inference", "serving_rules": True, "evidence": ev, "how": how}
+    return {"kind": "inference", "serving_rules": True, "evidence": ev,
+            "how": "inference with no serving-engine annotations, KV-cache writes or sampling kernels (analysed as "
+                   "LLM decode; the findings may not apply if this is not an LLM)"}

@@ -1,0 +1,117 @@
+"""`diagnose --markdown FILE`: the summary a user pastes into an issue or PR (verdict, bucket table,
+top ops, findings), and `--csv DIR`: the bucket and op tables (and the per-rank table) as CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from perfscope import __version__
+from perfscope.analysis.gpus import device_label
+from perfscope.analysis.result import Diagnosis
+from perfscope.report import wording
+from perfscope.report.terminal import fix_commands, op_where, share_of
+from perfscope.util.files import atomic_write_text
+
+
+def _cell(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(x) -> str:
+    return f"`{str(x).replace('`', '')}`"
+
+
+def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
+    p = d.primary
+    s = p.steps
+    cpu = s.get("analysed_on") == "cpu-ops"
+    gpu = device_label(p.meta) or ("CPU (no GPU activity)" if cpu else "unknown GPU")
+    n = s.get("count", 0)
+    out = [f"### perfscope diagnose: {gpu}, {n} {s.get('phase')} step{'s' if n != 1 else ''}, "
+           f"median {wording.ms(s.get('median_ms'))} ms", ""]
+    if p.findings:
+        f = p.findings[0]
+        line = (f"**Verdict: {_code(f['id'])} {f['title']}**: {wording.ms(f['ms_per_step'])} ms per step "
+                f"({wording.pct(f['share'])} of {share_of(f, cpu)}), confidence {f['confidence']}.")
+        cmds = fix_commands(d, f)
+        if cmds:
+            line += f" Fix: {_code(cmds[1])} (dry run: {_code(cmds[0])})."
+        elif f.get("remedy"):
+            line += f" Remedy: {f['remedy']}"
+        pred = f.get("predicted_step_ms_after_fix")
+        if pred is not None and s.get("median_ms"):
+            line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms "
+                     f"({s['median_ms'] / pred:.1f}x faster)." if pred > 0 else "")
+        out += [line, ""]
+    else:
+        out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
+                f"({'CPU ops' if cpu else 'GPU kernels'}).", ""]
+    t = d.timings
+    if t.get("tpot_ms"):
+        how = "perfscope bench" if t["source"] == "bench" else "during the trace, under the profiler"
+        out += [f"Measured TPOT ({how}): {wording.ms(t['tpot_ms'])} ms.", ""]
+    what = "CPU op" if cpu else "GPU kernel"
+    out += [f"| bucket | {what} ms/step | share |", "|---|---:|---:|"]
+    for b, v in sorted(p.buckets.items(), key=lambda kv: -kv[1]["ms_per_step"]):
+        if v["ms_per_step"] > 0:
+            out.append(f"| {b} | {wording.ms(v['ms_per_step'])} | {wording.pct(v['share'])} |")
+    if p.idle_ms_per_step:
+        out.append(f"| ({'idle' if cpu else 'GPU idle'} in step) | {wording.ms(p.idle_ms_per_step)} | |")
+    out += ["", f"**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
+    for o in p.ops[:top]:
+        out.append(f"| {_code(o['short'])} | {o['bucket']} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
+                   f"{o['count_per_step']:.0f} | {_cell(op_where(o, wording.graph_word(p.meta)))} |")
+    if p.findings:
+        out += ["", "**Findings**", ""]
+        for f in p.findings:
+            ev = wording.evidence_items({k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"})
+            pred = f.get("predicted_step_ms_after_fix")
+            out.append(f"- {_code(f['id'])} {f['title']}: {wording.ms(f['ms_per_step'])} ms/step, "
+                       f"{wording.pct(f['share'])} of {share_of(f, cpu)}, confidence {f['confidence']}"
+                       + (f"; predicted step after fix {wording.ms(pred)} ms" if pred is not None else "") + ".  ")
+            out.append(f"  {f['summary']}" + (f"  \n  Evidence: {'; '.join(ev)}." if ev else ""))
+    if len(d.ranks) > 1:
+        out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]
+        for r in d.ranks:
+            out.append(f"| {r.rank if r.rank is not None else '-'} | {r.stage or ''} | {r.steps.get('count')} | "
+                       f"{wording.ms(r.steps.get('median_ms'))} |")
+    out += ["", f"<sub>perfscope {__version__}; {len(d.ranks)} trace file(s); steps found by "
+                f"{s.get('how') or s.get('method')}</sub>", ""]
+    return "\n".join(out)
+
+
+def _csv(rows: list[list]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
+    """buckets.csv, ops.csv and (several ranks) ranks.csv in ``folder``: plain numbers (ms, shares
+    as fractions), one header row each; written atomically."""
+    p = d.primary
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [["bucket", "ms_per_step", "share"]]
+    for b, v in sorted(p.buckets.items(), key=lambda kv: -kv[1]["ms_per_step"]):
+        rows.append([b, round(v["ms_per_step"], 6), round(v["share"], 6)])
+    rows.append(["(idle in step)", round(p.idle_ms_per_step or 0.0, 6), ""])
+    written = [atomic_write_text(folder / "buckets.csv", _csv(rows))]
+    rows = [["rank", "op", "bucket", "sub", "ms_per_step", "share", "count_per_step", "launched_by", "name"]]
+    for r in d.ranks:
+        for o in r.ops:
+            rows.append([r.rank if r.rank is not None else "", o["short"], o["bucket"], o.get("sub") or "",
+                         round(o["ms_per_step"], 6), round(o["share"], 6), round(o["count_per_step"], 3),
+                         op_where(o, wording.graph_word(r.meta)), o.get("name", "")])
+    written.append(atomic_write_text(folder / "ops.csv", _csv(rows)))
+    if len(d.ranks) > 1:
+        buckets = sorted({b for r in d.ranks for b in r.buckets})
+        rows = [["rank", "stage", "steps", "median_ms", "idle_ms_per_step", *[f"{b}_ms_per_step" for b in buckets]]]
+        for r in d.ranks:
+            rows.append([r.rank if r.rank is not None else "", r.stage or "", r.steps.get("count"),
+                         r.steps.get("median_ms"), r.idle_ms_per_step,
+                         *[round((r.buckets.get(b) or {}).get("ms_per_step", 0.0), 6) for b in buckets]])
+        written.append(atomic_write_text(folder / "ranks.csv", _csv(rows)))
+    return written

@@ -1,0 +1,98 @@
+""".ci/run runs README.md's two commands verbatim, each on a fresh clone in a fresh venv.
+
+The extraction is checked against README.md itself (parsed here independently), then on README
+variants in scratch git repositories where .ci/run is run for real (venvs, clones and all) with
+commands that record where and how they ran, or fail."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from paths import REPO
+
+CI_RUN = REPO / ".ci" / "run"
+
+
+def readme_block(text: str, marker: str) -> list[str]:
+    """The lines inside the fenced block that follows ``<!-- marker -->``."""
+    lines = text.splitlines()
+    i = next(n for n, ln in enumerate(lines) if f"<!-- {marker} -->" in ln)
+    start = next(n for n in range(i + 1, len(lines)) if lines[n].strip().startswith("```"))
+    assert all(not ln.strip() for ln in lines[i + 1:start]), "text between the marker and its fence"
+    end = next(n for n in range(start + 1, len(lines)) if lines[n].strip().startswith("```"))
+    return lines[start + 1:end]
+
+
+def test_ci_run_extracts_exactly_the_readme_commands():
+    text = (REPO / "README.md").read_text()
+    main, tests = readme_block(text, "main-command"), readme_block(text, "test-command")
+    assert main and tests
+    r = subprocess.run(["bash", str(CI_RUN), "--print"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == main + tests
+    # what a new user is told to run: the demo after installing, the suite after tests/install.sh
+    assert main[-1].rstrip().endswith("perfscope demo") and "tests/install.sh" in tests[0]
+
+
+def _repo(tmp_path: Path, readme: str) -> Path:
+    root = tmp_path / "proj"
+    (root / ".ci").mkdir(parents=True)
+    shutil.copy(CI_RUN, root / ".ci" / "run")
+    (root / "README.md").write_text(readme, newline="")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "x"]):
+        subprocess.run(cmd, cwd=root, check=True, env=env)
+    return root
+
+
+def _ci(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CI")}
+    env["TMPDIR"] = str(root.parent)  # where .ci/run makes (and, on failure, keeps) its clones
+    return subprocess.run(["bash", str(root / ".ci" / "run"), *args], cwd="/", capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+FAKE_DEMO = ('echo "main $(pwd) $VIRTUAL_ENV CI=$CI" >&2 && mkdir perfscope-demo-1 && '
+             'echo x > perfscope-demo-1/compare.html && echo "{}" > perfscope-demo-1/demo.json')
+
+
+def test_extraction_is_robust_to_crlf_blank_lines_and_indented_fences(tmp_path):
+    readme = ("# x\r\n\r\n<!-- main-command -->\r\n\r\n  ```sh\r\nstep one &&\r\n  step two\r\n  ```\r\n"
+              "text\r\n<!-- test-command -->\r\n```\r\nrun tests\r\n```\r\n")
+    r = _ci(_repo(tmp_path, readme), "--print")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["step one &&", "  step two", "run tests"]
+    # prose between the marker and the fence, or no fence: no command, exit 2, nothing run
+    for bad in ("<!-- main-command -->\nsee below\n```\nx\n```\n<!-- test-command -->\n```\ny\n```\n",
+                "<!-- main-command -->\n```\nx\n<!-- test-command -->\n"):
+        r = _ci(_repo(tmp_path / str(len(bad)), bad), "--print")
+        assert r.returncode == 2 and "no fenced command" in r.stderr, r
+
+
+def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_path):
+    readme = (f"<!-- main-command -->\n```\n{FAKE_DEMO}\n```\n"
+              '<!-- test-command -->\n```\necho "tests $(pwd) $VIRTUAL_ENV" >&2 && test -f .venv/bin/python\n```\n')
+    root = _repo(tmp_path, readme)
+    r = _ci(root)
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split()[0]: ln.split() for ln in r.stderr.splitlines() if ln.startswith(("main ", "tests "))}
+    main_dir, main_venv, ci = lines["main"][1:]
+    test_dir, test_venv = lines["tests"][1:]
+    # each ran from the root of its own clone (not the checkout), in that clone's own venv, CI=true
+    assert main_dir != test_dir and str(root) not in (main_dir, test_dir)
+    assert main_venv == main_dir + "/.venv" and test_venv == test_dir + "/.venv" and ci == "CI=true"
+    assert not (root / ".venv").exists() and not list(root.glob("perfscope-demo-*"))
+
+    # a failing main command fails CI (and the test command is not reached)
+    r = _ci(_repo(tmp_path / "a", readme.replace(FAKE_DEMO, "false")))
+    assert r.returncode == 1 and "main command failed" in r.stderr and "tests " not in r.stderr
+    # a main command that leaves no demo folder fails CI
+    r = _ci(_repo(tmp_path / "b", readme.replace(FAKE_DEMO, "true")))
+    assert r.returncode == 1 and "perfscope-demo-" in r.stderr
+    # a failing test command fails CI
+    r = _ci(_repo(tmp_path / "c", readme.replace("test -f .venv/bin/python", "exit 5")))
+    assert r.returncode == 1 and "test command failed" in r.stderr

@@ -1,0 +1,88 @@
+"""`--help` that teaches, walked over every command of the real CLI (as a user runs it): examples
+at the end that use only the command's real options, flags shown as flags, every option
+described; `perfscope fix FIX_ID --help` shows that fix module's own document, for every module in
+the fix registry."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from typer.main import get_command
+
+from perfscope.cli import app
+from perfscope.fixengine.registry import discover
+
+COMMANDS = sorted(get_command(app).commands)
+
+
+def helptext(*args: str) -> str:
+    env = {**os.environ, "COLUMNS": "200", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-m", "perfscope", *args, "--help"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def flat(s: str) -> str:
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", s).split())
+
+
+def test_every_command_is_walked():
+    assert {"demo", "trace", "diagnose", "report", "fix", "bench", "compare", "rules"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_teaches(name):
+    cmd = get_command(app).commands[name]
+    out = helptext(name)
+    # flags as flags, values named by what they are: no typer type placeholders
+    assert not re.search(r"<(bool|str|int|float|path)>", out), out
+    # every option and argument is described, and the description is shown
+    for p in cmd.params:
+        assert p.help, f"{name} {p.name}: no help"
+        assert flat(p.help)[:30] in flat(out), (name, p.name)
+    # it ends with two to four real examples of this command
+    tail = out[out.rindex("Examples"):]
+    examples = re.findall(r"\$ (perfscope [^\n│]*)", tail)
+    assert 2 <= len(examples) <= 4, tail
+    known = {o for p in cmd.params for o in getattr(p, "opts", []) if o.startswith("-")} | {"--help"}
+    for ex in examples:
+        argv = shlex.split(ex.split(" > ")[0])
+        assert argv[:2] == ["perfscope", name], ex
+        for a in argv[2:]:
+            if a.startswith("-"):
+                assert a.split("=")[0] in known, (ex, a)
+    # the rest of what the help says is the command's own doc (its exit codes included where it has them)
+    assert flat(cmd.help.split("\n\n")[0])[:40] in flat(out)
+
+
+def test_flags_show_as_flags():
+    out = helptext("diagnose")
+    row = next(ln for ln in out.splitlines() if "--json" in ln and "Print" in ln)
+    assert re.search(r"--json\s+Print", flat(row)), row
+    assert "--fail-on IDS" in flat(out) and "--top N" in flat(out)
+
+
+@pytest.mark.parametrize("fid", sorted(discover()))
+def test_fix_id_help_shows_that_fix_document(fid):
+    fix = discover()[fid]
+    out = flat(helptext("fix", fid))
+    s = fix.summary()
+    assert fix.title in out and "Requirements per strategy" in out
+    for t in s["targets"]:
+        assert t["name"] in out and t["versions"].split(" ")[0] in out
+    for strategy in s["requirements"]:
+        assert f"{strategy}:" in out
+    assert f"$ perfscope fix {fid} --host gpu-box" in out and f"Every option: perfscope fix --help" in out
+    assert "--restart-cmd CMD" not in out  # the module's document, not the generic option list
+
+
+def test_fix_help_without_a_known_id_is_the_generic_help():
+    for args in (("fix",), ("fix", "no-such-fix")):
+        out = flat(helptext(*args))
+        assert "--restart-cmd CMD" in out and "Requirements per strategy" not in out
