@@ -109,18 +109,6 @@ def test_whole_trace_fallback():
     assert ss.method == "whole-trace" and len(ss.steps) == 1 and len(ss.steps[0].kernels) == len(t.kernels)
 
 
-def test_vllm_execute_annotation_without_a_step_number():
-    """vLLM writes ``execute_context_C(..)_generation_G(..)`` (no step number after "execute"; real
-    vLLM 0.32 on CPU writes the same, tests/test_real_vllm.py): one prefill step (context 1,
-    generation 0) holding every kernel of this B200 eager trace (its re-entered copy dropped)."""
-    t = load_trace(TRACELENS / "b200/eager_trace.json.gz")
-    ss = find_steps(t)
-    assert ss.method == "execute-annotation"
-    (s,) = ss.steps
-    assert s.phase == "prefill" and s.label.startswith("execute_context_1(")
-    assert len(s.kernels) == len(t.kernels)
-
-
 def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():
     t = load_trace(CPU_ONLY)
     assert not t.kernels and t.cpu_ops

@@ -154,11 +154,11 @@ def find_steps(trace: Trace) -> StepSet:
     # within TAIL_US (or the step's own CPU length, if longer) of its end.
     tail_ok = method == "sglang-annotation"
 
-    def window_of(ts: float) -> int:
+    def window_of(ts: float, tail: bool = True) -> int:
         i = bisect.bisect_right(starts, ts) - 1
         if i >= 0 and ts <= steps[i].cpu_end:
             return i
-        if tail_ok and i >= 0 and ts - steps[i].cpu_end <= max(TAIL_US, steps[i].cpu_end - steps[i].cpu_start):
+        if tail and tail_ok and i >= 0 and ts - steps[i].cpu_end <= max(TAIL_US, steps[i].cpu_end - steps[i].cpu_start):
             return i
         return -1
 
@@ -185,7 +185,9 @@ def find_steps(trace: Trace) -> StepSet:
         if has_corr:
             i = corr_step.get(k.corr, -1)
         else:
-            i = window_of(k.ts)
+            # a CPU op (CPU-only trace) runs on the step's own thread, inside its annotation: no tail,
+            # so a step's op time never exceeds the step (the scheduler's work between steps is not it)
+            i = window_of(k.ts, tail=k.kind != "cpu")
         if method == "whole-trace" and i < 0:
             i = 0
         if i >= 0 and k.kind == "cpu" and steps[i].tid is not None and k.stream != thread_stream(steps[i].tid) \
