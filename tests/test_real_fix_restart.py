@@ -33,8 +33,9 @@ OVERRIDES = ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer"
 BENCH = ["--bench-input-len", "16", "--bench-output-len", "8", "--bench-requests", "2"]
 
 # $1 "ok": restart as is. "broken": when the target carries the patch, the server is started with
-# a launch flag SGLang rejects (a stand-in for a patch it cannot start with), and CMD reports that
-# it died. Each call is logged with the target's state.
+# a launch flag value SGLang's argument parser rejects (a stand-in for a patch it cannot start
+# with), and CMD reports that it died. (An unknown --attention-backend value did not do: with it
+# the CPU server came back healthy in a try here.) Each call is logged with the target's state.
 RESTART_SH = r"""#!/bin/sh
 D=@DIR@
 if grep -q 'perfscope fp8-kv-cast' "@TARGET@"; then state=patched; else state=original; fi
@@ -49,7 +50,7 @@ if [ -f "$D/server.pid" ]; then
     rm -f "$D/server.pid"
 fi
 EXTRA=
-[ "$state" = patched ] && [ "$1" = broken ] && EXTRA="--attention-backend no-such-backend"
+[ "$state" = patched ] && [ "$1" = broken ] && EXTRA="--tp-size not-a-number"
 cd "$D"
 @ENV@ setsid nohup @CMD@ $EXTRA >> "$D/server.log" 2>&1 < /dev/null &
 pid=$!
@@ -113,7 +114,7 @@ def test_fix_restarts_the_real_server_measures_and_reverts(real_site):
     assert "restart command exited 3" in errors[0]
     assert target.read_bytes() == original
     assert _calls(d) == ["broken patched", "broken original"]
-    assert "no-such-backend" in (d / "server.log").read_text()  # the real server really refused the flag
+    assert "not-a-number" in (d / "server.log").read_text()  # the real server really refused the flag
     rec = json.loads((d / "run1" / "restart.json").read_text())
     assert rec["healthy"] is False and rec["reverted"] is True and rec["healthy_after_revert"] is True
     assert rec["tpot_ms_before"] > 0
