@@ -30,7 +30,10 @@ def test_first_screen_tells_the_story():
     first = "\n".join(lines[:10])
     assert "fp8-kv-cast" in first and "Whole FP8 KV pool cast to BF16" in first
     assert "50.98 ms per step (88.9% of kernel time)" in first
-    assert "perfscope fix fp8-kv-cast --apply" in first
+    # the check (diff, nothing changed) reading this trace, then the same with --apply
+    flat_first = " ".join(re.sub(r"[│╭╮╰╯─]", " ", first).split())
+    assert f"perfscope fix fp8-kv-cast --trace {H200 / 'mla_pool_graph.json.gz'}" in flat_first, first
+    assert "then add --apply" in flat_first
     assert "~6.42 ms per step predicted, from 57.40 ms (8.9x faster)" in first
     # then the buckets, then the ops, then the findings in full
     pos = [r.stdout.index(x) for x in ("fix fp8-kv-cast", "by bucket", "Dominant ops", "Findings")]
