@@ -38,13 +38,16 @@ def fix_commands(d: Diagnosis, f: dict) -> Optional[tuple[str, str]]:
     if not f.get("fix"):
         return None
     run = d.run or {}
-    cmd = f"perfscope fix {f['fix']}"
+    head = f"perfscope fix {f['fix']}"
+    check = f.get("fix_command") or head  # the finding's own check (diagnose adds --trace RUN)
+    rest = check[len(head):] if check.startswith(head) else ""
     host = run.get("host")
     if host:
-        cmd += f" --host {host}"
+        head += f" --host {host}"
     port = (run.get("server_info") or {}).get("port")
     if host and isinstance(port, int) and port != 30000:
-        cmd += f" --port {port}"
+        head += f" --port {port}"
+    cmd = head + rest
     return cmd, cmd + " --apply"
 
 
@@ -82,8 +85,8 @@ def verdict(d: Diagnosis) -> Panel:
     cmds = fix_commands(d, f)
     if cmds:
         where = "" if (d.run or {}).get("host") else "; remote server: add --host HOST"
-        body.append(f"fix:   [bold green]{escape(cmds[1])}[/]")
-        body.append(f"[dim]       (dry run first: without --apply{where})[/]")
+        body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
+        body.append(f"[dim]       (shows the diff, changes nothing; then add --apply{where})[/]")
     elif f.get("remedy"):
         body.append(f"remedy: {escape(f['remedy'])}")
     pred = f.get("predicted_step_ms_after_fix")
@@ -217,7 +220,7 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds:
-            lines.append(Text.assemble(("fix: ", "bold"), (cmds[1], "bold green"), ("  (check first: " + cmds[0] + ")", "dim")))
+            lines.append(Text.assemble(("fix: ", "bold"), (cmds[0], "bold green"), ("  (check + diff; then add --apply)", "dim")))
         if f.get("remedy") and not cmds:
             lines.append(Text.assemble(("remedy: ", "bold"), f["remedy"]))
         ev = {k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"}
