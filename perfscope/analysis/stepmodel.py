@@ -90,8 +90,10 @@ class StepReplay:
         for l in trace.launches:
             if (l.pid, l.tid) in threads and lo <= l.ts <= hi:
                 ks = launched.get(id(l), (None, []))[1]
-                wait = (not ks and l.dur >= _WAIT_MIN_US and _is_wait_candidate(l.name)
-                        and not is_kernel_launch(l.name))
+                # a host wait: a synchronize, or a copy to the host that returned when the GPU got
+                # there (it carries its own memcpy "kernel")
+                wait = (l.dur >= _WAIT_MIN_US and _is_wait_candidate(l.name) and not is_kernel_launch(l.name)
+                        and (not ks or all(kern[i].kind == "memcpy" for i in ks)))
                 if ks or wait or is_kernel_launch(l.name):
                     self.events.append((l, ks, wait))
         self.events.sort(key=lambda e: e[0].ts)
@@ -161,10 +163,7 @@ class StepReplay:
                     shift[th] = shift.get(th, 0.0) - o.dur  # the op's whole CPU time goes
                     t = l.ts + shift[th]
             end = t + cost
-            if wait and orig_done > float("-inf") and l.ts + l.dur >= orig_done - 2.0:
-                extra = max(0.0, (l.ts + l.dur) - orig_done)
-                end = max(t + min(l.dur, _WAIT_MIN_US), new_done + extra)
-            if ks:
+            if ks and is_kernel_launch(l.name):
                 last_launch = max(last_launch, t)
             for i in ks:
                 k = kern[i]
@@ -182,6 +181,10 @@ class StepReplay:
                     last_end = max(last_end, start + d)
                 orig_done = max(orig_done, k.end)
                 new_done = max(new_done, start + d)
+            # a wait ends when the GPU work before it (its own copy included) is done in the new timeline
+            if wait and orig_done > float("-inf") and l.ts + l.dur >= orig_done - 2.0:
+                extra = max(0.0, (l.ts + l.dur) - orig_done)
+                end = max(t + min(l.dur, _WAIT_MIN_US), new_done + extra)
             if timeline == "launch-api":
                 clock[th] = end
             else:
