@@ -35,12 +35,31 @@ def _is_wait_candidate(name: str) -> bool:
         name in ("cudaStreamWaitEvent",)
 
 
+class TraceIndex:
+    """Runtime calls and torch ops of a trace sorted by start, for per-step windows by bisection."""
+
+    def __init__(self, trace: Trace):
+        self.launches = sorted(trace.launches, key=lambda l: l.ts)
+        self.l_ts = [l.ts for l in self.launches]
+        self.ops = sorted((o for o in trace.cpu_ops if o.name.startswith("aten::")), key=lambda o: o.ts)
+        self.o_ts = [o.ts for o in self.ops]
+
+    def launches_between(self, lo: float, hi: float):
+        import bisect
+        return self.launches[bisect.bisect_left(self.l_ts, lo):bisect.bisect_right(self.l_ts, hi)]
+
+    def aten_ops_between(self, lo: float, hi: float):
+        import bisect
+        return self.ops[bisect.bisect_left(self.o_ts, lo):bisect.bisect_right(self.o_ts, hi)]
+
+
 class StepReplay:
     """One step's kernels and the runtime calls around them, ready to be replayed with new durations."""
 
-    def __init__(self, trace: Trace, step: Step, by_corr: Optional[dict] = None):
+    def __init__(self, trace: Trace, step: Step, by_corr: Optional[dict] = None, index: Optional["TraceIndex"] = None):
         import bisect
 
+        index = index or TraceIndex(trace)
         self.trace = trace
         self.step = step
         kern = trace.kernels
@@ -87,8 +106,8 @@ class StepReplay:
         hi = max([step.cpu_end] + [l.ts for l, _ in launched.values()])
         # every runtime call of the launching threads in the step, in CPU order, with its kernels
         self.events = []
-        for l in trace.launches:
-            if (l.pid, l.tid) in threads and lo <= l.ts <= hi:
+        for l in index.launches_between(lo, hi):
+            if (l.pid, l.tid) in threads:
                 ks = launched.get(id(l), (None, []))[1]
                 # a host wait: a synchronize, or a copy to the host that returned when the GPU got
                 # there (it carries its own memcpy "kernel")
@@ -100,8 +119,8 @@ class StepReplay:
         # the outermost torch op around each eager launch: a fix that removes all its kernels removes
         # its CPU time too (later launches of that thread move up by it)
         by_thread: dict = {}
-        for o in trace.cpu_ops:
-            if (o.pid, o.tid) in threads and o.name.startswith("aten::") and lo - 1e4 <= o.ts <= hi:
+        for o in index.aten_ops_between(lo - 1e4, hi):
+            if (o.pid, o.tid) in threads:
                 by_thread.setdefault((o.pid, o.tid), []).append(o)
         for th, ops in by_thread.items():
             ops.sort(key=lambda o: (o.ts, -o.dur))
@@ -206,11 +225,12 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     at the step's end. Returns the prediction and how it was bound."""
     kern = trace.kernels
     by_corr = {l.corr: l for l in trace.launches if l.corr is not None}
+    index = TraceIndex(trace)
     saved, low_after, kernel_saved, launch_bound = [], [], [], 0
     for s in steps:
         if not s.kernels:
             continue
-        r = StepReplay(trace, s, by_corr)
+        r = StepReplay(trace, s, by_corr, index)
 
         def nd(i):
             v = new_duration(i)
