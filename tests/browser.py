@@ -1,7 +1,8 @@
 """Real headless Chromium (Debian's /usr/bin/chromium) driven by playwright-python, network off.
 
-A pytest plugin module: ``from browser import chromium, open_page`` in a test file (or list it in
-``pytest_plugins``). Never downloads a browser (no ``playwright install``): it launches the system
+A pytest plugin module, listed in tests/conftest.py's pytest_plugins: one Chromium per session for
+every test module (importing the fixtures into two modules would start two playwright sessions,
+which playwright refuses). Never downloads a browser (no ``playwright install``): it launches the system
 Chromium. Every request other than the page's own file:// URL is blocked and recorded, so a test can
 assert that a report asked for nothing over the network. When Chromium (or playwright) is missing,
 tests that use it FAIL under CI=true and are skipped otherwise.

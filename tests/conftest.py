@@ -1,2 +1,3 @@
 # Shared fixtures live in plugin modules beside this file (tests/ is on sys.path for conftest).
-pytest_plugins = ["sshd", "real_engines"]
+# browser: one Chromium (session) for every module that uses it.
+pytest_plugins = ["sshd", "real_engines", "browser"]

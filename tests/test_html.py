@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import chromium, load_page, open_page, png_colours  # noqa: F401  (fixtures)
+from browser import load_page, png_colours  # the chromium and open_page fixtures: tests/conftest.py
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
 from perfscope.capture.rundir import write_run
@@ -192,7 +192,10 @@ def test_diagnosis_page_in_chromium(pages, open_page, chromium):
     res = open_page(pages["diagnosis"], "diagnosis.png", select=("#top-finding", "#stat-step"))
     check_rendered(res, 2, chromium)
     tl = next(c for c in res.charts if c["id"] == "chart-timeline")
-    assert {"name": "copy (60)", "n": 60} in tl["traces"], "the 60 casts, one bar each"
+    # the 60 casts (18 px each at this zoom): every one its own bar, or two where a pixel of another
+    # bucket's time falls inside it (the timeline draws each bucket's time per pixel: test_html_timeline.py)
+    copy = next(t for t in tl["traces"] if t["name"] == "copy (60)")
+    assert 60 <= copy["n"] <= 66, tl["traces"]
     assert "perfscope fix fp8-kv-cast --apply" in res.texts["#top-finding"]
     assert res.texts["#stat-step"].startswith("57.")
     for text in ("NVIDIA H200", "fp8-kv-cast", "495,000", "predicted step after fix", "Top ops per step"):
@@ -202,7 +205,7 @@ def test_diagnosis_page_in_chromium(pages, open_page, chromium):
 def test_eager_page_shows_shapes_and_source(pages, open_page, chromium):
     res = open_page(pages["diagnosis-eager"], "diagnosis-eager.png")
     check_rendered(res, 2, chromium)
-    assert "Float8_e4m3fn" in res.text and "[495000, 1, 576]" in res.text
+    assert "fp8_e4m3" in res.text and "[495000, 1, 576]" in res.text  # dtypes as engineers write them
     assert "mla_cast_repro.py" in res.text and "aten::to > aten::_to_copy" in res.text
 
 

@@ -8,7 +8,8 @@ How steps are found, first that applies:
   3. CUDA/HIP graph launches, one step each;
   4. the whole trace as one window.
 A CPU annotation covers the launches, not the GPU work: SGLang does not wait for the GPU, so a
-step's kernels run on after the annotation closes. A step is therefore timed by the GPU work it
+step's kernels run on after the annotation closes. SGLang's annotation also closes before the sampler
+runs: launches just after it (before the next step's) are the step's sampling and join it. A step is therefore timed by the GPU work it
 launched (runtime calls inside the window -> kernels with the same correlation id), from its first
 kernel's start to its last kernel's end.
 """
@@ -26,6 +27,7 @@ _SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERI
 _EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
 # vLLM's own model-runner annotation: execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>)
 _VLLM_EXECUTE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+TAIL_US = 2000.0  # how far after a step annotation its sampler's launches may come (see find_steps)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
@@ -143,9 +145,17 @@ def find_steps(trace: Trace) -> StepSet:
 
     starts = [s.cpu_start for s in steps]
 
+    # SGLang's `step[...]` annotation covers the forward pass; the sampler's launches (softmax, argmax
+    # or sampling kernels) come right after it closes, before the next step's: they belong to the step
+    # they sample for. A launch after a step's annotation and before the next one joins it when it comes
+    # within TAIL_US (or the step's own CPU length, if longer) of its end.
+    tail_ok = method == "sglang-annotation"
+
     def window_of(ts: float) -> int:
         i = bisect.bisect_right(starts, ts) - 1
         if i >= 0 and ts <= steps[i].cpu_end:
+            return i
+        if tail_ok and i >= 0 and ts - steps[i].cpu_end <= max(TAIL_US, steps[i].cpu_end - steps[i].cpu_start):
             return i
         return -1
 

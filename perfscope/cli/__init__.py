@@ -32,6 +32,11 @@ app = typer.Typer(
         "trace: profile a server over SSH  ->  diagnose: where each decode step's time goes  ->  "
         "fix: patch the bottleneck safely  ->  bench / compare: prove it."
     ),
+    epilog=(
+        "Examples: [bold]perfscope demo[/] (the whole loop on this machine, on CPU)\n\n"
+        "[bold]perfscope trace --host gpu-box --out run1[/]  then  [bold]perfscope diagnose run1[/]\n\n"
+        "Every command's --help ends with examples; perfscope fix FIX_ID --help shows that fix's document."
+    ),
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode="rich",

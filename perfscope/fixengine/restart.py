@@ -15,7 +15,9 @@ The sequence:
 2. measure the server as it runs (``perfscope.bench.measure``): ``before/bench.json``;
 3. apply (refused if the file changed during the measurement), ``fix.diff``;
 4. run CMD, then wait until ``/health`` answers: CMD and the wait together get
-   ``health_timeout`` seconds;
+   ``health_timeout`` seconds; when the process on ``--port`` can be seen, the one answering
+   must not be the one that served before CMD (a CMD that failed to stop the old server leaves
+   it answering, and the new one cannot bind the port);
 5. measure again: ``after/bench.json``. A benchmark that fails counts as an unhealthy server;
 6. unhealthy, or slower than before by more than ``max_slowdown`` (TPOT median; default 10%):
    revert the file byte for byte, run CMD again and wait again (the same bound), and end

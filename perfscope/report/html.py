@@ -28,6 +28,7 @@ from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.terminal import _fmt_ms, op_where
+from perfscope.report.wording import evidence_pairs, gpu_arch, graph_word
 from perfscope.util.files import atomic_write_text, resource_dir
 
 # One colour per bucket (the hues of the terminal's BUCKET_STYLE), and the idle gaps.
@@ -77,6 +78,29 @@ def timeline_data(tl: dict) -> dict:
             "span_ms": round(max(k[1] + k[2] for k in ks), 5)}
 
 
+STAGE_WORDS = {"EXTEND": "EXTEND stage (prefill)", "DECODE": "DECODE stage"}
+
+
+def rank_labels(ranks: list) -> tuple[list[str], str]:
+    """Chart labels for the per-rank files, and the section's title: SGLang writes one file per rank
+    *and stage* (EXTEND = prefill, DECODE); one rank's stages are labelled as stages, not ranks."""
+    def get(r, k):
+        return r.get(k) if isinstance(r, dict) else getattr(r, k)
+
+    ids = {get(r, "rank") for r in ranks}
+    stages = {get(r, "stage") for r in ranks} - {None}
+    labels = []
+    for i, r in enumerate(ranks):
+        rank, stage = get(r, "rank"), get(r, "stage")
+        st = STAGE_WORDS.get(stage, f"{stage} stage") if stage else ""
+        if len(ids) == 1 and stages:
+            labels.append(st or f"file {i}")
+        else:
+            labels.append(f"rank {rank if rank is not None else i}" + (f" · {st}" if st else ""))
+    title = "Per stage" if len(ids) == 1 and stages else "Per rank and stage" if stages else "Per rank"
+    return labels, title
+
+
 def _slim_op(o: dict) -> dict:
     o = dict(o)
     if o.get("stack"):
@@ -98,6 +122,9 @@ def diagnosis_data(d: Diagnosis) -> dict:
         for f in r.get("findings") or []:
             f.get("evidence", {}).pop("kernel", None)
         ranks.append(r)
+    labels, _ = rank_labels(ranks)
+    for r, lab in zip(ranks, labels):
+        r["label"] = lab
     out["ranks"] = ranks
     out["timeline"] = timeline_data(p.timeline)
     out["per_step"] = p.per_step
@@ -137,12 +164,16 @@ def signed_pct(x: Optional[float]) -> str:
     return ("+" if x > 0 else "\u2212" if x < 0 else "") + f"{abs(x) * 100:.1f} pp"
 
 
-def op_columns(o: dict) -> dict:
-    """The ops table's text columns, from terminal.op_where on the relevant part of the op."""
+def op_columns(o: dict, graph: str = "CUDA graph") -> dict:
+    """The ops table's text columns, from terminal.op_where on the relevant part of the op
+    (``graph``: HIP graph on ROCm)."""
     return {
-        "launched_by": op_where({k: o.get(k) for k in ("graph_replay", "grid", "block", "op_chain")})
+        "launched_by": op_where({k: o.get(k) for k in ("graph_replay", "grid", "block", "op_chain")}, graph)
                        or (o.get("launcher") or ""),
         "dtype_shape": op_where({k: o.get(k) for k in ("input_types", "input_dims")}),
+        # the same as pieces that must not break across lines: the dtypes, then each shape
+        "dtype_shape_parts": ([op_where({"input_types": o["input_types"]})] if o.get("input_types") else [])
+                             + [str(d) for d in (o.get("input_dims") or []) if d],
         "source": o.get("source") or "",
         "geometry": (f"grid {o['grid']} x block {o['block']}" if o.get("grid") else ""),
     }
@@ -188,6 +219,8 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
         "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)
         or device_label(m),  # the trace's name, else nvidia-smi's on the host, else the table's match
         "compute_capability": m.get("compute_capability"),
+        "arch": gpu_arch(m),  # sm 9.0 / gfx942
+        "graph": graph_word(m),
         "num_sms": m.get("num_sms"),
         "mem_gb": round(m["total_mem_bytes"] / 2**30, 1) if m.get("total_mem_bytes") else None,
         "platform": m.get("platform"),
@@ -233,7 +266,7 @@ def _env():
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value)
-    env.globals.update(op_columns=op_columns, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
+    env.globals.update(op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
                        bucket_order=BUCKETS)
     return env
 
@@ -263,7 +296,7 @@ def render_diagnosis(d: Diagnosis, config: Optional[dict] = None, title: Optiona
     order = [b for b in BUCKETS if p.buckets.get(b, {}).get("ms_per_step")]
     name = title or (Path(d.ranks[0].file).name if len(d.ranks) == 1 else f"{len(d.ranks)} trace files")
     return _render("diagnosis.html.j2", data, d=d, p=p, h=_header(d, config), buckets_present=order,
-                   timeline=data["diagnosis"]["timeline"], title=name)
+                   timeline=data["diagnosis"]["timeline"], title=name, ranks_title=rank_labels(d.ranks)[1])
 
 
 def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
@@ -271,10 +304,13 @@ def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
     data = {"kind": "compare", "compare": cmp,
             "timelines": {"before": timeline_data(before.primary.timeline),
                           "after": timeline_data(after.primary.timeline)},
-            "per_rank": {side: [{"rank": r.rank, "stage": r.stage, "buckets": r.buckets,
+            "per_rank": {side: [{"rank": r.rank, "stage": r.stage, "buckets": r.buckets, "label": lab,
                                  "idle_ms_per_step": r.idle_ms_per_step, "median_ms": r.steps.get("median_ms")}
-                                for r in dg.ranks] for side, dg in (("before", before), ("after", after))}}
-    return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], per_rank=data["per_rank"], title=f"{cmp['before']['label']} vs {cmp['after']['label']}")
+                                for r, lab in zip(dg.ranks, rank_labels(dg.ranks)[0])]
+                         for side, dg in (("before", before), ("after", after))}}
+    ranks_title = rank_labels(before.ranks)[1] if len(before.ranks) >= len(after.ranks) else rank_labels(after.ranks)[1]
+    return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], per_rank=data["per_rank"],
+                   title=f"{cmp['before']['label']} vs {cmp['after']['label']}", ranks_title=ranks_title)
 
 
 def write_html(path: str | Path, html: str) -> Path:

@@ -62,7 +62,7 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     out += ["", f"**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
     for o in p.ops[:top]:
         out.append(f"| {_code(o['short'])} | {o['bucket']} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
-                   f"{o['count_per_step']:.0f} | {_cell(op_where(o))} |")
+                   f"{o['count_per_step']:.0f} | {_cell(op_where(o, wording.graph_word(p.meta)))} |")
     if p.findings:
         out += ["", "**Findings**", ""]
         for f in p.findings:
@@ -104,7 +104,7 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
         for o in r.ops:
             rows.append([r.rank if r.rank is not None else "", o["short"], o["bucket"], o.get("sub") or "",
                          round(o["ms_per_step"], 6), round(o["share"], 6), round(o["count_per_step"], 3),
-                         op_where(o), o.get("name", "")])
+                         op_where(o, wording.graph_word(r.meta)), o.get("name", "")])
     written.append(atomic_write_text(folder / "ops.csv", _csv(rows)))
     if len(d.ranks) > 1:
         buckets = sorted({b for r in d.ranks for b in r.buckets})

@@ -102,10 +102,10 @@ def facts(d: Diagnosis) -> list[str]:
     m = p.meta
     s = p.steps
     cpu = s.get("analysed_on") == "cpu-ops"
-    cc = f" (sm {m['compute_capability']})" if m.get("compute_capability") and m.get("platform") != "rocm" else ""
-    arch = f" ({m['gcn_arch']})" if m.get("gcn_arch") else ""
+    arch = wording.gpu_arch(m)
+    arch = f" ({arch})" if arch else ""
     ws = f", world size {m.get('world_size')}" if m.get("world_size") else ""
-    lines = [f"[dim]{escape(str(device_label(m) or ('CPU' if cpu else 'unknown GPU')))}{cc}{arch}{ws}; steps found by "
+    lines = [f"[dim]{escape(str(device_label(m) or ('CPU' if cpu else 'unknown GPU')))}{arch}{ws}; steps found by "
              f"{escape(str(s.get('how') or s.get('method')))}[/]",
              f"[dim]per step: {'op' if cpu else 'kernel'} time {_fmt_ms(p.kernel_ms_per_step)} ms, "
              f"{'idle' if cpu else 'GPU idle'} {_fmt_ms(p.idle_ms_per_step)} ms[/]"]
@@ -145,12 +145,13 @@ def bucket_table(p: RankAnalysis) -> Table:
     return t
 
 
-def op_where(o: dict) -> str:
-    """One line: who launched the op, with which dtypes/shapes, from which source line."""
+def op_where(o: dict, graph: str = "CUDA graph") -> str:
+    """One line: who launched the op, with which dtypes/shapes, from which source line. ``graph``:
+    what the platform calls its graphs (``wording.graph_word``: HIP graph on ROCm)."""
     where = []
     if o.get("graph_replay"):
         geo = f"grid {o.get('grid')} x block {o.get('block')}" if o.get("grid") else ""
-        where.append(f"CUDA-graph replay {geo}".strip() + (f", captured in {o['captured']}:" if o.get("captured") else ""))
+        where.append(f"{graph.replace(' ', '-')} replay {geo}".strip() + (f", captured in {o['captured']}:" if o.get("captured") else ""))
     if o.get("op_chain"):
         where.append(" > ".join(o["op_chain"]))
     if o.get("input_types"):
@@ -171,7 +172,7 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
     t.add_column("n", justify="right")
     for o in p.ops[:limit]:
         st = BUCKET_STYLE.get(o["bucket"], "white")
-        where = op_where(o)
+        where = op_where(o, wording.graph_word(p.meta))
         cell = f"[bold]{escape(o['short'])}[/]" + (f"\n[dim]  {escape(where)}[/]" if where else "")
         t.add_row(cell, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["ms_per_step"]), f"{o['share']:.1%}",
                   f"{o['count_per_step']:.0f}")
@@ -226,6 +227,22 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
         parts.append(Group(*lines))
         parts.append(Text(""))
     return Panel(Group(*parts[:-1]), title="Findings", title_align="left", expand=False)
+
+
+def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
+    """The ops furthest above their own floor: achieved TB/s and TFLOP/s against the GPU's peaks."""
+    r = getattr(p, "roofline", None) or {}
+    if not r.get("available"):
+        return []
+    rows = sorted(r["ops"], key=lambda o: -o["ms_per_step_above_floor"])[:top]
+    out = [f"[dim]  ops against {escape(str(r['gpu']))}'s peaks ({r['peak_tb_s']} TB/s, {r['peak_bf16_tflops']:.0f} "
+           f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"]
+    for o in rows:
+        tf = f", {o['achieved_tflops']:.1f} TFLOP/s" if o["flops"] else ""
+        out.append(f"[dim]    {escape(str(o['name'])[:48])}: {o['achieved_tb_s']:.2f} TB/s "
+                   f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
+                   f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
+    return out
 
 
 def floor_lines(p: RankAnalysis) -> list[str]:
@@ -286,7 +303,7 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         c.print(t)
     else:
         c.print(bucket_table(p))
-        for line in floor_lines(p):
+        for line in floor_lines(p) + roofline_lines(p):
             c.print(line)
         c.print(ops_table(p, top))
     rt = ranks_table(d)

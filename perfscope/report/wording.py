@@ -107,3 +107,47 @@ def _item(k: str, v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return f"{_label(k)} {list(v)}"
     return f"{_label(k)}: {dtype_name(v) if 'dtype' in k else v}"
+
+
+# ROCm reports the gfx target's major/minor as the "compute capability" (MI300X: 9.4 = gfx942)
+_GFX = {"9.0": "gfx90a", "9.4": "gfx942", "9.5": "gfx950", "11.0": "gfx1100", "12.0": "gfx1200"}
+
+
+def gpu_arch(meta: dict) -> Optional[str]:
+    """The architecture as its vendor names it: ``sm 9.0`` (NVIDIA), ``gfx942`` (AMD, from the gfx
+    target ROCm reports as the compute capability, or the trace's own gcnArchName)."""
+    cc = meta.get("compute_capability")
+    if meta.get("platform") == "rocm":
+        arch = meta.get("gcn_arch") or meta.get("gcnArchName")
+        if arch:
+            return str(arch).split(":")[0]
+        return _GFX.get(str(cc)) if cc else None
+    return f"sm {cc}" if cc else None
+
+
+def graph_word(meta: dict) -> str:
+    """What the platform calls a captured graph: ``HIP graph`` on ROCm, else ``CUDA graph``."""
+    return "HIP graph" if meta.get("platform") == "rocm" else "CUDA graph"
+
+
+def evidence_pairs(ev: dict) -> list[tuple[str, str, bool]]:
+    """A finding's evidence as (label, value with its unit, is_number) rows for a table: the
+    HTML report's evidence, worded as the terminal's."""
+    rows: list[tuple[str, str, bool]] = []
+    src, dst = ev.get("src_dtype"), ev.get("dst_dtype")
+    if src or dst:
+        rows.append(("cast", f"{dtype_name(src) if src else '?'} -> {dtype_name(dst) if dst else '?'}", False))
+    for k, v in ev.items():
+        if v is None or k in _SKIP or isinstance(v, dict):
+            continue
+        if isinstance(v, bool):
+            rows.append((_label(k), "yes" if v else "no", False))
+        elif isinstance(v, (int, float)):
+            key, val = _unit(k, float(v) if isinstance(v, float) else v)
+            rows.append((_label(key) or _label(k), val, True))
+        elif isinstance(v, (list, tuple)):
+            rows.append((_label(k), "[" + ", ".join(str(x) for x in v) + "]", True))
+        else:
+            s = dtype_name(v) if "dtype" in k else str(v)
+            rows.append((_label(k), s if len(s) <= 160 else s[:157] + "...", False))
+    return rows

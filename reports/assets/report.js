@@ -40,7 +40,7 @@
   }
   function chartRanks(el) {
     var ranks = DATA.diagnosis.ranks;
-    var xs = ranks.map(function (r, i) { return "rank " + (r.rank === null ? i : r.rank) + (r.stage ? " " + r.stage : ""); });
+    var xs = ranks.map(function (r, i) { return r.label || ("rank " + (r.rank === null ? i : r.rank)); });
     var traces = stacked(xs, ranks, function (r, b) { return r.buckets[b] ? r.buckets[b].ms_per_step : 0; },
                          function (r) { return r.idle_ms_per_step || 0; });
     Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step (median step)" } },
@@ -63,7 +63,7 @@
     ["before", "after"].forEach(function (side) {
       DATA.per_rank[side].forEach(function (r, i) {
         rows.push(r);
-        xs.push(side + " rank " + (r.rank === null ? i : r.rank) + (r.stage ? " " + r.stage : ""));
+        xs.push(side + ": " + (r.label || ("rank " + (r.rank === null ? i : r.rank))));
       });
     });
     var traces = stacked(xs, rows, function (r, b) { return r.buckets[b] ? r.buckets[b].ms_per_step : 0; },
@@ -71,36 +71,103 @@
     Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step" } },
       xaxis: { type: "category" } }), CONFIG);
   }
-  function chartTimeline(el, tl, xmax) {
-    var IDLE_ROW = "GPU idle";
-    var rowOf = function (s) { return "stream " + s; };
-    var rows = [IDLE_ROW].concat(tl.streams.map(rowOf));
-    var groups = {};
-    tl.kernels.forEach(function (k) {  /* [stream, start_ms, dur_ms, short, bucket] */
-      var g = groups[k[4]] || (groups[k[4]] = { x: [], base: [], y: [], text: [] });
-      g.x.push(k[2]); g.base.push(k[1]); g.y.push(rowOf(k[0]));
-      g.text.push(k[3] + "<br>" + fmt(k[2]) + " ms at +" + fmt(k[1]) + " ms");
+  /* The step timeline at the zoom shown: one bin per screen pixel of each row; a bin goes to the
+     bucket (or to idle) owed the most time so far, owed time carried from bin to bin (error
+     diffusion). So every bucket covers as many pixels as its time at that zoom (a run of sub-pixel
+     kernels no longer paints the row in whichever colour is drawn last), and idle gaps shorter than
+     a pixel merge into what they add up to instead of one tick each. Runs of one colour are one bar;
+     zooming in (drag) redraws at the new scale, down to single kernels. */
+  function binRow(items, a, b, nbin, keyOf) {  /* items: [start, dur, key, label]; -> runs */
+    var w = (b - a) / nbin, busy = [], keys = {}, i, j;
+    for (i = 0; i < nbin; i++) busy.push({});
+    items.forEach(function (it) {
+      var s = Math.max(it[0], a), e = Math.min(it[0] + it[1], b);
+      if (e <= s) return;
+      var k = keyOf(it); keys[k] = 1;
+      for (j = Math.max(0, Math.floor((s - a) / w)); j < nbin && a + j * w < e; j++) {
+        var lo = Math.max(s, a + j * w), hi = Math.min(e, a + (j + 1) * w);
+        if (hi > lo) busy[j][k] = (busy[j][k] || 0) + (hi - lo);
+      }
+    });
+    var owed = { "": 0 }, runs = [], cur = null;
+    Object.keys(keys).forEach(function (k) { owed[k] = 0; });
+    for (j = 0; j < nbin; j++) {
+      var used = 0, best = "", k;
+      for (k in busy[j]) { owed[k] += busy[j][k]; used += busy[j][k]; }
+      owed[""] += Math.max(0, w - used);
+      for (k in owed) if (owed[k] > owed[best] + 1e-12) best = k;
+      owed[best] -= w;
+      if (cur && cur.key === best) { cur.n += 1; }
+      else { cur = { key: best, j0: j, n: 1 }; runs.push(cur); }
+    }
+    return runs.filter(function (r) { return r.key !== ""; }).map(function (r) {
+      var x0 = a + r.j0 * w, x1 = x0 + r.n * w;
+      var inside = items.filter(function (it) { return keyOf(it) === r.key && it[0] < x1 && it[0] + it[1] > x0; });
+      return { key: r.key, x0: x0, x1: x1, items: inside };
+    });
+  }
+  function timelineTraces(tl, a, b, nbin) {
+    var IDLE_ROW = "GPU idle", rowOf = function (s) { return "stream " + s; };
+    var groups = {}, counts = {};
+    tl.kernels.forEach(function (k) { counts[k[4]] = (counts[k[4]] || 0) + 1; });
+    tl.streams.forEach(function (st) {
+      var items = tl.kernels.filter(function (k) { return k[0] === st; })
+        .map(function (k) { return [k[1], k[2], k[4], k[3]]; });
+      binRow(items, a, b, nbin, function (it) { return it[2]; }).forEach(function (r) {
+        var g = groups[r.key] || (groups[r.key] = { x: [], base: [], y: [], text: [] });
+        var ms = r.items.reduce(function (t, it) { return t + Math.min(it[0] + it[1], r.x1) - Math.max(it[0], r.x0); }, 0);
+        g.x.push(r.x1 - r.x0); g.base.push(r.x0); g.y.push(rowOf(st));
+        g.text.push(r.items.length === 1 ? r.items[0][3] + "<br>" + fmt(r.items[0][1]) + " ms at +" + fmt(r.items[0][0]) + " ms"
+                    : r.key + ": " + r.items.length + " kernels, " + fmt(ms) + " ms<br>+" + fmt(r.x0) + " to +" + fmt(r.x1) + " ms");
+      });
     });
     var traces = ORDER.concat(Object.keys(groups).filter(function (b) { return ORDER.indexOf(b) < 0; }))
       .filter(function (b) { return groups[b]; })
-      .map(function (b) {
-        var g = groups[b];
-        return { type: "bar", orientation: "h", name: b + " (" + g.x.length + ")", x: g.x, base: g.base, y: g.y,
-                 hovertext: g.text, hoverinfo: "text", marker: { color: COLORS[b] || "#ccc", line: { width: 0 } },
-                 width: 0.7 };
+      .map(function (bk) {
+        var g = groups[bk];
+        return { type: "bar", orientation: "h", name: bk + " (" + counts[bk] + ")", x: g.x, base: g.base, y: g.y,
+                 hovertext: g.text, hoverinfo: "text", marker: { color: COLORS[bk] || "#ccc", line: { width: 0 } },
+                 width: 0.7, meta: { bucket: bk } };
       });
+    var idle = binRow(tl.gaps.map(function (g) { return [g[0], g[1], "idle", ""]; }), a, b, nbin,
+                      function () { return "idle"; });
     traces.unshift({ type: "bar", orientation: "h", name: "GPU idle (" + tl.gaps.length + " gaps, " + fmt(tl.idle_ms) + " ms)",
-      x: tl.gaps.map(function (g) { return g[1]; }), base: tl.gaps.map(function (g) { return g[0]; }),
-      y: tl.gaps.map(function () { return IDLE_ROW; }),
-      hovertext: tl.gaps.map(function (g) { return "idle " + fmt(g[1]) + " ms at +" + fmt(g[0]) + " ms"; }),
-      hoverinfo: "text", marker: { color: IDLE, line: { width: 0 } }, width: 0.7 });
-    el.style.height = Math.max(200, 110 + 44 * rows.length) + "px";
-    Plotly.newPlot(el, traces, baseLayout({
+      x: idle.map(function (r) { return r.x1 - r.x0; }), base: idle.map(function (r) { return r.x0; }),
+      y: idle.map(function () { return IDLE_ROW; }),
+      hovertext: idle.map(function (r) {
+        var ms = r.items.reduce(function (t, it) { return t + it[1]; }, 0);
+        return r.items.length === 1 ? "idle " + fmt(ms) + " ms at +" + fmt(r.items[0][0]) + " ms"
+               : "idle " + fmt(ms) + " ms in " + r.items.length + " gaps, +" + fmt(r.x0) + " to +" + fmt(r.x1) + " ms";
+      }),
+      hoverinfo: "text", marker: { color: IDLE, line: { width: 0 } }, width: 0.7, meta: { bucket: "idle" } });
+    return { traces: traces, rows: [IDLE_ROW].concat(tl.streams.map(rowOf)) };
+  }
+  function chartTimeline(el, tl, xmax) {
+    var full = [0, xmax || tl.span_ms];
+    var margin = { l: 80, r: 20, t: 10, b: 45 };
+    var nbinOf = function () { return Math.max(50, Math.round((el.clientWidth || 1000) - margin.l - margin.r)); };
+    var built = timelineTraces(tl, full[0], full[1], nbinOf());
+    el.style.height = Math.max(200, 110 + 44 * built.rows.length) + "px";
+    var layout = baseLayout({
       barmode: "overlay", bargap: 0.2,
-      xaxis: { title: { text: "ms from the step's first kernel" }, range: [0, xmax || tl.span_ms], zeroline: false },
-      yaxis: { type: "category", categoryorder: "array", categoryarray: rows.slice().reverse(), fixedrange: true },
-      margin: { l: 80, r: 20, t: 10, b: 45 }
-    }), CONFIG);
+      xaxis: { title: { text: "ms from the step's first kernel" }, range: full.slice(), zeroline: false },
+      yaxis: { type: "category", categoryorder: "array", categoryarray: built.rows.slice().reverse(), fixedrange: true },
+      margin: margin
+    });
+    Plotly.newPlot(el, built.traces, layout, CONFIG);
+    el.perfscopeTimeline = { tl: tl, full: full };
+    var busy = false;
+    el.on("plotly_relayout", function (ev) {
+      if (busy) return;
+      var r0 = ev["xaxis.range[0]"], r1 = ev["xaxis.range[1]"];
+      if (ev["xaxis.range"]) { r0 = ev["xaxis.range"][0]; r1 = ev["xaxis.range"][1]; }
+      var range = (ev["xaxis.autorange"] || r0 === undefined) ? full : [Math.max(0, r0), r1];
+      busy = true;
+      var t = timelineTraces(tl, range[0], range[1], nbinOf());
+      layout.xaxis.range = range.slice();
+      layout.xaxis.autorange = false;
+      Plotly.react(el, t.traces, layout, CONFIG).then(function () { busy = false; }, function () { busy = false; });
+    });
   }
 
   function draw(el) {
