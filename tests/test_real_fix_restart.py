@@ -58,7 +58,10 @@ pid=$!
 echo $pid > "$D/server.pid"
 i=0
 while [ $i -lt 20 ]; do
-    kill -0 "$pid" 2>/dev/null || { echo "the server exited at once (see $D/server.log)" >&2; exit 3; }
+    # exited (a zombie until this shell ends: kill -0 would still succeed, so ask ps)
+    case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
+        ""|Z*) echo "the server exited at once (see $D/server.log)" >&2; exit 3;;
+    esac
     i=$((i + 1)); sleep 0.5
 done
 """
