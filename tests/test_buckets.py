@@ -61,6 +61,9 @@ FI_GRAPH = KERNEL_MIX / "fi_decode_graph.json.gz"
 TORCH_TOPP = KERNEL_MIX / "sample_topp.json.gz"
 TORCH_TOPK = KERNEL_MIX / "sample_topk.json.gz"
 TRITON_NORM = KERNEL_MIX / "triton_norm_rope_eager.json.gz"
+# real SGLang 0.5.x on an H200 (FlashInfer MLA backend, FP8 KV), traced by perfscope (h15, 2026-12-01)
+SGL_H200 = next(iter(sorted((GPU_LOOP / "h200-2026-12-01-sglang/pool495000/runs/495000-bug/traces").glob(
+    "*DECODE*.json.gz"))))
 PAGES_FIX = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/pages/traces").glob("*DECODE*.json.gz"))))
 
 # (trace, regex on the real kernel name, expected "bucket/sub" or "bucket")
@@ -168,6 +171,15 @@ EXPECT = [
     (CONV, r"wgrad_alg0_engine", "gemm/conv"),
     (CONV, r"cudnn::winograd_nonfused::winogradForwardData", "gemm/conv"),
     (CONV, r"cudnn::bn_bw_1C11_kernel_new", "elementwise/norm"),
+    # real SGLang on CUDA: FlashInfer norms, sgl-kernel rope / activation, FlashInfer's Hopper MLA kernel
+    (SGL_H200, r"flashinfer::norm::FusedAddRMSNormKernel", "elementwise/norm"),
+    (SGL_H200, r"flashinfer::norm::RMSNormKernel", "elementwise/norm"),
+    (SGL_H200, r"fused_rope_kernel", "elementwise/rope"),
+    (SGL_H200, r"act_and_mul_kernel", "elementwise/activation"),
+    (SGL_H200, r"flashinfer::mla::hopper::BatchMLAPageAttentionHopperKernel", "attention"),
+    (SGL_H200, r"^create_flashinfer_kv_indices_triton$", "elementwise/metadata"),
+    (SGL_H200, r"set_mla_kv_buffer_kernel", "copy/kv-write"),
+    (SGL_H200, r"ArgMaxOps", "sampling"),
     # perfscope's own pages fix: an FP8 -> BF16 cast of the referenced rows, a copy
     (PAGES_FIX, r"^_perfscope_fp8kv_rows_kernel$", "copy/cast"),
 ]
@@ -183,7 +195,8 @@ def test_real_kernel_lands_in_its_bucket(trace, pattern, expected):
 
 # Inference traces, and the public ones whose kernels are all known; "other" stays below 1% of
 # kernel time in each (fbgemm's sparse-feature helpers in the recsys training traces are "other").
-COVERAGE = [p for p in ALL if "cpu_only" not in str(p)]
+# traces with no GPU kernel time at all (CPU-only, Meta MTIA, CUPTI range profiler) have no share to check
+COVERAGE = [p for p in ALL if not any(s in str(p) for s in ("cpu_only", "mtia_inference", "cupti_profiler"))]
 
 
 @pytest.mark.parametrize("trace", COVERAGE, ids=[str(p.relative_to(TRACES if TRACES in p.parents else KERNEL_MIX.parent))[-60:] for p in COVERAGE])
@@ -231,3 +244,15 @@ def test_table_is_declarative_and_compiles():
         assert len(row[3]) > 10, f"row {row[:2]} does not say whose kernels it covers"
         assert row[0] in BUCKETS
         re.compile(row[2])
+
+
+def test_real_sglang_sampling_lands_in_its_step():
+    # SGLang's step[DECODE] annotation closes before the sampler launches its argmax: the kernels
+    # launched right after it are the step's sampling, not lost between steps
+    from perfscope.analysis.diagnose import diagnose
+
+    d = diagnose([SGL_H200]).to_dict()
+    assert d["steps"]["method"] == "sglang-annotation" and d["steps"]["count"] == 10
+    assert d["buckets"]["sampling"]["ms_per_step"] > 0.005  # ArgMaxOps (greedy), ~10 us per step
+    assert d["buckets"]["attention"]["ms_per_step"] == pytest.approx(
+        sum(o["ms_per_step"] for o in d["ops"] if "BatchMLAPageAttentionHopperKernel" in o["name"]), rel=0.01)

@@ -458,3 +458,10 @@ def test_diagnose_fix_line_runs(name, tmp_path):
         res = cli(*argv[1:], *extra)
         assert res.returncode == 0, (c, res.stdout, res.stderr)
         assert "checked:" in res.stdout
+
+
+@pytest.mark.parametrize("fid", sorted(CASES))
+def test_per_fix_help_shows_the_modules_document(fid):
+    r = cli("fix", fid, "--help")
+    assert r.returncode == 0, r.stderr
+    assert get(fid).title.split(" (")[0] in " ".join(r.stdout.split()) and "How to revert" in r.stdout

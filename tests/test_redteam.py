@@ -59,6 +59,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
     start_status = 200
     start_body = b'{"ok": true}'
     echo_auth = False
+    write_trace = True
 
     def _send(self, code, body: bytes, ctype="application/json"):
         self.send_response(code)
@@ -87,7 +88,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
                     text = f'{{"error": "start failed, auth was {self.headers.get("Authorization")}"}}'.encode()
                 return self._send(self.start_status, text)
             out = Path(body.get("output_dir", "/nonexistent"))
-            if out.is_dir():
+            if out.is_dir() and self.write_trace:
                 shutil.copy(SMALL, out / "1700000000-TP-0.trace.json.gz")
             return self._send(200, self.start_body)
         if self.path == "/stop_profile":
@@ -114,7 +115,11 @@ class _Server(http.server.BaseHTTPRequestHandler):
 def server():
     class H(_Server):
         calls = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    class Quiet(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            pass  # a stream perfscope cut (the load stops) is not the test's business: keep stderr perfscope's
+
+    httpd = Quiet(("127.0.0.1", 0), H)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield H, httpd.server_address[1]
@@ -868,3 +873,18 @@ def test_rt03_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
     rc, _, err = run_cli(["diagnose", str(SMALL), "--markdown", "/dev/full"], capsys)
     assert rc == 2 and "No space left" in one_line(err)
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_rt12_a_failed_trace_leaves_no_host_folder_and_an_incomplete_run_folder(server, tmp_path, capsys):
+    H, port = server
+    H.write_trace = False  # the profile never completes
+    args = url_args(port, tmp_path)
+    args[args.index("--timeout") + 1] = "2"
+    rc, _, err = run_cli(["trace", *args, "--out", str(tmp_path / "o")], capsys)
+    assert rc == 3 and "did not complete" in one_line(err)
+    assert "/stop_profile" in H.calls
+    assert list((tmp_path / "srv").iterdir()) == []
+    info = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert info["status"] == "incomplete" and "did not complete" in info["incomplete_reason"]
+    rc, _, err = run_cli(["diagnose", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "incomplete run folder" in one_line(err)

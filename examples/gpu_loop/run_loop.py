@@ -2,6 +2,10 @@
 
     python3 examples/gpu_loop/run_loop.py --out DIR [--phases env,patch,stepbench,loop] [--deadline 500]
     python3 examples/gpu_loop/run_loop.py --out DIR --small --device cpu      # the same loop, CPU-sized
+    python3 examples/gpu_loop/run_loop.py --engine sglang --payload site.tar.xz --out DIR   # a real SGLang
+
+The phases live in gpuloop/ (one module each: install, fix, bench, serve, trace, diagnose, compare,
+results; sglang_real for ``--engine sglang``, whose loop README.md describes).
 
 Run from the repository root, with perfscope importable (PYTHONPATH=$PWD) and, on a GPU, FlashInfer.
 README.md beside this file has the device command and the measured table.

@@ -14,11 +14,12 @@ from typing import Callable, Optional
 from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
 from perfscope.analysis.floor import annotate_findings, compute_floor
-from perfscope.analysis.cpu_ops import leaf_ops_as_kernels
+from perfscope.analysis.cpu_ops import NOTE as CPU_ONLY_NOTE, cpu_ops_as_kernels
 from perfscope.analysis.metrics import StepMetrics, step_metrics
 from perfscope.analysis.names import short_name
 from perfscope.analysis.ops import Op, top_ops
 from perfscope.analysis.result import RankAnalysis
+from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
 from perfscope.analysis.sampling_path import sampling_tail
 from perfscope.analysis.steps import Step, StepSet, find_steps
@@ -54,7 +55,7 @@ class State:
 
 def pass_steps(st: State) -> None:
     if not st.trace.kernels and st.trace.cpu_ops:
-        st.trace = replace(st.trace, kernels=leaf_ops_as_kernels(st.trace))
+        st.trace = replace(st.trace, kernels=cpu_ops_as_kernels(st.trace))
         st.cpu_only = True
     st.stepset = find_steps(st.trace)
     st.workload = classify_workload(st.trace)
@@ -73,7 +74,7 @@ def pass_steps(st: State) -> None:
         st.notes.append(f"{st.trace.meta.repaired_names} event name(s) held unescaped quotes (a torch profiler "
                         "bug that breaks the JSON) and were repaired on load")
     if st.cpu_only:
-        st.notes.append("no GPU kernels in this trace: analysed on its CPU ops (leaf ops stand in for kernels)")
+        st.notes.append(CPU_ONLY_NOTE)
 
 
 def pass_metrics(st: State) -> None:
@@ -179,6 +180,16 @@ def pass_floor(st: State) -> None:
     annotate_findings(st.findings, st.out["floor"])
 
 
+def pass_roofline(st: State) -> None:
+    """Achieved TB/s and TFLOP/s of the dominant ops against the GPU's peaks (perfscope.analysis.roofline)."""
+    if not st.trace.kernels or st.cpu_only:
+        st.out["roofline"] = {"available": False, "missing": "roofline: no GPU kernels"}
+        return
+    fl = st.out.get("floor") or {}
+    st.out["roofline"] = roofline([o.to_dict() for o in st.ops], st.trace.meta.to_dict(), st.step_ms,
+                                  fl.get("floor_ms") if fl.get("available") else None)
+
+
 def pass_timeline(st: State) -> None:
     """The kernels of the step whose time is the median: what the report draws."""
     with_k = [(m, s) for m, s in zip(st.metrics, st.steps) if s.kernels]
@@ -216,7 +227,8 @@ def pass_cpu_ops(st: State) -> None:
 
 
 PASSES: tuple[Callable[[State], None], ...] = (
-    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_floor, pass_timeline, pass_cpu_ops,
+    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_floor, pass_roofline, pass_timeline,
+    pass_cpu_ops,
 )
 
 
@@ -236,5 +248,5 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
         kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
         ops=[o.to_dict() for o in st.ops], findings=[f.to_dict() for f in st.findings],
         per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
-        notes=st.notes, floor=st.out.get("floor", {}),
+        notes=st.notes, floor=st.out.get("floor", {}), roofline=st.out.get("roofline", {}),
     )

@@ -27,6 +27,7 @@ class RankAnalysis:
     cpu_ops: list[dict] = field(default_factory=list)  # top CPU ops (always; the analysis when no kernels)
     notes: list[str] = field(default_factory=list)
     floor: dict = field(default_factory=dict)  # perfscope.analysis.floor: what a step should cost, gap per bucket
+    roofline: dict = field(default_factory=dict)  # perfscope.analysis.roofline: achieved TB/s, TFLOP/s per top op
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,6 +85,7 @@ class Diagnosis:
             "notes": p.notes + self.warnings,
             "warnings": self.warnings,
             "floor": p.floor,
+            "roofline": p.roofline,
             "primary_rank": p.rank,
             "straggler": self.straggler,
             "parallel": self.parallel,

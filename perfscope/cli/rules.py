@@ -22,8 +22,26 @@ do not edit by hand. Every finding carries: `id`, `evidence` (numbers), `ms_per_
 kernel-time finding: of the analysed steps' GPU kernel time; an idle-time finding: of the step, or of
 the step cycle for gaps between steps; never above 100%), `confidence` (low / medium / high), `fix` (the id of the fix module
 that addresses it, `perfscope fix ID --apply`; none when no module exists, then `remedy` says what to
-do) and `predicted_step_ms_after_fix`.
+do) and `predicted_step_ms_after_fix` (the step replayed on the trace's CPU launch timeline without
+what the fix removes: `evidence.prediction` gives it, the kernel-only answer and a lower bound).
+The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps) or a
+convolution-heavy non-LLM one none of them runs, and `steps.workload` says what the trace is.
 """
+
+
+def buckets_markdown() -> str:
+    from perfscope.analysis.buckets import TABLE
+
+    out = ["", "## Kernel buckets", "",
+           "Every GPU kernel gets one bucket from `perfscope/analysis/buckets.py`'s table, first match wins "
+           "(a pattern is searched in the kernel name without its parameter list). Besides the table, the "
+           "kernels a step runs after its last GEMM (the LM head) are its sampling path and count as "
+           "`sampling` when that tail holds a sampling kernel (`perfscope/analysis/sampling_path.py`).", "",
+           "| bucket/sub-bucket | whose kernels | pattern |", "|---|---|---|"]
+    for b, sub, rx, covers in TABLE:
+        pat = rx.replace("|", "\\|")
+        out.append(f"| `{b}/{sub}` | {covers} | `{pat}` |")
+    return "\n".join(out) + "\n"
 
 
 def docs() -> list[dict]:
@@ -49,7 +67,7 @@ def markdown() -> str:
                 f"- **Evidence read:** {d['evidence']}",
                 "- **Fix:** " + _fix_line(d),
                 f"- **Known false positives:** {d['false_positives']}"]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + buckets_markdown()
 
 
 def command(

@@ -15,7 +15,9 @@ The sequence:
 2. measure the server as it runs (``perfscope.bench.measure``): ``before/bench.json``;
 3. apply (refused if the file changed during the measurement), ``fix.diff``;
 4. run CMD, then wait until ``/health`` answers: CMD and the wait together get
-   ``health_timeout`` seconds;
+   ``health_timeout`` seconds; when the process on ``--port`` can be seen, the one answering
+   must not be the one that served before CMD (a CMD that failed to stop the old server leaves
+   it answering, and the new one cannot bind the port);
 5. measure again: ``after/bench.json``. A benchmark that fails counts as an unhealthy server;
 6. unhealthy, or slower than before by more than ``max_slowdown`` (TPOT median; default 10%):
    revert the file byte for byte, run CMD again and wait again (the same bound), and end
@@ -61,11 +63,15 @@ class BenchSpec:
     concurrency: int = 1
 
 
-def _measure(client, info: dict, spec: BenchSpec):
+def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None):
     from perfscope.bench.core import measure
+    from perfscope.capture.vocab import is_loopback_url, token_ids
 
+    # prompt ids inside the model's vocabulary: its config.json, read where the server runs
+    io = getattr(host, "io", None) if host is not None and (host.remote or is_loopback_url(client.base_url)) else None
+    ids, _ = token_ids(info, io)
     return measure(client, input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency,
-                   num_requests=spec.num_requests, warmup=spec.warmup, server_info=info)
+                   num_requests=spec.num_requests, warmup=spec.warmup, server_info=info, ids=ids)
 
 
 def _store(folder: Path, res, url: str, host: FixHost, info: dict, argv: list[str]) -> dict:
@@ -177,7 +183,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     # 2. before
     info = client.server_info()
     log(f"measuring before the patch ({spec.num_requests} requests, in={spec.input_len} out={spec.output_len}) ...")
-    res = _measure(client, info, spec)
+    res = _measure(client, info, spec, host)
     record["before"] = _store(out / "before", res, client.base_url, host, info, argv)
 
     # 3. apply, refused if the file changed while we measured
@@ -207,7 +213,7 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         try:
             info2 = client.server_info()
             log("healthy; measuring after the patch ...")
-            res2 = _measure(client, info2, spec)
+            res2 = _measure(client, info2, spec, host)
         except PerfscopeError as e:
             ok, why = False, f"healthy, but the benchmark failed: {e}"
         else:

@@ -234,6 +234,22 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
     return Panel(Group(*parts[:-1]), title="Findings", title_align="left", expand=False)
 
 
+def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
+    """The ops furthest above their own floor: achieved TB/s and TFLOP/s against the GPU's peaks."""
+    r = getattr(p, "roofline", None) or {}
+    if not r.get("available"):
+        return []
+    rows = sorted(r["ops"], key=lambda o: -o["ms_per_step_above_floor"])[:top]
+    out = [f"[dim]  ops against {escape(str(r['gpu']))}'s peaks ({r['peak_tb_s']} TB/s, {r['peak_bf16_tflops']:.0f} "
+           f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"]
+    for o in rows:
+        tf = f", {o['achieved_tflops']:.1f} TFLOP/s" if o["flops"] else ""
+        out.append(f"[dim]    {escape(str(o['name'])[:48])}: {o['achieved_tb_s']:.2f} TB/s "
+                   f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
+                   f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
+    return out
+
+
 def floor_lines(p: RankAnalysis) -> list[str]:
     """A few lines: the floor of a step on this GPU, the measured step against it, the bucket furthest
     above. Without a floor: one short hint, and only when options the user can add would give it."""
@@ -292,7 +308,7 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         c.print(t)
     else:
         c.print(bucket_table(p))
-        for line in floor_lines(p):
+        for line in floor_lines(p) + roofline_lines(p):
             c.print(line)
         c.print(ops_table(p, top))
     rt = ranks_table(d)

@@ -44,6 +44,10 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
     f.predicted_step_ms_after_fix = p["predicted_step_ms"]
     if before is not None and f.summary and f"{before:.1f} ms" in f.summary:
         f.summary = f.summary.replace(f"{before:.1f} ms", f"{p['predicted_step_ms']:.1f} ms")
+    lo, pr = p.get("lower_bound_ms"), p["predicted_step_ms"]
+    if lo is not None and pr > 1.3 * lo and f.summary:
+        f.summary += (f" The fixed step waits on kernel launches: ~{pr:.1f} ms at this trace's launch rate "
+                      f"(a profiled run's), at least {lo:.1f} ms with launches at the runtime's own cost.")
 
 
 def rule_ids() -> list[str]:

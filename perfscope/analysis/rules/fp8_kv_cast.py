@@ -87,22 +87,29 @@ class Fp8KvCast(Rule):
         (and the same input shapes where the trace records them), are one cast."""
         kern = ctx.trace.kernels
         casts: dict[tuple, list[list[int]]] = defaultdict(list)
+        merge: dict = {}  # signature -> do its back-to-back launches belong to one cast?
         for s in ctx.steps:
-            last: dict = {}  # stream -> (signature, dims, run) of its previous kernel, run None if not a cast
+            last: dict = {}  # stream -> (signature, run) of its last kernel if that was a cast, else None
             for i in sorted(s.kernels, key=lambda j: (kern[j].ts, j)):
                 k = kern[i]
                 if not is_cast_candidate(k):
                     last[k.stream] = None
                     continue
                 sig = ctx.attributor.signature(k)
-                dims = ctx.attributor.attribute(k).input_dims
                 prev = last.get(k.stream)
-                if prev is not None and prev[0] == sig and prev[1] == dims:
-                    prev[2].append(i)
-                    continue
+                if prev is not None and prev[0] == sig:
+                    if sig not in merge:
+                        # decided once per signature, at its first back-to-back pair: the same input
+                        # shapes (or none recorded) = one op's launches (attribution walks the CPU
+                        # ops, too slow to ask for every launch of a long trace)
+                        a = ctx.attributor.attribute(kern[prev[1][0]]).input_dims
+                        merge[sig] = a == ctx.attributor.attribute(k).input_dims
+                    if merge[sig]:
+                        prev[1].append(i)
+                        continue
                 run = [i]
                 casts[sig].append(run)
-                last[k.stream] = (sig, dims, run)
+                last[k.stream] = (sig, run)
         return casts
 
     def check(self, ctx: RuleContext) -> Optional[Finding]:
