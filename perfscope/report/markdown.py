@@ -41,7 +41,7 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
         elif f.get("remedy"):
             line += f" Remedy: {f['remedy']}"
         pred = f.get("predicted_step_ms_after_fix")
-        if pred is not None and s.get("median_ms"):
+        if pred is not None and pred > 0 and s.get("median_ms"):
             line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms "
                      f"({s['median_ms'] / pred:.1f}x faster)." if pred > 0 else "")
         out += [line, ""]

@@ -90,7 +90,9 @@ def verdict(d: Diagnosis) -> Panel:
     elif f.get("remedy"):
         body.append(f"remedy: {escape(f['remedy'])}")
     pred = f.get("predicted_step_ms_after_fix")
-    if pred is not None and step_ms:
+    if pred is not None and pred <= 0:  # a step of nothing is no prediction (the finding's time >= the step)
+        body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
+    elif pred is not None and step_ms:
         speed = f" ({step_ms / pred:.1f}x faster)" if pred > 0 and step_ms / pred >= 1.05 else ""
         body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
     if len(p.findings) > 1:
@@ -214,7 +216,7 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
                              f"  {_fmt_ms(f['ms_per_step'])} ms/step, {wording.pct(f['share'])} of {share_of(f, cpu)}, "
                              f"confidence {f['confidence']}")
         lines = [head, Text(f["summary"])]
-        if pred is not None:
+        if pred is not None and pred > 0:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
