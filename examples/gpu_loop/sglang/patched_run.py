@@ -100,6 +100,8 @@ def main() -> int:
         subprocess.run(["tar", "-xf", str(extra), "-C", str(site)], check=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    if a.no_server:  # CPU dry run: the carried set is cp312 and may not import here; perfscope from REPO
+        env["PYTHONPATH"] = str(REPO)
     env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
