@@ -24,8 +24,8 @@ Reuse (e.g. restarting SGLang with other launch flags)::
     srv.url, srv.pid, srv.log, srv.cmd   # cmd: the argv it was launched with (a list)
     srv.stop()
 
-Fixtures: ``sglang_server`` and ``vllm_server`` (module scope: one server per test module; they
-are heavy on a 2-core machine). A failing test's report shows the tail of every real server's log
+Fixtures: ``sglang_server`` (session scope) and ``vllm_server`` (module scope): one server each
+for the whole run, as they are heavy on a 2-core machine. A failing test's report shows the tail of every real server's log
 that was running. When an engine is not installed the tests skip, except under ``CI=true``, where
 they fail (the CI installs them).
 """
@@ -261,9 +261,10 @@ def start_vllm(model_dir: Path, profile_dir: Path, *extra: str, log_dir: Path, p
                    timeout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sglang_server(tmp_path_factory) -> Iterator[RealServer]:
-    """A real SGLang 0.5.23 server (tiny Qwen2, vocab 4096) shared by one test module."""
+    """A real SGLang 0.5.23 server (tiny Qwen2, vocab 4096) shared by the session's test modules
+    (each test leaves it healthy with no profile running: tests/test_real_sglang.py checks)."""
     base = tmp_path_factory.mktemp("real-sglang")
     srv = start_sglang(write_model(base / "model"), log_dir=base)
     try:

@@ -30,9 +30,13 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])
     assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
     # predictions held to account: the before run's predicted step against the after run's
-    (pr,) = s["predictions"]
-    assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
-    assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    # (on a CPU trace the cast's op time can reach the whole step: a 0 ms prediction is no prediction)
+    if s["predicted_step_ms_after_fix"] > 0:
+        (pr,) = s["predictions"]
+        assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
+        assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    else:
+        assert s["predictions"] == []
     # a short patch summary and the path of the full diff, not the diff itself
     diff = (out / "fix.diff").read_text()
     assert s["diff"] == str(out / "fix.diff") and "perfscope fp8-kv-cast" in diff and diff.count("\n+") > 20

@@ -88,7 +88,9 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
         py = engine_python("sglang")
     except BaseException as e:  # real_engines skips (or fails under CI=true) when it is not installed
         raise e
-    model = write_model(tmp_path / "model")
+    # vocab 32000: perfscope bench draws prompt ids from 100-10000 (any real tokenizer has them) when
+    # /server_info does not say the vocab (SGLang does not); ids past the vocab crash SGLang's scheduler
+    model = write_model(tmp_path / "model", vocab=32000)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     launch = tmp_path / "serve.sh"
@@ -123,8 +125,8 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
         # the check: the diff of the launch file, nothing written
         r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st)
         assert r.returncode == 0, r.stderr
-        assert "-  --chunked-prefill-size 1024 \\\n+  --chunked-prefill-size 512 \\\n" in r.stdout
-        assert "+  --host 127.0.0.1 --port" in r.stdout and "+  --enable-mixed-chunk >>" in r.stdout
+        assert "\n-  --chunked-prefill-size 1024 \\\n" in r.stdout and "\n+  --chunked-prefill-size 512 \\\n" in r.stdout
+        assert "\n+  --enable-mixed-chunk >> " in r.stdout  # a new continuation line; the redirection kept
         assert launch.read_bytes() == original
 
         # apply: backup, edit, restart, health, bench before/after (a loose --max-slowdown: the machine

@@ -26,7 +26,7 @@ def test_markdown_summary_and_csv_tables(tmp_path):
     assert lines[0].startswith("### perfscope diagnose: NVIDIA H200, 5 decode steps")
     verdict = next(ln for ln in lines if ln.startswith("**Verdict"))
     f = d["findings"][0]
-    assert "`fp8-kv-cast`" in verdict and "`perfscope fix fp8-kv-cast --apply`" in verdict
+    assert "`fp8-kv-cast`" in verdict and "`perfscope fix fp8-kv-cast --trace " in verdict and " --apply`" in verdict
     assert f"~{f['predicted_step_ms_after_fix']:.2f} ms" in verdict and f"{f['ms_per_step']:.2f} ms per step" in verdict
     # the bucket table holds the JSON's numbers, in order
     rows = [ln.split("|")[1:-1] for ln in lines if ln.startswith("| ") and ln.count("|") == 4]

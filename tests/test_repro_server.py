@@ -139,9 +139,10 @@ def test_start_profile_replies_at_once_and_writes_an_sglang_trace(repro, tmp_pat
     assert len(casts) == 3 * 2  # every step, every layer
     assert any(e.get("cat") == "python_function" for e in ev)  # with_stack
     assert any("mla_attention.py" in e.get("name", "") for e in ev if e.get("cat") == "python_function")
-    # the profile has ended by itself: a stop now is an error
-    with pytest.raises(HTTPStatusError, match="not in progress"):
+    # the profile has ended by itself: a stop now is refused with a bare 500, as SGLang 0.5.23
+    with pytest.raises(HTTPStatusError) as e:
         c.stop_profile()
+    assert e.value.status == 500 and e.value.body == "Internal Server Error"
 
 
 def test_profile_by_stage_writes_extend_and_decode_files(repro, tmp_path):
@@ -161,19 +162,25 @@ def test_profile_by_stage_writes_extend_and_decode_files(repro, tmp_path):
 
 
 def test_stop_profile_errors(repro, tmp_path):
+    """As real SGLang 0.5.23 (tests/test_emulator_contract.py compares the two): refusals are a
+    bare 500; a second plain start silently replaces a running profile; one with start_step (what
+    perfscope sends) or by stage is refused."""
     c = SGLangClient(repro)
     with pytest.raises(HTTPStatusError) as e:
         c.stop_profile()
-    assert e.value.status == 500 and "not in progress" in str(e.value)
+    assert e.value.status == 500 and e.value.body == "Internal Server Error"
     # without num_steps the profile runs until /stop_profile, which writes the file before replying
     c.start_profile(output_dir=str(tmp_path / "manual"))
-    with pytest.raises(HTTPStatusError, match="already in progress"):
-        c.start_profile(output_dir=str(tmp_path / "other"))
+    for guarded in ({"start_step": 1, "num_steps": 2}, {"profile_by_stage": True, "num_steps": 2}):
+        with pytest.raises(HTTPStatusError) as e:
+            c.start_profile(output_dir=str(tmp_path / "other"), **guarded)
+        assert e.value.status == 500
+    assert c.start_profile(output_dir=str(tmp_path / "replaced")) == "Start profiling."  # the silent restart
     _gen(c, n=2)
     c.stop_profile()
-    files = list((tmp_path / "manual").glob("*.trace.json.gz"))
+    files = list((tmp_path / "replaced").glob("*.trace.json.gz"))
     assert len(files) == 1 and SGLANG_NAME.match(files[0].name)
-    assert not (tmp_path / "other").exists()
+    assert not (tmp_path / "other").exists() and not (tmp_path / "manual").exists()
     with pytest.raises(HTTPStatusError, match="unknown"):
         c.request("POST", "/start_profile", {"bogus_field": 1})
 

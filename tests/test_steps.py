@@ -104,8 +104,9 @@ def test_graph_launches_are_steps_when_nothing_marks_them():
 
 
 def test_whole_trace_fallback():
-    ss = find_steps(load_trace(TRACELENS / "b200/eager_trace.json.gz"))
-    assert ss.method == "whole-trace" and len(ss.steps) == 1 and ss.steps[0].kernels
+    t = load_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz")
+    ss = find_steps(t)
+    assert ss.method == "whole-trace" and len(ss.steps) == 1 and len(ss.steps[0].kernels) == len(t.kernels)
 
 
 def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():

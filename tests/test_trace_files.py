@@ -40,7 +40,11 @@ def _trace_bytes(n_events: int = 2000) -> bytes:
 
 def test_parse_trace_name():
     assert rundir.parse_trace_name("1732871234.5-TP-3-DECODE.trace.json.gz") == {
-        "rank": 3, "stage": "DECODE", "parallel": {"tp": 3, "dp": None, "pp": None, "ep": None}}
+        "rank": 3, "stage": "DECODE", "parallel": {"tp": 3, "dp": None, "pp": None, "ep": None}, "role": None}
+    # real vLLM 0.32's worker and front-end files (tests/test_real_vllm.py makes them)
+    assert rundir.parse_trace_name("rank0.1796115885245003991.pt.trace.json.gz")["rank"] == 0
+    fe = rundir.parse_trace_name("vm_13756.async_llm.1796115883908037566.pt.trace.json.gz")
+    assert fe["role"] == "frontend" and fe["rank"] is None
     m = rundir.parse_trace_name("pre-1732.1-TP-1-DP-2-PP-0-EP-1-EXTEND.trace.json.gz")
     assert (m["rank"], m["stage"], m["parallel"]) == (1, "EXTEND", {"tp": 1, "dp": 2, "pp": 0, "ep": 1})
     assert rundir.parse_trace_name("123-TP-0.trace.json.gz")["stage"] is None  # 0.4.6 naming

@@ -92,6 +92,7 @@ class ProfilerManager:
         self.by_stage = False
         self.forward_ct = 0
         self.target_forward_ct: Optional[int] = None
+        self.start_forward_ct: Optional[int] = None  # start_step: the forward the profile starts at
         self.prefill_ct = self.decode_ct = 0
         self.target_stage_ct: Optional[int] = None
         self.current_stage: Optional[ForwardMode] = None
@@ -99,13 +100,21 @@ class ProfilerManager:
 
     # ------------------------------------------------------------------ control (scheduler thread)
     def init(self, req: dict) -> str:
-        if self.in_progress or self.armed:
-            raise ProfileError("Profiling is already in progress. Call /stop_profile first.")
+        if self.in_progress or self.armed or self.start_forward_ct is not None:
+            if req.get("profile_by_stage") or req.get("start_step"):
+                raise ProfileError("Profiling is already in progress. Call /stop_profile first.")
+            # SGLang 0.5.23: a plain start ignores that refusal and starts a new profiler, so the
+            # running profile is thrown away without a file
+            self._discard()
         output_dir = req.get("output_dir") or os.getenv("SGLANG_TORCH_PROFILER_DIR", "/tmp")
         acts = req.get("activities") or ["CPU", "GPU"]
         unknown = [a for a in acts if a not in ("CPU", "GPU", "MEM", "CUDA_PROFILER", "RPD")]
         if unknown:
             raise ProfileError(f"unknown profiler activities: {unknown}")
+        if "MEM" in acts and self.device.type != "cuda":
+            # real SGLang dies here (torch's CUDA memory history: "Found no NVIDIA driver"); the
+            # emulator refuses instead (README: deliberate differences)
+            raise ProfileError("MEM profiling needs a GPU (SGLang itself exits: Found no NVIDIA driver)")
         self.output_dir = Path(output_dir).expanduser()
         self.activities = acts
         self.with_stack = req.get("with_stack") is not False
@@ -115,10 +124,16 @@ class ProfilerManager:
         self.by_stage = bool(req.get("profile_by_stage"))
         num_steps = req.get("num_steps")
         num_steps = int(num_steps) if num_steps else None
+        start_step = req.get("start_step")
         if self.by_stage:
             self.prefill_ct = self.decode_ct = 0
             self.target_stage_ct = num_steps
             self.armed = True  # starts at the first forward of each stage
+        elif start_step:
+            # SGLang: profiler_start_forward_ct = max(start_step, forward_ct + 1), in its count; here
+            # forward_ct counts finished forwards, so the next forward is forward_ct
+            self.start_forward_ct = max(int(start_step) - 1, self.forward_ct)
+            self.target_forward_ct = self.start_forward_ct + num_steps if num_steps else None
         else:
             self.target_forward_ct = self.forward_ct + num_steps if num_steps else None  # exactly num_steps forwards
             self._start()
@@ -143,6 +158,14 @@ class ProfilerManager:
         self.in_progress = True
         log.info("Profiling starts%s. Traces will be saved to: %s (with profile id: %s)",
                  f" for {stage.name}" if stage else "", self.output_dir, self.profile_id)
+
+    def _discard(self) -> None:
+        if self.torch_profiler is not None and self.in_progress:
+            self.torch_profiler.stop()
+        self.torch_profiler = None
+        self.in_progress = self.armed = False
+        self.current_stage = self.start_forward_ct = None
+        self.target_forward_ct = None
 
     def stop(self, stage: Optional[ForwardMode] = None) -> str:
         if not self.in_progress:
@@ -200,6 +223,9 @@ class ProfilerManager:
             return
         if self.in_progress and self.target_forward_ct and self.target_forward_ct <= self.forward_ct:
             self.stop()
+        if self.start_forward_ct is not None and self.forward_ct >= self.start_forward_ct and not self.in_progress:
+            self.start_forward_ct = None
+            self._start()
 
     def after_forward(self) -> None:
         # Like SGLang, steps are counted here and marked by the step[...] annotation; the torch

@@ -89,6 +89,12 @@ class Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj).encode())
 
+    def _refused(self, e: Exception) -> None:
+        """SGLang 0.5.23 turns a refused profiler request into an uncaught RuntimeError: a bare
+        HTTP 500 ``Internal Server Error``, the reason only in its log."""
+        log.error("RuntimeError: %s", e)
+        self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+
     def _error(self, status: int, message: str) -> None:
         self._send_json(status, {"object": "error", "message": message,
                                  "type": HTTPStatus(status).phrase.replace(" ", ""), "param": None, "code": status})
@@ -166,7 +172,18 @@ class Handler(BaseHTTPRequestHandler):
         info.update({
             "kv_strategy": strategy_of_source() if info.get("kv_strategy_flag") == "source" else info.get("kv_strategy_flag"),
             "startup_time": self.server.started,
+            # one dict per DP rank, as SGLang 0.5.23 (its scheduler's state; the emulator's own
+            # extras after the keys real SGLang has)
             "internal_states": [{
+                "world_size": info.get("tp_size", 1),
+                "effective_max_running_requests_per_dp": info.get("max_running_requests"),
+                "last_gen_throughput": round(sum(s[1] for s in steps) / sum(s[2] for s in steps), 3) if steps else 0.0,
+                "memory_usage": {"weight": round(info.get("weight_bytes", 0) / 2**30, 3),
+                                 "kvcache": round(info.get("kv_pool_bytes_per_layer", 0)
+                                                  * info.get("num_hidden_layers", 1) / 2**30, 3),
+                                 "token_capacity": info.get("max_total_num_tokens"), "graph": {}},
+                "decode_cuda_graph_bs": list(range(1, info["cuda_graph_max_bs"] + 1))
+                if not info.get("disable_cuda_graph") else [],
                 "num_running_reqs": len(sch.running),
                 "num_waiting_reqs": sch.waiting.qsize(),
                 "available_kv_tokens": sch.runner.allocator.available_size(),
@@ -178,8 +195,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def model_info(self) -> None:
         i = self.server.server_info_base
-        self._send_json(200, {"model_path": i["model_path"], "tokenizer_path": i["tokenizer_path"],
-                              "is_generation": True})
+        self._send_json(200, {"model_path": i["model_path"], "served_model_name": i["served_model_name"],
+                              "tokenizer_path": i["tokenizer_path"], "is_generation": True,
+                              "preferred_sampling_params": None, "weight_version": "default",
+                              "load_format": "dummy", "model_type": "deepseek_v3",
+                              "architectures": i["model_config"]["architectures"]})
 
     def start_profile(self) -> None:
         body = self._json_body() or {}
@@ -191,14 +211,16 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.server.scheduler.call("start_profile", body, timeout=120)
         except ProfileError as e:
-            raise _HTTPError(500, str(e)) from None
+            self._refused(e)
+            return
         self._send(200, b"Start profiling.\n", "text/plain; charset=utf-8")
 
     def stop_profile(self) -> None:
         try:
             self.server.scheduler.call("stop_profile", {}, timeout=600)
         except ProfileError as e:
-            raise _HTTPError(500, str(e)) from None
+            self._refused(e)
+            return
         self._send(200, b"Stop profiling. This will take some time.\n", "text/plain; charset=utf-8")
 
     def generate(self) -> None:

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
 from perfscope.analysis.floor import annotate_findings, compute_floor
-from perfscope.analysis.cpu_ops import leaf_ops_as_kernels
+from perfscope.analysis.cpu_ops import NOTE as CPU_ONLY_NOTE, cpu_ops_as_kernels
 from perfscope.analysis.metrics import StepMetrics, step_metrics
 from perfscope.analysis.names import short_name
 from perfscope.analysis.ops import Op, top_ops
@@ -55,7 +55,7 @@ class State:
 
 def pass_steps(st: State) -> None:
     if not st.trace.kernels and st.trace.cpu_ops:
-        st.trace = replace(st.trace, kernels=leaf_ops_as_kernels(st.trace))
+        st.trace = replace(st.trace, kernels=cpu_ops_as_kernels(st.trace))
         st.cpu_only = True
     st.stepset = find_steps(st.trace)
     st.workload = classify_workload(st.trace)
@@ -74,7 +74,7 @@ def pass_steps(st: State) -> None:
         st.notes.append(f"{st.trace.meta.repaired_names} event name(s) held unescaped quotes (a torch profiler "
                         "bug that breaks the JSON) and were repaired on load")
     if st.cpu_only:
-        st.notes.append("no GPU kernels in this trace: analysed on its CPU ops (leaf ops stand in for kernels)")
+        st.notes.append(CPU_ONLY_NOTE)
 
 
 def pass_metrics(st: State) -> None:

@@ -33,6 +33,12 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("sampling", "sampling", r"^aten::(sort|topk|argmax|multinomial|argsort)$", "CPU-only traces: torch sampling ops"),
     ("communication", "cpu", r"^(c10d|gloo|nccl):|^record_param_comms$", "CPU-only traces: torch.distributed (gloo)"),
     ("elementwise", "cpu-op", r"^aten::", "CPU-only traces: every other torch op"),
+    # vLLM's CPU ops (real vLLM 0.32 on CPU, tests/test_real_vllm.py): its packed-weight GEMM, its
+    # attention and KV-cache write, and torch.compile's graph call (self time = its fused C++ code)
+    ("gemm", "gemm", r"^_C::(weight_packed_linear|onednn_mm|onednn_scaled_mm|\w*gemm\w*)$", "CPU-only traces: vLLM CPU GEMMs"),
+    ("attention", "attention", r"^_C::\w*attention\w*$|^vllm::unified_attention", "CPU-only traces: vLLM CPU attention"),
+    ("copy", "kv-write", r"^vllm::unified_kv_cache_update$|^_C::\w*reshape_and_cache\w*$", "CPU-only traces: vLLM KV-cache writes"),
+    ("elementwise", "inductor", r"^## Call CompiledFxGraph", "CPU-only traces: torch.compile graphs (vLLM)"),
     # communication: NCCL/RCCL first (the "nccl" sub-bucket is what the all-reduce rule reads)
     ("communication", "nccl", r"^ncclDevKernel|^ncclKernel|\bnccl|^rccl|msccl", "NCCL / RCCL / MSCCL collectives (every engine)"),
     ("communication", "custom", r"cross_device_reduce|multimem_all_reduce|allreduce_fusion|"

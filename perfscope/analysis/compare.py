@@ -167,8 +167,8 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
     out = []
     for f in fb:
         pred = f.get("predicted_step_ms_after_fix")
-        if f["id"] in after_ids or pred is None or not step_after:
-            continue
+        if f["id"] in after_ids or pred is None or pred <= 0 or not step_after:
+            continue  # (a predicted step of 0 ms: the finding's time was the whole step, no prediction)
         if step_before and pred >= 0.99 * step_before:
             continue  # it predicted no faster step (host-side bubbles lie between steps): nothing to hold it to
         row = {"finding": f["id"], "predicted_step_ms": _r(pred), "measured_step_ms": _r(step_after),

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
 from perfscope.analysis.result import Diagnosis, RankAnalysis
+from perfscope.capture.rundir import FRONTEND_NOTE
 from perfscope.errors import InputError, PerfscopeError
 from perfscope.load.discover import TraceFile, TraceSet, discover
 from perfscope.load.reader import load_trace
@@ -175,6 +176,9 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
                 if on_done:
                     on_done(done, len(files))
     ranks = [r for r in results if r is not None]
+    for path in tset.frontend:
+        for r in ranks:
+            r.notes.append(f"{path.name} not analysed: {FRONTEND_NOTE}")
     warnings = []
     for dup in tset.duplicates:
         warnings.append(f"{dup['path']} is {dup['same_as']} again ({dup['how']}): analysed once, not as another rank")

@@ -45,12 +45,17 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
     count: Counter = Counter()
     sample: dict = {}
     geo: dict = {}
+    seen: set = set()  # a CPU op's self time comes in pieces (one per gap between its children)
     sig = attributor.signature
     for s in steps:
         for i in s.kernels:
             k = kern[i]
             key = sig(k)
             total[key] = total.get(key, 0.0) + k.dur
+            if k.kind == "cpu" and k.corr >= 0:
+                if (key, k.corr) in seen:
+                    continue
+                seen.add((key, k.corr))
             count[key] += 1
             if key not in sample:
                 sample[key] = i

@@ -35,12 +35,31 @@ def _is_wait_candidate(name: str) -> bool:
         name in ("cudaStreamWaitEvent",)
 
 
+class TraceIndex:
+    """Runtime calls and torch ops of a trace sorted by start, for per-step windows by bisection."""
+
+    def __init__(self, trace: Trace):
+        self.launches = sorted(trace.launches, key=lambda l: l.ts)
+        self.l_ts = [l.ts for l in self.launches]
+        self.ops = sorted((o for o in trace.cpu_ops if o.name.startswith("aten::")), key=lambda o: o.ts)
+        self.o_ts = [o.ts for o in self.ops]
+
+    def launches_between(self, lo: float, hi: float):
+        import bisect
+        return self.launches[bisect.bisect_left(self.l_ts, lo):bisect.bisect_right(self.l_ts, hi)]
+
+    def aten_ops_between(self, lo: float, hi: float):
+        import bisect
+        return self.ops[bisect.bisect_left(self.o_ts, lo):bisect.bisect_right(self.o_ts, hi)]
+
+
 class StepReplay:
     """One step's kernels and the runtime calls around them, ready to be replayed with new durations."""
 
-    def __init__(self, trace: Trace, step: Step, by_corr: Optional[dict] = None):
+    def __init__(self, trace: Trace, step: Step, by_corr: Optional[dict] = None, index: Optional["TraceIndex"] = None):
         import bisect
 
+        index = index or TraceIndex(trace)
         self.trace = trace
         self.step = step
         kern = trace.kernels
@@ -87,19 +106,21 @@ class StepReplay:
         hi = max([step.cpu_end] + [l.ts for l, _ in launched.values()])
         # every runtime call of the launching threads in the step, in CPU order, with its kernels
         self.events = []
-        for l in trace.launches:
-            if (l.pid, l.tid) in threads and lo <= l.ts <= hi:
+        for l in index.launches_between(lo, hi):
+            if (l.pid, l.tid) in threads:
                 ks = launched.get(id(l), (None, []))[1]
-                wait = (not ks and l.dur >= _WAIT_MIN_US and _is_wait_candidate(l.name)
-                        and not is_kernel_launch(l.name))
+                # a host wait: a synchronize, or a copy to the host that returned when the GPU got
+                # there (it carries its own memcpy "kernel")
+                wait = (l.dur >= _WAIT_MIN_US and _is_wait_candidate(l.name) and not is_kernel_launch(l.name)
+                        and (not ks or all(kern[i].kind == "memcpy" for i in ks)))
                 if ks or wait or is_kernel_launch(l.name):
                     self.events.append((l, ks, wait))
         self.events.sort(key=lambda e: e[0].ts)
         # the outermost torch op around each eager launch: a fix that removes all its kernels removes
         # its CPU time too (later launches of that thread move up by it)
         by_thread: dict = {}
-        for o in trace.cpu_ops:
-            if (o.pid, o.tid) in threads and o.name.startswith("aten::") and lo - 1e4 <= o.ts <= hi:
+        for o in index.aten_ops_between(lo - 1e4, hi):
+            if (o.pid, o.tid) in threads:
                 by_thread.setdefault((o.pid, o.tid), []).append(o)
         for th, ops in by_thread.items():
             ops.sort(key=lambda o: (o.ts, -o.dur))
@@ -161,10 +182,7 @@ class StepReplay:
                     shift[th] = shift.get(th, 0.0) - o.dur  # the op's whole CPU time goes
                     t = l.ts + shift[th]
             end = t + cost
-            if wait and orig_done > float("-inf") and l.ts + l.dur >= orig_done - 2.0:
-                extra = max(0.0, (l.ts + l.dur) - orig_done)
-                end = max(t + min(l.dur, _WAIT_MIN_US), new_done + extra)
-            if ks:
+            if ks and is_kernel_launch(l.name):
                 last_launch = max(last_launch, t)
             for i in ks:
                 k = kern[i]
@@ -182,6 +200,10 @@ class StepReplay:
                     last_end = max(last_end, start + d)
                 orig_done = max(orig_done, k.end)
                 new_done = max(new_done, start + d)
+            # a wait ends when the GPU work before it (its own copy included) is done in the new timeline
+            if wait and orig_done > float("-inf") and l.ts + l.dur >= orig_done - 2.0:
+                extra = max(0.0, (l.ts + l.dur) - orig_done)
+                end = max(t + min(l.dur, _WAIT_MIN_US), new_done + extra)
             if timeline == "launch-api":
                 clock[th] = end
             else:
@@ -203,11 +225,12 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     at the step's end. Returns the prediction and how it was bound."""
     kern = trace.kernels
     by_corr = {l.corr: l for l in trace.launches if l.corr is not None}
+    index = TraceIndex(trace)
     saved, low_after, kernel_saved, launch_bound = [], [], [], 0
     for s in steps:
         if not s.kernels:
             continue
-        r = StepReplay(trace, s, by_corr)
+        r = StepReplay(trace, s, by_corr, index)
 
         def nd(i):
             v = new_duration(i)

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.load.model import Trace
 
 _SGLANG_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b([^\]]*)\]")
@@ -57,6 +58,7 @@ class Step:
     graph_launches: int = 0
     gpu_start: Optional[float] = None
     gpu_end: Optional[float] = None
+    tid: object = None  # the thread of the step's annotation: on a CPU-only trace its ops are the step's
 
     @property
     def gpu_us(self) -> float:
@@ -95,7 +97,7 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     for a in cpu_ann:
         m = _SGLANG_STEP.match(a.name)
         if m:
-            sg.append(Step(0, _PHASE_OF.get(m.group(1), "unknown"), a.name, a.ts, a.ts + a.dur, a.pid))
+            sg.append(Step(0, _PHASE_OF.get(m.group(1), "unknown"), a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if sg:
         return "sglang-annotation", sg, "SGLang step annotations"
     ex = []
@@ -105,10 +107,11 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
         if m or v:
             ctx, gen = (int(m.group(2)), int(m.group(3))) if m else (int(v.group(2)), int(v.group(4)))
             phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
-            ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid))
+            ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
-        return "execute-annotation", ex, "execute_N_context_C_generation_G annotations"
-    ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid) for a in cpu_ann if _PROFILER_STEP.match(a.name)]
+        return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
+    ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
+          if _PROFILER_STEP.match(a.name)]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
     gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
@@ -151,11 +154,11 @@ def find_steps(trace: Trace) -> StepSet:
     # within TAIL_US (or the step's own CPU length, if longer) of its end.
     tail_ok = method == "sglang-annotation"
 
-    def window_of(ts: float) -> int:
+    def window_of(ts: float, tail: bool = True) -> int:
         i = bisect.bisect_right(starts, ts) - 1
         if i >= 0 and ts <= steps[i].cpu_end:
             return i
-        if tail_ok and i >= 0 and ts - steps[i].cpu_end <= max(TAIL_US, steps[i].cpu_end - steps[i].cpu_start):
+        if tail and tail_ok and i >= 0 and ts - steps[i].cpu_end <= max(TAIL_US, steps[i].cpu_end - steps[i].cpu_start):
             return i
         return -1
 
@@ -182,9 +185,14 @@ def find_steps(trace: Trace) -> StepSet:
         if has_corr:
             i = corr_step.get(k.corr, -1)
         else:
-            i = window_of(k.ts)
+            # a CPU op (CPU-only trace) runs on the step's own thread, inside its annotation: no tail,
+            # so a step's op time never exceeds the step (the scheduler's work between steps is not it)
+            i = window_of(k.ts, tail=k.kind != "cpu")
         if method == "whole-trace" and i < 0:
             i = 0
+        if i >= 0 and k.kind == "cpu" and steps[i].tid is not None and k.stream != thread_stream(steps[i].tid) \
+                and not is_collective_standin(k.name):
+            continue  # a CPU op of another thread: not this step's work (threads overlap in time)
         if i >= 0:
             steps[i].kernels.append(ki)
 

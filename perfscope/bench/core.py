@@ -100,10 +100,12 @@ def summarize(timings: list[RequestTiming], duration_s: float, workload: Optiona
 def measure(client, *, input_len: int = 256, output_len: int = 128, concurrency: int = 1, num_requests: int = 8,
             warmup: int = 2, seed: int = 0, temperature: float = 0.0, ignore_eos: bool = True,
             timeout: Optional[float] = None, on_request: Optional[Callable[[RequestTiming], None]] = None,
-            server_info: Optional[dict] = None) -> BenchResult:
+            server_info: Optional[dict] = None, ids: Optional[tuple[int, int]] = None) -> BenchResult:
     """Warm up with ``warmup`` requests (not counted), then send ``num_requests`` streamed requests
     of ``input_len`` fixed prompt tokens and ``output_len`` generated tokens (ignore_eos), keeping
-    ``concurrency`` in flight. Same ``seed`` -> same prompts, so before/after runs compare.
+    ``concurrency`` in flight. Same ``seed`` -> same prompts, so before/after runs compare. Prompt
+    ids come from ``ids`` ([lo, hi): :func:`perfscope.capture.vocab.token_ids`), else ids every
+    tokenizer has.
 
     Raises :class:`RemoteError` when no request completes."""
     if output_len < 2:
@@ -114,7 +116,7 @@ def measure(client, *, input_len: int = 256, output_len: int = 128, concurrency:
             info = client.server_info()
         except PerfscopeError:
             info = {}
-    ids = id_range(info)
+    ids = id_range(ids)
     if warmup > 0:
         warm = make_prompts(warmup, input_len, seed + 1_000_003, ids)
         drive_decode(client, min(concurrency, warmup), input_len, output_len, num_requests=warmup, prompts=warm,

@@ -203,7 +203,8 @@ class HostIO:
     def chmod(self, path: str, mode: int) -> None:
         self.run(["chmod", format(mode, "o"), "--", path])
 
-    def list_traces(self, folder: str) -> list[RemoteFile]:
+    def list_traces(self, folder: str, match: Callable[[str], bool] = is_trace_name) -> list[RemoteFile]:
+        """The files in ``folder`` whose name ``match`` accepts (default: trace files)."""
         raise NotImplementedError
 
     def incomplete(self, paths: list[str]) -> list[str] | None:
@@ -326,10 +327,10 @@ class SSHHost(HostIO):
     def run(self, argv, timeout=60.0):
         return self.s.run(argv, timeout=timeout)
 
-    def list_traces(self, folder):
+    def list_traces(self, folder, match=is_trace_name):
         out = []
         for e in self.s.listdir(folder):
-            if is_trace_name(e.filename) and stat.S_ISREG(e.st_mode or 0):
+            if match(e.filename) and stat.S_ISREG(e.st_mode or 0):
                 out.append(RemoteFile(e.filename, f"{folder.rstrip('/')}/{e.filename}", e.st_size or 0, e.st_mtime or 0))
         return sorted(out, key=lambda f: f.name)
 
@@ -390,14 +391,14 @@ class LocalHost(HostIO):
         return CommandResult(quote_argv(argv), p.returncode, out.decode("utf-8", "replace"),
                              err.decode("utf-8", "replace"))
 
-    def list_traces(self, folder):
+    def list_traces(self, folder, match=is_trace_name):
         try:
             entries = list(os.scandir(folder))
         except FileNotFoundError:
             raise RemoteError(f"{folder} does not exist") from None
         out = []
         for e in entries:
-            if is_trace_name(e.name):
+            if match(e.name):
                 try:
                     if not e.is_file():
                         continue

@@ -46,8 +46,8 @@ class TraceLoad:
     ``output_len`` tokens with ignore_eos, new requests as old ones end (the workload driver's
     ``drive_decode``; summarised as ``perfscope bench`` summarises)."""
 
-    def __init__(self, url: str, opts: TraceOptions):
-        self.url, self.opts = url, opts
+    def __init__(self, url: str, opts: TraceOptions, ids: tuple[int, int] | None = None):
+        self.url, self.opts, self.ids = url, opts, ids
         self.stop_event = threading.Event()
         self.results: list | None = None
         self.tokens = 0  # streamed tokens, all streams together
@@ -68,7 +68,7 @@ class TraceLoad:
         try:
             self.results = workload.drive_decode(
                 client, self.opts.concurrency, self.opts.input_len, self.opts.output_len, seed=self.opts.seed,
-                stop=self.stop_event, timeout=self.opts.http_timeout,
+                stop=self.stop_event, timeout=self.opts.http_timeout, ids=self.ids,
             )
         except BaseException as e:  # reported by the waiter
             self.error = e

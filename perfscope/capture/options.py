@@ -19,6 +19,7 @@ class TraceOptions:
     remote_dir: str = "/tmp"  # where the fresh output folder is made (sglang)
     profile_dir: str | None = None  # vLLM: the server's torch profiler dir
     by_stage: bool | None = None  # None: when the server's version supports it
+    profile_prefix: str | None = None  # SGLang 0.5.10+: names its files <prefix>-<id>-TP-<r>...
     with_stack: bool = True
     record_shapes: bool = True
     keep_remote: bool = False

@@ -75,13 +75,23 @@ TRACE_GLOBS = ("*.trace.json.gz", "*.trace.json", "*.pt.trace.json.gz", "*.json.
 _PAR = re.compile(r"(?:^|[-_.])(TP|DP|PP|EP)-(\d+)(?=$|[-_.])")
 _STAGE = re.compile(r"-(EXTEND|DECODE)(?=\.|$)")
 _RANK = re.compile(r"(?:^|[-_.])rank[-_]?(\d+)(?=$|[-_.])", re.IGNORECASE)
+# vLLM (0.11+): besides each worker's rank<N>.<ns>.pt.trace.json.gz, its front-end process (the API
+# server and AsyncLLM: HTTP, tokenizing, output processing; Python/CPU only) writes
+# <host>_<pid>.async_llm.<ns>.pt.trace.json.gz. Not a rank: it runs no model step.
+_FRONTEND = re.compile(r"(?:^|[._-])async_llm(?=$|[._-])")
+FRONTEND_NOTE = ("vLLM's front-end process (API server + AsyncLLM: HTTP, tokenizing, output processing; "
+                 "no model step): not a rank")
 
 
 def parse_trace_name(name: str) -> dict:
     """Rank, stage and parallel coordinates from a trace file name, as SGLang (and vLLM) name
-    them. Unknown parts are None: ``{"rank", "stage", "parallel": {"tp", "dp", "pp", "ep"}}``."""
+    them. Unknown parts are None: ``{"rank", "stage", "parallel": {"tp", "dp", "pp", "ep"},
+    "role"}``; ``role`` is "frontend" for vLLM's front-end process trace (no rank), else None."""
     base = Path(name).name
     stem = re.sub(r"(\.pt)?\.trace\.json(\.gz)?$|\.json(\.gz)?$", "", base)
+    if _FRONTEND.search(stem):
+        return {"rank": None, "stage": None, "parallel": {"tp": None, "dp": None, "pp": None, "ep": None},
+                "role": "frontend"}
     par = {"tp": None, "dp": None, "pp": None, "ep": None}
     for kind, num in _PAR.findall(stem):
         par[kind.lower()] = int(num)
@@ -91,7 +101,7 @@ def parse_trace_name(name: str) -> dict:
     if rank is None:
         m = _RANK.search(stem)
         rank = int(m.group(1)) if m else None
-    return {"rank": rank, "stage": stage, "parallel": par}
+    return {"rank": rank, "stage": stage, "parallel": par, "role": None}
 
 
 @dataclass
@@ -104,6 +114,7 @@ class TraceFile:
     stage: str | None
     host: str | None = None
     parallel: dict = field(default_factory=dict)
+    role: str | None = None  # "frontend": vLLM's front-end process trace, not a rank
 
     def verify(self) -> None:
         """Raise InputError if the file is missing, of another size, or of another sha256."""
@@ -177,6 +188,7 @@ def file_entry(run_dir: str | Path, path: str | Path, *, host: str | None = None
         "stage": meta["stage"],
         "host": host,
         "parallel": meta["parallel"],
+        **({"role": meta["role"]} if meta["role"] else {}),
     }
 
 
@@ -320,6 +332,7 @@ def read_run(path: str | Path, *, verify: bool = False, _depth: int = 0) -> RunI
         tf = TraceFile(
             path=full, rel=f["path"], sha256=f.get("sha256"), bytes=f.get("bytes"),
             rank=f.get("rank"), stage=f.get("stage"), host=f.get("host"), parallel=f.get("parallel") or {},
+            role=f.get("role") or parse_trace_name(f["path"])["role"],
         )
         if not full.is_file():
             raise InputError(f"trace {f['path']} listed in {rj} is missing")

@@ -52,6 +52,22 @@ PROFILE_FIELDS = ("output_dir", "num_steps", "activities", "with_stack", "record
                   "profile_prefix", "start_step", "merge_profiles", "profile_id", "profile_stages")
 
 
+def server_has_gpu(info: Optional[dict], gpus: Optional[list] = None) -> bool:
+    """Whether the server runs on a GPU: its ``device`` (SGLang's server arg) says so, or
+    nvidia-smi on its host listed one. A server that says ``device: cpu`` has none."""
+    dev = str((info or {}).get("device") or "").lower()
+    if dev:
+        return dev not in ("cpu",)
+    return bool(gpus)
+
+
+def profile_activities(info: Optional[dict], gpus: Optional[list] = None) -> list[str]:
+    """What perfscope asks the profiler to record: CPU ops always, GPU kernels where there is a GPU.
+    Never ``MEM``: torch's CUDA memory history on a host without a GPU kills the whole SGLang
+    server (0.5.23: ``Found no NVIDIA driver``)."""
+    return ["CPU", "GPU"] if server_has_gpu(info, gpus) else ["CPU"]
+
+
 def parse_base_url(url: str) -> tuple[str, str, int, str]:
     """``http://h:p/prefix`` | ``h:p`` | ``h`` -> (scheme, host, port, path prefix)."""
     if not url or not isinstance(url, str):
@@ -223,10 +239,15 @@ class SGLangClient:
                       activities: Optional[list] = None, with_stack: Optional[bool] = None,
                       record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,
                       profile_prefix: Optional[str] = None, request_timeout: Optional[float] = None,
-                      **extra: Any) -> str:
+                      server_has_gpu: bool = False, **extra: Any) -> str:
         """Arm the profiler. Only the fields given are sent (older servers reject unknown ones).
         Returns the server's reply text; 0.4.7+ replies before any trace is written.
-        ``request_timeout``: how long to wait for the reply (default: 120 s or the client's)."""
+        ``request_timeout``: how long to wait for the reply (default: 120 s or the client's).
+        ``MEM`` (CUDA memory history) is refused unless ``server_has_gpu``: on a host without a GPU
+        it kills a real SGLang server."""
+        if activities and any(str(a).upper() == "MEM" for a in activities) and not server_has_gpu:
+            raise InputError("not sending activities MEM: the server reports no GPU, and recording CUDA "
+                             "memory history there kills an SGLang server")
         body = {"output_dir": output_dir, "num_steps": num_steps, "activities": activities,
                 "with_stack": with_stack, "record_shapes": record_shapes, "profile_by_stage": profile_by_stage,
                 "profile_prefix": profile_prefix, **extra}

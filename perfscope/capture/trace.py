@@ -26,7 +26,9 @@ from perfscope.capture.hostio import HostIO, LocalHost, SSHHost, trace_file_comp
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.load import api as _api
 from perfscope.capture.options import TraceOptions
+from perfscope.capture.sglang_api import HTTPStatusError, profile_activities, server_has_gpu
 from perfscope.capture.ssh import ServerDown, SSHTarget, connect
+from perfscope.capture.vocab import is_loopback_url, token_ids
 from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
 from perfscope.errors import InputError, PerfscopeError, RemoteError
 from perfscope.util.files import user_path
@@ -55,7 +57,21 @@ def _version_tuple(v: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:4])
 
 
+def _url_port(url: str) -> int | None:
+    try:
+        u = urlparse(url if "://" in url else "http://" + url)
+        return u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
 def _is_not_running(err: BaseException) -> bool:
+    """A /stop_profile refusal meaning no profile runs (nothing left to stop). SGLang 0.5.x answers
+    a bare HTTP 500 'Internal Server Error' (its log: 'Profiling is not in progress'), e.g. after
+    a num_steps profile stopped by itself; older servers and the emulator say so in the body."""
+    if isinstance(err, HTTPStatusError) and err.status == 500 and \
+            err.body.strip().lower() in ("internal server error", ""):
+        return True
     return bool(re.search(r"not in progress|no profil|not running|not started", str(err), re.I))
 
 
@@ -78,6 +94,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
     out_dir = user_path(out_dir)
     label = ep.label
     port = ep.port or opts.port
+    if ep.url:
+        port = _url_port(ep.url) or port
     say = lambda m: log(f"[{label}] {m}")  # noqa: E731
     with _host_io(ep, port) as (io, url):
         api = _api(url, opts)
@@ -85,17 +103,21 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         version = str(info.get("version") or "")
         say(f"server {opts.engine} {version or '(version unknown)'}, model {info.get('model_path', '?')}, "
             f"tp={info.get('tp_size', 1)}")
-        proc = io.server_process(port) if ep.target is not None else {}
+        # the server's process (its interpreter has its versions): on the host, or here for a loopback URL
+        proc = io.server_process(port) if ep.target is not None or is_loopback_url(ep.url) else {}
         versions = io.python_versions(io.python_candidates(proc), want=opts.engine)
         if version:
             versions["server"] = version
         gpu = io.nvidia_smi()
+        ids, ids_from = token_ids(info, io if ep.target is not None or is_loopback_url(ep.url) else None)
+        say(f"load: prompt token ids {ids[0]}..{ids[1] - 1} ({ids_from})")
         by_stage = opts.by_stage
         if by_stage is None:
             by_stage = opts.engine == "sglang" and _version_tuple(version) >= (0, 4, 7)
         expected = expected_files(info, by_stage) if opts.engine == "sglang" else 1
         # the folder the server writes to
         baseline: set[str] = set()
+        baseline_tables: dict = {}
         made_dir = False
         if opts.engine == "vllm":
             if not opts.profile_dir:
@@ -104,6 +126,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             remote_dir = opts.profile_dir
             try:  # traces already there are not this run's; vLLM makes the folder at its first trace
                 baseline = {f.name for f in io.list_traces(remote_dir)}
+                baseline_tables = {f.name: (f.size, f.mtime) for f in io.list_traces(remote_dir, _is_table)}
             except RemoteError as e:
                 if "does not exist" not in str(e):
                     raise
@@ -113,7 +136,17 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             if proc.get("uid") is not None and proc.get("uid") != _my_uid(io):
                 io.chmod(remote_dir, 0o777)  # the server runs as another user and must write here
         profile = {"output_dir": remote_dir, "num_steps": opts.steps, "with_stack": opts.with_stack,
-                   "record_shapes": opts.record_shapes, "activities": ["CPU", "GPU"]}
+                   "record_shapes": opts.record_shapes, "activities": profile_activities(info, gpu)}
+        if opts.engine == "sglang" and not by_stage and (not version or _version_tuple(version) >= (0, 4, 10)):
+            # start at the next forward step: SGLang then refuses (HTTP 500) while another profile
+            # runs, where a plain /start_profile silently throws that one away and starts anew
+            profile["start_step"] = 1
+        if opts.profile_prefix:
+            if opts.engine != "sglang":
+                raise InputError("--profile-prefix is for SGLang (vLLM names its files itself)")
+            if version and _version_tuple(version) < (0, 5, 10):
+                raise RemoteError(f"--profile-prefix needs SGLang 0.5.10+; {label} runs {version}")
+            profile["profile_prefix"] = opts.profile_prefix
         if opts.engine == "vllm":  # vLLM's profiler is configured at server start; perfscope stops it
             profile = {"output_dir": remote_dir, "num_steps": opts.steps, "stopped_by": "perfscope",
                        "with_stack": None, "record_shapes": None, "activities": None}
@@ -134,15 +167,24 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 if opts.engine == "vllm":
                     api.start_profile(request_timeout=wait_s)
                 else:
-                    api.start_profile(**profile, request_timeout=wait_s)
+                    api.start_profile(**profile, request_timeout=wait_s,
+                                      server_has_gpu=server_has_gpu(info, gpu))
             except PerfscopeError as e:
                 if re.search(r"already in progress|already running|already started", str(e), re.I):
                     armed = False  # someone else's profile: not ours to stop
                     raise RemoteError(f"a profile is already running on {label} (someone else's?): "
                                       "not touching it; try again when it ends") from None
+                if isinstance(e, HTTPStatusError) and e.status == 500 and opts.engine == "sglang":
+                    # SGLang 0.5.x turns a refused start into a bare 500 (its log has the reason):
+                    # nothing of ours was armed, and a /stop_profile would stop someone else's
+                    armed = False
+                    raise RemoteError(f"{label} refused /start_profile (HTTP 500): SGLang answers so while a "
+                                      "profile is already running (someone else's?) or when its profiler "
+                                      "cannot start; nothing was armed, and perfscope left it alone",
+                                      hint="see the server's log for the reason; try again when that profile ends") from None
                 raise
             say(f"profiler armed: {opts.steps} steps{' per stage' if by_stage else ''} -> {remote_dir}")
-            load = TraceLoad(url, opts).start()
+            load = TraceLoad(url, opts, ids=ids).start()
             if opts.engine == "vllm":
                 n = wait_vllm_steps(load, opts, cancel, label)
                 say(f"{n} tokens streamed while profiling: stopping the profiler (vLLM writes its traces now)")
@@ -168,6 +210,10 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                      got=got, command=command, engine=opts.engine, host=label if ep.target else None,
                      stop_timeout=opts.timeout)
             raise
+        for fe in files:
+            if fe.get("role") == "frontend":
+                say(f"{Path(fe['path']).name}: {rundir.FRONTEND_NOTE}; kept, not analysed")
+        tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir) if opts.engine == "vllm" else []
         if files and not opts.keep_remote:
             io.remove([f.path for f in got], remote_dir if made_dir else None)
         workload = {"concurrency": opts.concurrency, "input_len": opts.input_len, "output_len": opts.output_len,
@@ -178,15 +224,17 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             versions=versions, server_info=info, gpu=gpu, workload=workload, timings=timings,
             profile={**profile, "remote_dir_kept": opts.keep_remote, "started": t_start,
                      "duration_s": round(time.time() - t_start, 3)},
-            files=files,
+            files=files, extra={"profiler_tables": tables} if tables else None,
         )
         say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
         if opts.bench_requests and not cancel.is_set():
-            timings = dict(timings, bench=_bench(api, opts, out_dir, url, label if ep.target else None, info, say))
+            timings = dict(timings, bench=_bench(api, opts, out_dir, url, label if ep.target else None, info, say,
+                                                 ids))
         return HostResult(label, out_dir, files, timings, info)
 
 
-def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, info: dict, say) -> dict:
+def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, info: dict, say,
+           ids: tuple[int, int] | None = None) -> dict:
     """TPOT without the profiler: ``perfscope bench`` with the trace's workload, stored in the run
     folder (``bench.json``, ``timings.bench`` in run.json), which diagnose and compare prefer."""
     from perfscope.bench import measure
@@ -196,7 +244,7 @@ def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, i
         f"(in={opts.input_len} out={opts.output_len} concurrency={opts.concurrency})")
     res = measure(api, input_len=opts.input_len, output_len=opts.output_len, concurrency=opts.concurrency,
                   num_requests=opts.bench_requests, warmup=1, seed=opts.seed, timeout=opts.http_timeout,
-                  server_info=info)
+                  server_info=info, ids=ids)
     argv = ["perfscope", "bench", "--url" if host is None else "--host", url if host is None else host,
             "--engine", opts.engine, "--input-len", str(opts.input_len), "--output-len", str(opts.output_len),
             "--concurrency", str(opts.concurrency), "--num-requests", str(opts.bench_requests), "--warmup", "1",
@@ -204,6 +252,32 @@ def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, i
     store(out_dir, res, url, host, info, argv)
     say(f"TPOT without the profiler: {res.tpot_ms:.2f} ms (TTFT {res.ttft_ms:.1f} ms)")
     return run_summary(res)
+
+
+TABLES_DIR = "profiler_tables"
+
+
+def _is_table(name: str) -> bool:
+    """vLLM's torch profiler writes each process's op table (key_averages) as *profiler_out.txt."""
+    return name.endswith("profiler_out.txt") and not name.startswith(".")
+
+
+def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path) -> list[str]:
+    """Copy the op tables vLLM wrote with this profile (new or rewritten since it was armed) to
+    ``out_dir/profiler_tables/``; returns their paths relative to ``out_dir``. vLLM rewrites them
+    in place at every stop, so a table whose size and time are unchanged is not this run's."""
+    got = []
+    try:
+        found = io.list_traces(folder, _is_table)
+    except RemoteError:
+        return []
+    for f in found:
+        if baseline.get(f.name) == (f.size, f.mtime):
+            continue
+        local = out_dir / TABLES_DIR / f.name
+        io.fetch(f.path, local, "", None)
+        got.append(f"{TABLES_DIR}/{f.name}")
+    return got
 
 
 def _copy_back(io: HostIO, got: list, out_dir: Path, label: str, ep: Endpoint, progress, files: list) -> None:

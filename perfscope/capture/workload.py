@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from perfscope.capture.vocab import SAFE_IDS
 from perfscope.errors import PerfscopeError, RemoteError
 
-DEFAULT_ID_RANGE = (100, 10_000)  # valid ids for any real LLM tokenizer
+DEFAULT_ID_RANGE = SAFE_IDS  # ids every real tokenizer has (perfscope.capture.vocab)
 
 
 @dataclass
@@ -51,13 +52,12 @@ class RequestTiming:
         return d
 
 
-def id_range(server_info: Optional[dict]) -> tuple[int, int]:
-    """Token ids safe for this server: its ``vocab_size`` when it says (the repro server does),
-    else ids every real tokenizer has."""
-    v = (server_info or {}).get("vocab_size")
-    if isinstance(v, int) and v > 2:
-        return 1, min(v, DEFAULT_ID_RANGE[1])
-    return DEFAULT_ID_RANGE
+def id_range(ids: Optional[tuple[int, int]] = None) -> tuple[int, int]:
+    """The prompt ids to draw from: ``ids`` (from :func:`perfscope.capture.vocab.token_ids`, which
+    reads the model's config where it can), else ids every real tokenizer has. No server API says
+    the vocabulary size (SGLang's /server_info and /model_info, vLLM's /v1/models), and an id past
+    it crashes a real server."""
+    return tuple(ids) if ids else DEFAULT_ID_RANGE
 
 
 def make_prompts(n: int, input_len: int, seed: int = 0, ids: tuple[int, int] = DEFAULT_ID_RANGE) -> list[list[int]]:
@@ -123,10 +123,11 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
                  duration_s: Optional[float] = None, temperature: float = 0.0, ignore_eos: bool = True,
                  timeout: Optional[float] = None, prompts: Optional[list[list[int]]] = None,
                  on_done: Optional[Callable[[RequestTiming], None]] = None,
-                 max_consecutive_errors: int = 3) -> list[RequestTiming]:
+                 max_consecutive_errors: int = 3, ids: Optional[tuple[int, int]] = None) -> list[RequestTiming]:
     """Keep ``concurrency`` streams busy: each worker sends the next request as its previous one
     ends, until ``num_requests`` were sent, ``stop`` is set, or ``duration_s`` passed (any that is
-    given; with none of them, until ``stop``). Prompts are fixed by ``seed``. Returns the timing of
+    given; with none of them, until ``stop``). Prompts are fixed by ``seed``, their token ids drawn
+    from ``ids`` ([lo, hi); default: ids every tokenizer has). Returns the timing of
     every request, in send order; requests cut by ``stop`` have ``complete=False``.
 
     Raises :class:`RemoteError` when the first requests all fail (server down, bad key): a load
@@ -137,13 +138,8 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
         raise ValueError("give num_requests, stop or duration_s")
     stop = stop or threading.Event()
     if prompts is None:
-        info = None
-        try:
-            info = client.server_info()
-        except PerfscopeError:
-            pass
         pool = num_requests if num_requests is not None else max(64, concurrency * 4)
-        prompts = make_prompts(min(pool, 4096), input_len, seed, id_range(info))
+        prompts = make_prompts(min(pool, 4096), input_len, seed, id_range(ids))
     deadline = None if duration_s is None else time.monotonic() + duration_s
     lock = threading.Lock()
     counter = [0]
@@ -192,7 +188,8 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
 
 def drive(url: str, *, concurrency: int = 1, input_len: int = 256, output_len: int = 256, seed: int = 0,
           api_key: Optional[str] = None, stop: Optional[threading.Event] = None, timeout: float = 30.0,
-          num_requests: Optional[int] = None, duration_s: Optional[float] = None):
+          num_requests: Optional[int] = None, duration_s: Optional[float] = None,
+          ids: Optional[tuple[int, int]] = None):
     """The load ``perfscope trace`` runs while profiling: :func:`drive_decode` on ``url`` until
     ``stop``; returns a :class:`perfscope.bench.BenchResult` (``to_dict()`` has ``ttft_ms``,
     ``tpot_ms``, ``itl_ms``, ``e2e_ms``, ``requests``, ``output_tokens``, ``throughput_tok_s``,
@@ -203,7 +200,7 @@ def drive(url: str, *, concurrency: int = 1, input_len: int = 256, output_len: i
     client = SGLangClient(url, api_key=api_key, timeout=timeout)
     t0 = time.perf_counter()
     res = drive_decode(client, concurrency, input_len, output_len, num_requests=num_requests, seed=seed,
-                       stop=stop, duration_s=duration_s, timeout=timeout)
+                       stop=stop, duration_s=duration_s, timeout=timeout, ids=ids)
     return summarize(res, time.perf_counter() - t0, workload={
         "concurrency": concurrency, "input_len": input_len, "output_len": output_len, "ignore_eos": True,
         "seed": seed, "temperature": 0.0})

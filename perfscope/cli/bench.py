@@ -28,10 +28,14 @@ EXAMPLES = [
 
 
 @contextlib.contextmanager
-def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> Iterator[tuple[str, Optional[str]]]:
-    """(base URL, host label): ``url`` as is, or a local forward to ``host``'s loopback ``port``."""
+def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> Iterator[tuple[str, Optional[str], object]]:
+    """(base URL, host label, file access on the server's host or None): ``url`` as is, or a
+    local forward to ``host``'s loopback ``port``."""
+    from perfscope.capture.hostio import LocalHost, SSHHost
+    from perfscope.capture.vocab import is_loopback_url
+
     if url:
-        yield url.rstrip("/"), None
+        yield url.rstrip("/"), None, LocalHost() if is_loopback_url(url) else None
         return
     from perfscope.capture.ssh import connect, parse_target
 
@@ -39,7 +43,7 @@ def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> 
     session = connect(target)
     try:
         with session.forward(port) as fwd:
-            yield fwd.url, target.label
+            yield fwd.url, target.label, SSHHost(session)
     finally:
         session.close()
 
@@ -111,15 +115,19 @@ def command(
     ssh = {"user": ssh_user, "port": ssh_port, "identity": str(identity) if identity else None, "jump": jump,
            "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
     err = Console(stderr=True, highlight=False)
-    with _endpoint(url, host, port, ssh) as (base, label):
+    from perfscope.capture.vocab import token_ids
+
+    with _endpoint(url, host, port, ssh) as (base, label, io):
         client = client_for(engine, base, api_key=api_key, timeout=timeout)
         info = client.server_info()
+        ids, _ = token_ids(info, io)
         shown = label or base
         if not json_out:
             err.print(f"bench {shown}: {warmup} warm-up + {num_requests} requests, in={input_len} out={output_len} "
                       f"concurrency={concurrency}", markup=False)
         res = measure(client, input_len=input_len, output_len=output_len, concurrency=concurrency,
-                      num_requests=num_requests, warmup=warmup, seed=seed, timeout=timeout, server_info=info)
+                      num_requests=num_requests, warmup=warmup, seed=seed, timeout=timeout, server_info=info,
+                      ids=ids)
     argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", host]) + [
         "--engine", engine, "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
         "--num-requests", str(num_requests), "--warmup", str(warmup), "--seed", str(seed)]

@@ -110,6 +110,12 @@ def command(
     remote_dir: str = typer.Option("/tmp", "--remote-dir", help="SGLang: where on the host to make the fresh trace "
                                                                 "folder (in a container: a mounted path)."),
     steps: int = typer.Option(20, "--steps", min=1, help="Forward steps to profile (num_steps; per stage with SGLang 0.4.7+)."),
+    by_stage: Optional[bool] = typer.Option(None, "--by-stage/--no-by-stage",
+                                            help="SGLang: one EXTEND and one DECODE file per rank, --steps each "
+                                                 "(default: on for SGLang 0.4.7+)."),
+    profile_prefix: Optional[str] = typer.Option(None, "--profile-prefix", metavar="PREFIX",
+                                                 help="SGLang 0.5.10+: start the trace file names with PREFIX "
+                                                      "(PREFIX-<id>-TP-<rank>...trace.json.gz)."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Parallel request streams while profiling."),
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
     output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos); requests still streaming when the traces are complete are cut."),
@@ -177,10 +183,13 @@ def command(
         raise InputError(f"--out {out} exists and is not empty: pick a new folder")
     if output_len < 2:
         raise InputError("--output-len must be at least 2 (decode steps need generated tokens)")
+    if profile_prefix is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._]{0,63}", profile_prefix):
+        raise InputError(f"--profile-prefix {profile_prefix!r}: letters, digits, '.' and '_' only (up to 64)")
     opts = TraceOptions(
         port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
-        profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench,
+        profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
+        profile_prefix=profile_prefix,
     )
     argv = scrub_argv(_canonical_argv(ctx))
     from perfscope.errors import redact

@@ -63,11 +63,15 @@ class BenchSpec:
     concurrency: int = 1
 
 
-def _measure(client, info: dict, spec: BenchSpec):
+def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None):
     from perfscope.bench.core import measure
+    from perfscope.capture.vocab import is_loopback_url, token_ids
 
+    # prompt ids inside the model's vocabulary: its config.json, read where the server runs
+    io = getattr(host, "io", None) if host is not None and (host.remote or is_loopback_url(client.base_url)) else None
+    ids, _ = token_ids(info, io)
     return measure(client, input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency,
-                   num_requests=spec.num_requests, warmup=spec.warmup, server_info=info)
+                   num_requests=spec.num_requests, warmup=spec.warmup, server_info=info, ids=ids)
 
 
 def _store(folder: Path, res, url: str, host: FixHost, info: dict, argv: list[str]) -> dict:
@@ -179,7 +183,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     # 2. before
     info = client.server_info()
     log(f"measuring before the patch ({spec.num_requests} requests, in={spec.input_len} out={spec.output_len}) ...")
-    res = _measure(client, info, spec)
+    res = _measure(client, info, spec, host)
     record["before"] = _store(out / "before", res, client.base_url, host, info, argv)
 
     # 3. apply, refused if the file changed while we measured
@@ -209,7 +213,7 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         try:
             info2 = client.server_info()
             log("healthy; measuring after the patch ...")
-            res2 = _measure(client, info2, spec)
+            res2 = _measure(client, info2, spec, host)
         except PerfscopeError as e:
             ok, why = False, f"healthy, but the benchmark failed: {e}"
         else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from perfscope.capture.rundir import RUN_FILE, parse_trace_name, read_run
+from perfscope.capture.rundir import FRONTEND_NOTE, RUN_FILE, parse_trace_name, read_run
 from perfscope.errors import InputError
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -23,6 +23,7 @@ class TraceFile:
     rank: Optional[int] = None  # from the name; the trace's distributedInfo may refine it
     stage: Optional[str] = None  # "EXTEND" | "DECODE" when SGLang split the profile by stage
     host: Optional[str] = None  # the host it came from (a several-host run folder of `perfscope trace`)
+    role: Optional[str] = None  # "frontend": vLLM's front-end process trace (not a rank; not analysed)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TraceSet:
     capture: list[Path] = field(default_factory=list)
     # files given more than once (the same path, or byte-identical copies): analysed once
     duplicates: list[dict] = field(default_factory=list)
+    frontend: list[Path] = field(default_factory=list)  # vLLM front-end traces: not ranks, not analysed
 
     @property
     def server_info(self) -> dict:
@@ -115,7 +117,7 @@ def _fingerprint(p: Path) -> tuple:
 
 def _describe(p: Path) -> TraceFile:
     info = parse_trace_name(p.name)
-    return TraceFile(path=p, rank=info["rank"], stage=info["stage"])
+    return TraceFile(path=p, rank=info["rank"], stage=info["stage"], role=info["role"])
 
 
 def discover(paths: list[str | Path]) -> TraceSet:
@@ -139,7 +141,8 @@ def discover(paths: list[str | Path]) -> TraceSet:
             run_dir, run_info = p, run.data
             if not run.files:
                 raise InputError(f"{p}: run folder lists no trace files")
-            files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host) for f in run.files)
+            files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host, role=f.role)
+                         for f in run.files)
         elif p.is_dir():
             try:
                 found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
@@ -178,6 +181,10 @@ def discover(paths: list[str | Path]) -> TraceSet:
             seen[k] = f
         unique.append(f)
     files = unique
+    frontend = [f.path for f in files if f.role == "frontend"]
+    files = [f for f in files if f.role != "frontend"]
+    if not files:
+        raise InputError(f"{frontend[0].name}: {FRONTEND_NOTE}; pass the workers' rank<N>.*.pt.trace.json.gz")
     files.sort(key=lambda f: (f.host or "", f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
     return TraceSet(files=files, run_dir=run_dir, run_info=run_info, skipped=skipped, capture=capture,
-                    duplicates=duplicates)
+                    duplicates=duplicates, frontend=frontend)

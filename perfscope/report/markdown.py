@@ -37,11 +37,11 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
                 f"({wording.pct(f['share'])} of {share_of(f, cpu)}), confidence {f['confidence']}.")
         cmds = fix_commands(d, f)
         if cmds:
-            line += f" Fix: {_code(cmds[1])} (dry run: {_code(cmds[0])})."
+            line += f" Fix: {_code(cmds[0])} (check + diff), then {_code(cmds[1])}."
         elif f.get("remedy"):
             line += f" Remedy: {f['remedy']}"
         pred = f.get("predicted_step_ms_after_fix")
-        if pred is not None and s.get("median_ms"):
+        if pred is not None and pred > 0 and s.get("median_ms"):
             line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms "
                      f"({s['median_ms'] / pred:.1f}x faster)." if pred > 0 else "")
         out += [line, ""]

@@ -38,13 +38,16 @@ def fix_commands(d: Diagnosis, f: dict) -> Optional[tuple[str, str]]:
     if not f.get("fix"):
         return None
     run = d.run or {}
-    cmd = f"perfscope fix {f['fix']}"
+    head = f"perfscope fix {f['fix']}"
+    check = f.get("fix_command") or head  # the finding's own check (diagnose adds --trace RUN)
+    rest = check[len(head):] if check.startswith(head) else ""
     host = run.get("host")
     if host:
-        cmd += f" --host {host}"
+        head += f" --host {host}"
     port = (run.get("server_info") or {}).get("port")
     if host and isinstance(port, int) and port != 30000:
-        cmd += f" --port {port}"
+        head += f" --port {port}"
+    cmd = head + rest
     return cmd, cmd + " --apply"
 
 
@@ -82,12 +85,14 @@ def verdict(d: Diagnosis) -> Panel:
     cmds = fix_commands(d, f)
     if cmds:
         where = "" if (d.run or {}).get("host") else "; remote server: add --host HOST"
-        body.append(f"fix:   [bold green]{escape(cmds[1])}[/]")
-        body.append(f"[dim]       (dry run first: without --apply{where})[/]")
+        body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
+        body.append(f"[dim]       (shows the diff, changes nothing; then add --apply{where})[/]")
     elif f.get("remedy"):
         body.append(f"remedy: {escape(f['remedy'])}")
     pred = f.get("predicted_step_ms_after_fix")
-    if pred is not None and step_ms:
+    if pred is not None and pred <= 0:  # a step of nothing is no prediction (the finding's time >= the step)
+        body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
+    elif pred is not None and step_ms:
         speed = f" ({step_ms / pred:.1f}x faster)" if pred > 0 and step_ms / pred >= 1.05 else ""
         body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
     if len(p.findings) > 1:
@@ -211,13 +216,13 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
                              f"  {_fmt_ms(f['ms_per_step'])} ms/step, {wording.pct(f['share'])} of {share_of(f, cpu)}, "
                              f"confidence {f['confidence']}")
         lines = [head, Text(f["summary"])]
-        if pred is not None:
+        if pred is not None and pred > 0:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds:
-            lines.append(Text.assemble(("fix: ", "bold"), (cmds[1], "bold green"), ("  (check first: " + cmds[0] + ")", "dim")))
+            lines.append(Text.assemble(("fix: ", "bold"), (cmds[0], "bold green"), ("  (check + diff; then add --apply)", "dim")))
         if f.get("remedy") and not cmds:
             lines.append(Text.assemble(("remedy: ", "bold"), f["remedy"]))
         ev = {k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"}

