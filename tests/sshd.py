@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from net import free_port  # also imported from here by the SSH tests
+
 SSHD_BIN = os.environ.get("PERFSCOPE_TEST_SSHD", "/usr/sbin/sshd")
 
 
@@ -37,12 +39,6 @@ def need_binary(path_or_name: str, what: str) -> str:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(msg)
     pytest.skip(msg)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keygen(path: Path, kind: str = "ed25519", comment: str = "perfscope-test") -> Path:

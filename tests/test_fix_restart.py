@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from net import free_port
 from paths import REPO
 from perfscope.capture.sglang_api import SGLangClient
 
@@ -78,12 +78,6 @@ echo $! > "$D/server.pid"
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
@@ -109,7 +103,7 @@ def _site(tmp_path):
     from perfscope.demo import copy_server
 
     target = copy_server(tmp_path)  # tmp_path/server/examples/repro_server/mla_attention.py
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "restart.sh"
     script.write_text(RESTART_SH.replace("@DIR@", str(tmp_path)).replace("@PY@", sys.executable)
                       .replace("@PORT@", str(port)).replace("@ARGS@", " ".join(SERVER_ARGS)))
@@ -252,7 +246,7 @@ def test_restart_options_are_checked_before_anything_runs(tmp_path):
 
     target = copy_server(tmp_path)
     original = target.read_bytes()
-    site = type("Site", (), {"target": target, "url": f"http://127.0.0.1:{_free_port()}", "port": 1,
+    site = type("Site", (), {"target": target, "url": f"http://127.0.0.1:{free_port()}", "port": 1,
                              "state": tmp_path / "state", "dir": tmp_path})()
     for args, msg in ((["--restart-cmd", "true"], "--restart-cmd goes with --apply"),
                       (["--apply", "--restart-cmd", " "], "--restart-cmd is empty"),
