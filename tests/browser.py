@@ -113,6 +113,25 @@ def open_page(chromium):
     return lambda path, screenshot=None, **kw: load_page(chromium, path, screenshot, **kw)
 
 
+# JS: decode the base64 PNG ``b64`` on a canvas ``c``; ``px`` holds its RGBA bytes, row by row
+_DECODE_PNG = """
+    const img = new Image();
+    img.src = "data:image/png;base64," + b64;
+    await img.decode();
+    const c = document.createElement("canvas");
+    c.width = img.naturalWidth; c.height = img.naturalHeight;
+    const g = c.getContext("2d");
+    g.drawImage(img, 0, 0);
+    const px = g.getImageData(0, 0, c.width, c.height).data;
+"""
+
+
+def eval_png(page, png: bytes, body: str, arg=None):
+    """Run the JS ``body`` in ``page`` on a PNG decoded by the browser: it sees ``px`` (RGBA bytes),
+    ``c.width``/``c.height`` and ``arg`` (any JSON value), and what it returns comes back."""
+    return page.evaluate("async ([b64, arg]) => {" + _DECODE_PNG + body + "}", [base64.b64encode(png).decode(), arg])
+
+
 def png_colours(chromium, png: bytes, step: int = 3) -> int:
     """Distinct RGB colours in a PNG (every ``step``-th pixel), decoded by the browser on a canvas:
     a blank or single-colour screenshot has one or two, a report with charts has hundreds."""
@@ -120,19 +139,10 @@ def png_colours(chromium, png: bytes, step: int = 3) -> int:
     try:
         page = ctx.new_page()
         page.set_content("<html><body></body></html>")
-        return page.evaluate(
-            """async ([b64, step]) => {
-                const img = new Image();
-                img.src = "data:image/png;base64," + b64;
-                await img.decode();
-                const c = document.createElement("canvas");
-                c.width = img.naturalWidth; c.height = img.naturalHeight;
-                const g = c.getContext("2d");
-                g.drawImage(img, 0, 0);
-                const px = g.getImageData(0, 0, c.width, c.height).data;
-                const seen = new Set();
-                for (let i = 0; i < px.length; i += 4 * step) seen.add((px[i] << 16) | (px[i + 1] << 8) | px[i + 2]);
-                return seen.size;
-            }""", [base64.b64encode(png).decode(), step])
+        return eval_png(page, png, """
+            const step = arg;
+            const seen = new Set();
+            for (let i = 0; i < px.length; i += 4 * step) seen.add((px[i] << 16) | (px[i + 1] << 8) | px[i + 2]);
+            return seen.size;""", step)
     finally:
         ctx.close()

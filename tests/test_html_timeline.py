@@ -5,11 +5,9 @@ by the pixels of the rendered chart, not by the page's data alone."""
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 
-from browser import load_page  # the chromium fixture: tests/conftest.py (one browser per session)
+from browser import eval_png, load_page  # the chromium fixture: tests/conftest.py (one browser per session)
 from paths import H200
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
@@ -17,15 +15,9 @@ from perfscope.report.html import render_compare, render_diagnosis, write_html
 
 # the pixels of one row of the rendered chart, classified by bucket colour (exact, within a small
 # tolerance for anti-aliasing; other pixels - grid, edges - are not counted)
-ROW_PIXELS = """async ([b64, colours]) => {
-    const img = new Image();
-    img.src = "data:image/png;base64," + b64;
-    await img.decode();
-    const c = document.createElement("canvas");
-    c.width = img.naturalWidth; c.height = img.naturalHeight;
-    const g = c.getContext("2d");
-    g.drawImage(img, 0, 0);
-    const px = g.getImageData(0, 0, c.width, c.height).data;
+# (the body of browser.eval_png: px, c.width/c.height, arg = {bucket: "#rrggbb"})
+ROW_PIXELS = """
+    const colours = arg;
     const rgb = Object.fromEntries(Object.entries(colours).map(([k, h]) =>
         [k, [1, 3, 5].map(i => parseInt(h.slice(i, i + 2), 16))]));
     const rows = [];
@@ -39,8 +31,7 @@ ROW_PIXELS = """async ([b64, colours]) => {
         }
         rows.push(n);
     }
-    return rows;
-}"""
+    return rows;"""
 
 
 def _timeline_pixels(browser, path, chart_id):
@@ -53,7 +44,7 @@ def _timeline_pixels(browser, path, chart_id):
         png = el.screenshot()
         colours = page.evaluate("() => JSON.parse(document.getElementById('perfscope-data').textContent).bucket_colors")
         idle = page.evaluate("() => JSON.parse(document.getElementById('perfscope-data').textContent).idle_color")
-        rows = page.evaluate(ROW_PIXELS, [base64.b64encode(png).decode(), {**colours, "(idle)": idle}])
+        rows = eval_png(page, png, ROW_PIXELS, {**colours, "(idle)": idle})
         stream = max(rows, key=lambda n: sum(v for k, v in n.items() if k != "(idle)"))
         got["stream"] = {k: v for k, v in stream.items() if k != "(idle)"}
         got["idle_px"] = max(n.get("(idle)", 0) for n in rows)
