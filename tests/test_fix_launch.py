@@ -310,6 +310,21 @@ def test_module_refuses_where_a_fact_does_not_hold(fid, tmp_path):
     assert p.read_bytes() == before
 
 
+@pytest.mark.parametrize("fid,server", [("nccl-allreduce", {"tp_size": 2}), ("torch-sampling", {})])
+def test_module_refuses_an_amd_gpu(fid, server, tmp_path):
+    """Both fixes refuse an AMD GPU (flags.is_amd_gpu); the same call on an NVIDIA name is not refused."""
+    p = write(tmp_path, launch_text(CASES[fid][0]))
+    before = p.read_bytes()
+    env = env_with(**server)
+    env.gpu_name = "AMD Instinct MI300X"
+    rep = engine.apply(get(fid), LocalFixHost(), req_for(p, tmp_path), env)
+    assert rep.outcome.kind == "refused" and "AMD Instinct MI300X" in rep.outcome.reason, rep.outcome.reason
+    assert p.read_bytes() == before
+    env_nv = env_with(**server)
+    rep_nv, _, _ = engine.plan(get(fid), LocalFixHost(), req_for(p, tmp_path / "nv"), env_nv)
+    assert rep_nv.outcome.kind != "refused", rep_nv.outcome.reason
+
+
 @pytest.mark.parametrize("fid", sorted(CASES))
 def test_module_refuses_a_version_without_the_flag(fid, tmp_path):
     """The server's /server_info lacks the key: that SGLang has no such flag."""

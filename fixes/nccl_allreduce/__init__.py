@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfscope.fixengine.flags import Decision, Flag, LaunchFlagFix, as_value
+from perfscope.fixengine.flags import Decision, Flag, LaunchFlagFix, as_value, is_amd_gpu
 from perfscope.fixengine.launch import FlagChange
 
 DISABLE = Flag("--disable-custom-all-reduce", "disable_custom_all_reduce")
@@ -29,8 +29,7 @@ class NcclAllReduceFix(LaunchFlagFix):
         if nnodes and nnodes > 1:
             return Decision([], refused=f"nnodes {nnodes}: the custom all-reduce works within one node; across "
                                         "nodes NCCL is the right choice; nothing changed")
-        gpu = (env.gpu_name or "").lower()
-        if gpu and any(w in gpu for w in ("amd", "instinct", "mi300", "mi250")):
+        if is_amd_gpu(env.gpu_name):
             return Decision([], refused=f"{env.gpu_name}: this fix knows NVIDIA's custom all-reduce; nothing changed")
         f = self.finding(env, "nccl-allreduce")
         pred = f.get("predicted_step_ms_after_fix")

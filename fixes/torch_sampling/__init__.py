@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfscope.fixengine.flags import Decision, Flag, LaunchFlagFix
+from perfscope.fixengine.flags import Decision, Flag, LaunchFlagFix, is_amd_gpu
 from perfscope.fixengine.launch import FlagChange
 
 BACKEND = Flag("--sampling-backend", "sampling_backend", takes_value=True)
@@ -25,8 +25,7 @@ class TorchSamplingFix(LaunchFlagFix):
         if dev and not dev.startswith("cuda"):
             return Decision([], refused=f"the server runs on {dev}: FlashInfer's sampling kernels need a CUDA GPU; "
                                         "nothing changed")
-        gpu = (env.gpu_name or "").lower()
-        if gpu and any(w in gpu for w in ("amd", "instinct", "mi300", "mi250")):
+        if is_amd_gpu(env.gpu_name):
             return Decision([], refused=f"{env.gpu_name}: FlashInfer's sampling kernels are CUDA kernels; nothing changed")
         f = self.finding(env, "torch-sampling")
         pred = f.get("predicted_step_ms_after_fix")

@@ -206,6 +206,12 @@ def _prediction_notes(d: Decision) -> list[str]:
     return [f"predicted step after the fix: {d.predicted_step_ms:.2f} ms" + (f" ({d.prediction})" if d.prediction else "")]
 
 
+def is_amd_gpu(gpu_name: Optional[str]) -> bool:
+    """The server's GPU name (``Environment.gpu_name``) is an AMD one; unknown names are not."""
+    gpu = (gpu_name or "").lower()
+    return bool(gpu) and any(w in gpu for w in ("amd", "instinct", "mi300", "mi250"))
+
+
 def as_value(v) -> Optional[int]:
     try:
         return int(str(v))
