@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from net import StubHandler
 from paths import REPO, TRACELENS
 from perfscope.cli import main
 from sshd import free_port, keygen, need_binary, public_line
@@ -53,20 +54,13 @@ def one_line(err: str) -> str:
 
 # ------------------------------------------------------------------ the stand-in server
 
-class _Server(http.server.BaseHTTPRequestHandler):
+class _Server(StubHandler):
     calls: list = []
     start_delay = 0.0
     start_status = 200
     start_body = b'{"ok": true}'
     echo_auth = False
     write_trace = True
-
-    def _send(self, code, body: bytes, ctype="application/json"):
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         self.calls.append(self.path)
@@ -106,9 +100,6 @@ class _Server(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"data: [DONE]\n\n")
             return
         self._send(404, b'{"error": "not found"}')
-
-    def log_message(self, *a):
-        pass
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 from perfscope.capture import rundir
 from perfscope.cli import main
 from perfscope.load.reader import parse
+from net import StubHandler
 from sshd import free_port, keygen, public_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,16 +146,11 @@ def test_trace_bad_options(tmp_path, capsys, monkeypatch):
 # A server that accepts /start_profile and then never writes a trace (a hung scheduler, a full
 # disk) cannot be made from the real repro server, whose profiler always finishes: this one case
 # uses a tiny stub speaking the same endpoints. It records /stop_profile calls.
-class _NeverCompletes(http.server.BaseHTTPRequestHandler):
+class _NeverCompletes(StubHandler):
     calls: list[str] = []
 
     def _json(self, obj, code=200):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._send(code, json.dumps(obj).encode())
 
     def do_GET(self):
         self.calls.append(self.path)
@@ -188,9 +184,6 @@ class _NeverCompletes(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"data: [DONE]\n\n")
             return
         self._json({"error": "not found"}, 404)
-
-    def log_message(self, *a):
-        pass
 
 
 @pytest.fixture
