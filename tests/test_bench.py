@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from net import free_port
 from perfscope.bench import measure, percentile
 from perfscope.capture.sglang_api import SGLangClient, ServerDown, parse_base_url
 from perfscope.capture.workload import drive, drive_decode, make_prompts
@@ -98,12 +99,7 @@ def test_bench_cli_table_json_and_run_folder(repro, tmp_path, capsys):
 
 
 def test_bench_cli_errors(tmp_path, capsys):
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
+    port = free_port()  # nothing listens there now
     rc, _, err = run_cli(["bench", "--url", f"http://127.0.0.1:{port}", "--num-requests", "1"], capsys)
     assert rc == 3 and "nothing listens" in err and "Traceback" not in err
     rc, _, err = run_cli(["bench", "--num-requests", "1"], capsys)
@@ -174,12 +170,7 @@ def test_server_info_falls_back_to_get_server_info():
 
 
 def test_server_down_is_a_remote_error():
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     with pytest.raises(ServerDown):
         SGLangClient(f"127.0.0.1:{port}").server_info()
     assert SGLangClient(f"127.0.0.1:{port}").health() is False

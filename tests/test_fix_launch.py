@@ -24,6 +24,7 @@ from perfscope.fixengine.launch import FlagChange, LaunchParseError, edit_flags,
 from perfscope.fixengine.model import Environment
 from perfscope.fixengine.registry import get
 
+from net import free_port
 from paths import H200, REPO
 
 SERVER_INFO = json.loads((REPO / "tests" / "data" / "sglang-0.5.23-server_info.json").read_text())
@@ -418,10 +419,7 @@ def test_without_a_launch_file_the_change_and_the_servers_command_line_are_print
     import socket
     import time
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                              "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

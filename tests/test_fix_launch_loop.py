@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from net import free_port
 from paths import REPO
 
 pytestmark = pytest.mark.timeout(900)
@@ -82,7 +83,7 @@ def server_info(url: str) -> dict:
 
 
 def test_real_sglang_chunked_prefill_loop(tmp_path):
-    from real_engines import SGLANG_ENV, engine_python, free_port, write_model
+    from real_engines import SGLANG_ENV, engine_python, write_model
 
     try:
         py = engine_python("sglang")
@@ -159,12 +160,7 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
 def test_repro_slower_after_the_change_is_reverted_and_restarted(tmp_path):
     """The launch script is the harness: without --disable-overlap-schedule it starts the server
     with two TP ranks of which one sleeps 300 ms per forward (so the fixed server is slower, on purpose); perfscope must revert and restart."""
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     launch = tmp_path / "serve.sh"
     launch.write_text(
