@@ -230,6 +230,9 @@ def prefer_known(lines: list[KnownLine], name: str):
     return factory
 
 
+_UNRECORDABLE = "@?*#[]|'\"\\"
+
+
 class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
     """Every host key reaches this policy (the client's own host-key tables are left empty) and is
     decided by :func:`decide`; with ``accept_new`` an unknown host's key is recorded."""
@@ -263,6 +266,10 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
             raise HostKeyUnknown(
                 f"host key of {name} is not in {self.write_to} ({offered}){ca}",
                 hint="check the fingerprint, then add it to known_hosts or pass --accept-new-host-key")
+        if any(c in self.target.host for c in _UNRECORDABLE):
+            raise HostKeyUnknown(  # ssh's check_host_key will not write such a name either
+                f"host key of {name} is not in {self.write_to} ({offered}), and a host name with any of "
+                f"{_UNRECORDABLE} is never recorded", hint="add the key to known_hosts yourself")
         _append_known_host(self.write_to, name, key)
 
 
