@@ -21,7 +21,9 @@ The decision is OpenSSH 9.2's ``check_host_key`` (sshconnect.c) over ``check_key
   any key type, ssh does not tell types apart here): CHANGED, refused in every mode; else NEW;
 * a matching ``@revoked`` line with the offered key overrides OK/CHANGED/NEW: refused;
 * ``@cert-authority`` lines never decide a plain key (paramiko offers no certificates), so a host
-  with only a CA line is NEW, as it is to ssh;
+  with only a CA line is NEW to ssh; perfscope refuses it in every mode (with accept-new ssh would
+  record the plain key: trust-on-first-use that bypasses the CA the user pinned; the one deliberate
+  difference, asserted as such in the test);
 * NEW on a port other than 22: ssh looks again under the bare ``host`` name, quietly; the key found
   there (OK, and not @revoked there) accepts; anything else there (another key, a revoked one,
   nothing) leaves it NEW;
@@ -260,9 +262,15 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
             raise HostKeyChanged(
                 f"host key of {name} CHANGED: it offers {offered}, {has}; this may be an attack "
                 "(someone intercepting the connection), so it is refused", hint=changed_hint)
+        ca = (f" ({v.ca.where} trusts a certificate authority for it, but the host offers a plain key)"
+              if v.ca is not None else "")
+        if v.ca is not None:
+            # Deliberately stricter than ssh: with accept-new, ssh records a plain key for a host its
+            # known_hosts vouches for by a CA. perfscope cannot check host certificates (paramiko offers
+            # none), so trust-on-first-use would bypass the CA the user pinned: fail closed, in every mode.
+            raise HostKeyUnknown(f"host key of {name} cannot be checked ({offered}){ca}: refused",
+                                 hint="add the host's plain key to known_hosts yourself, after checking its fingerprint")
         if not self.accept_new:
-            ca = (f" ({v.ca.where} trusts a certificate authority for it, but the host offers a plain key)"
-                  if v.ca is not None else "")
             raise HostKeyUnknown(
                 f"host key of {name} is not in {self.write_to} ({offered}){ca}",
                 hint="check the fingerprint, then add it to known_hosts or pass --accept-new-host-key")
