@@ -171,3 +171,21 @@ def test_cli_missing_side_and_not_a_kineto_trace(tmp_path):
     r = perfscope("compare", good, et)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("perfscope: error: after") and "execution trace" in r.stderr
+
+
+def test_cpu_only_runs_compare_as_platform_cpu():
+    """Two CPU-only traces (the demo's repro server on CPU; a real SGLang 0.5.23 server on CPU): the
+    trace meta's platform defaults to "cuda", which the comparison once reported; a GPU trace keeps its own."""
+    fx = Path(__file__).parent / "fixtures"
+    r = perfscope("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz",
+                  fx / "real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz", "--json")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)
+    assert c["before"]["platform"] == c["after"]["platform"] == "cpu"
+    assert c["before"]["analysed_on"] == "cpu-ops"
+    assert "cuda" not in json.dumps(c["before"]).lower()
+    r = perfscope("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz", H200 / "mla_pool_graph.json.gz", "--json")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)
+    assert (c["before"]["platform"], c["after"]["platform"]) == ("cpu", "cuda")
+    assert {"field": "platform", "what": "platform", "before": "cpu", "after": "cuda"} in c["setup"]["flagged"]

@@ -29,14 +29,17 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     # a CPU-only trace has no GPU timeline: no idle-time rule may fire on it
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])
     assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
-    # predictions held to account: the before run's predicted step against the after run's
-    # (on a CPU trace the cast's op time can reach the whole step: a 0 ms prediction is no prediction)
-    if s["predicted_step_ms_after_fix"] > 0:
-        (pr,) = s["predictions"]
-        assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
-        assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
-    else:
-        assert s["predictions"] == []
+    # predictions held to account: the before run's predicted step against the after run's. Each
+    # step is paired with its own casts, so the prediction is a real step (it once was 0 ms: the mean
+    # cast time of 4 steps, one of them slow, exceeded the median step)
+    assert 0 < s["predicted_step_ms_after_fix"] < s["step_ms_before"]
+    (pr,) = s["predictions"]
+    assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
+    assert pr["predicted_step_ms"] == round(s["predicted_step_ms_after_fix"], 4)
+    assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    said = " ".join(r.stderr.split())
+    assert re.search(r"predicted by fp8-kv-cast \(before run\): step [\d.]+ ms, measured [\d.]+ ms \(error [+-][\d.]+%\)",
+                     said), said[-2000:]
     # a short patch summary and the path of the full diff, not the diff itself
     diff = (out / "fix.diff").read_text()
     assert s["diff"] == str(out / "fix.diff") and "perfscope fp8-kv-cast" in diff and diff.count("\n+") > 20
@@ -56,6 +59,9 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     assert cmp.returncode == 0, cmp.stderr
     assert "(CPU, " in cmp.stdout and "median step (CPU ops)" in cmp.stdout and "CPU op time per step" in cmp.stdout
     assert "GPU" not in cmp.stdout
+    cj = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(out / "before"),
+                                    str(out / "after"), "--json"], capture_output=True, text=True, timeout=300).stdout)
+    assert cj["before"]["platform"] == cj["after"]["platform"] == "cpu"  # not the trace meta's "cuda" default
     # one rank's EXTEND and DECODE files: the HTML labels them as stages, not as ranks
     html = (out / "compare.html").read_text()
     assert "Per stage, before and after" in html and "EXTEND stage (prefill)" in html and "DECODE stage" in html

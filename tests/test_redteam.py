@@ -153,7 +153,27 @@ KH_CASES = [
     ("wrong-port", lambda k, o, p: [f"[127.0.0.1]:{p + 1} {k}"], "strict"),
     ("negated", lambda k, o, p: [f"*,![127.0.0.1]:{p} {k}"], "strict"),
     ("port22-form", lambda k, o, p: [f"127.0.0.1 {k}"], "strict"),
+    ("negated-accept-new", lambda k, o, p: [f"*,![127.0.0.1]:{p} {o}"], "accept-new"),
+    ("port22-form-accept-new", lambda k, o, p: [f"127.0.0.1 {k}"], "accept-new"),
+    # ssh looks under the bare name only where [host]:port is NEW: a wrong key there decides
+    ("port-line-wrong-bare-right", lambda k, o, p: [f"[127.0.0.1]:{p} {o}", f"127.0.0.1 {k}"], "strict"),
+    ("port-line-wrong-bare-right-accept-new", lambda k, o, p: [f"127.0.0.1 {k}", f"[127.0.0.1]:{p} {o}"], "accept-new"),
+    # ...and the bare lookup is quiet: a wrong key under the bare name leaves the host NEW
+    ("bare-wrong", lambda k, o, p: [f"127.0.0.1 {o}"], "strict"),
+    ("bare-wrong-accept-new", lambda k, o, p: [f"127.0.0.1 {o}"], "accept-new"),
+    ("bare-star-wrong-accept-new", lambda k, o, p: [f"127.0.0.? {o}"], "accept-new"),
+    # another key type only: CHANGED under [host]:port (ssh does not tell types apart), NEW via bare
+    ("other-type", lambda k, o, p: [f"[127.0.0.1]:{p} {o}"], "strict"),
+    ("other-type-accept-new", lambda k, o, p: [f"[127.0.0.1]:{p} {o}"], "accept-new"),
+    ("other-type-bare", lambda k, o, p: [f"127.0.0.1 {o}"], "strict"),
+    ("other-type-bare-accept-new", lambda k, o, p: [f"127.0.0.1 {o}"], "accept-new"),
+    ("revoked-bare-accept-new", lambda k, o, p: [f"@revoked 127.0.0.1 {k}", f"127.0.0.1 {k}"], "accept-new"),
+    ("revoked-port-accept-new", lambda k, o, p: [f"@revoked [127.0.0.1]:{p} {k}", f"127.0.0.1 {k}"], "accept-new"),
+    ("cert-authority-only-accept-new", lambda k, o, p: [f"@cert-authority * {o}"], "accept-new"),
+    ("upper-case-pattern", lambda k, o, p: [f"[127.0.0.1]:{p},GPU1 {k}"], "strict"),
     ("hashed-ok", "hashed", "strict"),
+    ("hashed-bare-name", "hashed-bare", "strict"),
+    ("hashed-in-a-list", "hashed-list", "accept-new"),
     ("revoked", lambda k, o, p: [f"@revoked * {k}", f"[127.0.0.1]:{p} {k}"], "strict"),
     ("revoked-other-key", lambda k, o, p: [f"@revoked * {o}", f"[127.0.0.1]:{p} {k}"], "strict"),
     ("cert-authority-only", lambda k, o, p: [f"@cert-authority * {o}"], "strict"),
@@ -162,10 +182,10 @@ KH_CASES = [
 ]
 
 
-# Where perfscope is knowingly stricter than OpenSSH 9.2 (it refuses, ssh accepts): ssh also
-# accepts a key recorded under the bare address when the port is not 22, so a negated
-# [host]:port pattern or a port-22 line lets it in; perfscope matches only [host]:port.
-STRICTER = {"negated", "port22-form"}
+# The one deliberate difference: a host whose known_hosts vouches for it only by a @cert-authority
+# line. With accept-new, ssh records the plain key it is offered; perfscope cannot check host
+# certificates, so it fails closed rather than trust on first use what the user pinned to a CA.
+STRICTER_BY_DESIGN = {"cert-authority-only-accept-new"}
 
 
 @pytest.mark.parametrize("case", [c[0] for c in KH_CASES])
@@ -176,13 +196,15 @@ def test_rt02_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
 
     ssh = need_binary("ssh", "OpenSSH client")
     _, build, mode = next(c for c in KH_CASES if c[0] == case)
-    other = keygen(tmp_path / "other", comment="x")
+    other = keygen(tmp_path / "other", kind="rsa" if case.startswith("other-type") else "ed25519", comment="x")
     k, o = public_line(sshd.host_key), public_line(other)
     kh = tmp_path / "kh"
-    if build == "hashed":
-        kh.write_text(f"[127.0.0.1]:{sshd.port} {k}\n")
+    if isinstance(build, str):  # hashed by ssh-keygen -H itself
+        kh.write_text(f"{'[127.0.0.1]:%d' % sshd.port if build == 'hashed' else '127.0.0.1'} {k}\n")
         subprocess.run([shutil.which("ssh-keygen"), "-H", "-f", str(kh)], check=True, capture_output=True)
         assert "|1|" in kh.read_text()
+        if build == "hashed-list":  # a hash as a member of a list is no hash to ssh
+            kh.write_text(f"gpu1,{kh.read_text().split()[0]} {k}\n")
     else:
         kh.write_text("\n".join(build(k, o, sshd.port)) + "\n")
     before = kh.read_bytes()
@@ -200,13 +222,15 @@ def test_rt02_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
         ours_ok, msg = True, ""
     except RemoteError as e:
         ours_ok, msg = False, str(e)
-    if case in STRICTER:
-        assert ssh_ok and not ours_ok, f"the documented divergence changed: ssh rc={r.returncode}, perfscope {msg}"
+    if case in STRICTER_BY_DESIGN:  # ssh accepts (trust on first use); perfscope fails closed
+        assert ssh_ok and not ours_ok and "certificate authority" in msg, (r.returncode, msg)
+        assert kh.read_bytes() == before
         return
     assert ours_ok == ssh_ok, f"perfscope {'accepts' if ours_ok else 'refuses: ' + msg}; ssh rc={r.returncode}: {r.stderr[-300:]}"
     assert "\n" not in msg
     if not ours_ok:
         assert kh.read_bytes() == before  # a refused key is never recorded
+    assert kh.read_bytes() == kh2.read_bytes()  # recorded as ssh records it (name, file, form), or not at all
 
 
 def test_rt02_pattern_pinned_changed_key_refused_by_the_cli(sshd, server, tmp_path, capsys):
@@ -534,7 +558,12 @@ def test_rt13_revoked_and_cert_authority_and_non_utf8_known_hosts_fail_closed(ss
         connect(sshd.target(known_hosts=str(kh)))
     kh.write_text(f"@cert-authority * {k}\n")
     with pytest.raises(HostKeyUnknown, match="certificate authority"):
+        connect(sshd.target(known_hosts=str(kh)))
+    # fail closed with accept-new too (ssh would record the plain key: the one deliberate difference,
+    # test_rt02_host_keys_decided_as_openssh_decides[cert-authority-only-accept-new] runs ssh beside it)
+    with pytest.raises(HostKeyUnknown, match="certificate authority"):
         connect(sshd.target(known_hosts=str(kh), accept_new=True))
+    assert kh.read_text() == f"@cert-authority * {k}\n"  # nothing recorded
 
 
 # ------------------------------------------------------------------------------- Low

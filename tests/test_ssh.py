@@ -258,3 +258,26 @@ def test_files_roundtrip_sha256_and_atomic_write(sshd, tmp_path):
         ]
         with pytest.raises(RemoteError, match="does not exist"):
             s.read_bytes(str(tmp_path / "missing"))
+
+
+def test_accept_new_never_records_a_name_ssh_would_not_write(sshd, tmp_path):
+    """ssh's check_host_key goes read-only for a host name with any of @?*#[]|'"\\ (a pattern in
+    known_hosts); so does perfscope. No such name resolves, so the policy is called directly with
+    the real host key; the connect path itself is covered by test_redteam's rt02 table."""
+    import paramiko
+
+    from perfscope.capture.ssh.hostkeys import KnownHostsPolicy, load_lines
+
+    key = paramiko.Ed25519Key.from_private_key_file(str(sshd.host_key))
+    kh = tmp_path / "kh"
+    for host, recorded in (("gpu*1", False), ("gpu#1", False), ("gpu1", True)):
+        kh.write_text("")
+        t = parse_target(f"{host}:2222", ssh_config="/nonexistent", known_hosts=str(kh), accept_new=True)
+        pol = KnownHostsPolicy(t, load_lines([kh]), kh, True)
+        if recorded:
+            pol.missing_host_key(None, host, key)
+            assert kh.read_text() == f"[{host}]:2222 ssh-ed25519 {key.get_base64()}\n"
+        else:
+            with pytest.raises(HostKeyUnknown, match="never recorded"):
+                pol.missing_host_key(None, host, key)
+            assert kh.read_text() == ""

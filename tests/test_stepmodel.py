@@ -9,10 +9,15 @@ and 29.0 ms per step under the profiler: the casts hid launch gaps that come bac
 from __future__ import annotations
 
 import json
+import re
+import statistics
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from paths import H200, KERNEL_MIX, TRACELENS
+from perfscope.analysis.cpu_ops import cpu_ops_as_kernels
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.steps import find_steps
 from perfscope.analysis.stepmodel import StepReplay
@@ -128,3 +133,35 @@ def test_graph_decode_with_a_blocking_host_copy(run):
     after = diagnose([next(iter((runs / "native/traces").glob("*DECODE*.json.gz")))]).to_dict()
     f = next(x for x in before["findings"] if x["id"] == "fp8-kv-cast")
     assert f["predicted_step_ms_after_fix"] == pytest.approx(after["steps"]["median_ms"], rel=0.15)
+
+
+REPRO_CPU = Path(__file__).parent / "fixtures" / "repro-cpu-demo-before-DECODE.trace.json.gz"
+
+
+def test_cpu_only_cast_prediction_pairs_each_step_with_its_own_casts():
+    """tests/fixtures/repro-cpu-demo-before-DECODE.trace.json.gz: the "before" DECODE trace that
+    `perfscope demo` (the repro server on CPU, 4 layers, 32,768-token FP8 pool, 4 steps) brought back,
+    unmodified. Its 4 steps took 402, 596, 440 and 418 ms (one slowed by a busy host): the casts' mean
+    (440 ms per step) exceeded the median step (429 ms) and "step minus casts" clamped to 0 ms. Each
+    step's casts are <= that step (one thread, self time), so pairing them gives a real prediction."""
+    d = diagnose([REPRO_CPU]).to_dict()
+    (r,) = d["ranks"]
+    f = next(f for f in r["findings"] if f["id"] == "fp8-kv-cast")
+    step = r["steps"]["median_ms"]
+    # independently: each step's span and its aten::copy_ self time, from the raw trace
+    t = load_trace(REPRO_CPU)
+    t = replace(t, kernels=cpu_ops_as_kernels(t))
+    steps = [s for s in find_steps(t).steps if s.phase == "decode"]
+    assert len(steps) == 4
+    pairs = [(s.gpu_us / 1e3, sum(t.kernels[i].dur for i in s.kernels if t.kernels[i].name == "aten::copy_") / 1e3)
+             for s in steps]
+    assert all(0 < c <= g for g, c in pairs)
+    assert statistics.mean(c for _, c in pairs) > step  # the trap: a mean cast above the median step
+    want = statistics.median(g - c for g, c in pairs)
+    assert f["predicted_step_ms_after_fix"] == pytest.approx(want, rel=0.02)
+    assert 0 < f["predicted_step_ms_after_fix"] < 0.2 * step
+    assert f["evidence"]["prediction"]["model"].startswith("CPU-only trace")
+    # the summary's cast time is the median step's share, never more than the step
+    m = re.search(r": ([\d.]+) ms of a ([\d.]+) ms step", f["summary"])
+    assert m and float(m.group(1)) <= float(m.group(2)) == round(step, 1)
+    assert f"~{f['predicted_step_ms_after_fix']:.1f} ms" in f["summary"]

@@ -77,7 +77,8 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
         "device_label": device_label(p.meta) or ("CPU" if p.steps.get("analysed_on") == "cpu-ops" else None),
         "analysed_on": p.steps.get("analysed_on") or "gpu-kernels",
         "compute_capability": p.meta.get("compute_capability"),
-        "platform": p.meta.get("platform"),
+        # the trace meta defaults to "cuda"; a CPU-only trace analysed on its ops ran on no GPU platform
+        "platform": "cpu" if p.steps.get("analysed_on") == "cpu-ops" else p.meta.get("platform"),
         "model": _model(d, info),
         "world_size": _world_size(d, info),
         "ranks": len(d.ranks),

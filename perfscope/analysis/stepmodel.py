@@ -265,3 +265,37 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
                  "recorded launch times; lower_bound_ms with only the runtime calls' own CPU time "
                  "(what an unprofiled run cannot beat)",
     }
+
+
+def predict_after_serial(trace: Trace, steps: list[Step], new_duration: Callable[[int], Optional[float]],
+                         added_us_per_step: float = 0.0) -> dict:
+    """The step after a fix on a CPU-only trace (ops as kernels, perfscope.analysis.cpu_ops).
+
+    A thread runs its ops one after another, so a step shortens by exactly the self time the fix
+    removes from it. Each step is paired with its own saving (median over steps of step - saving):
+    subtracting a mean saving from the median step mixes two statistics, and one slow step (a busy
+    host) makes the mean saving exceed the median step, predicting 0 ms."""
+    kern = trace.kernels
+    after, saved = [], []
+    for s in steps:
+        if not s.kernels:
+            continue
+        sv = 0.0
+        for i in s.kernels:
+            v = new_duration(i)
+            if v is not None:
+                sv += kern[i].dur - max(0.0, float(v))
+        sv -= added_us_per_step
+        saved.append(sv)
+        after.append(max(s.gpu_us - sv, 0.0))
+    if not after:
+        return {}
+    pred = statistics.median(after) / 1e3
+    sv = statistics.median(saved) / 1e3
+    return {
+        "predicted_step_ms": round(pred, 4),
+        "kernel_time_saved_ms": round(sv, 4),
+        "step_time_saved_ms": round(sv, 4),
+        "model": "CPU-only trace: the step's thread runs its ops serially, so each step shortens by the "
+                 "op self time the fix removes from it (median over steps of the step minus its own saving)",
+    }

@@ -45,9 +45,7 @@ def command(
     console = Console(stderr=json_out)
     s = run_demo(DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy),
                  console)
-    if json_out:
-        jsonout.emit(s)
-        return
+    # the result section is said either way (on stderr with --json, where the demo's steps go too)
     console.rule("[bold]result")
     console.print(f"TPOT before: [bold]{s['tpot_ms_before']:.1f} ms[/]   after: [bold green]{s['tpot_ms_after']:.1f} ms[/]"
                   f"   ({s['speedup']:.1f}x faster)")
@@ -60,3 +58,5 @@ def command(
     console.print(f"patch: {s['diff']}", markup=False)
     console.print(f"HTML comparison: {s['html']}\nrun folders: {s['before']}  {s['after']}\n"
                   f"took {s['seconds']:.0f} s")
+    if json_out:
+        jsonout.emit(s)

@@ -32,18 +32,26 @@ def run_rules(ctx: RuleContext) -> list[Finding]:
 def model_prediction(ctx: RuleContext, f: Finding) -> None:
     """Replace a kernel-level prediction (step minus the kernel time saved) by the step replayed on the
     CPU launch timeline (perfscope.analysis.stepmodel): the GPU cannot run ahead of the launches."""
-    if f.new_duration is None or not ctx.gpu_timeline or not ctx.steps:
+    if f.new_duration is None or not ctx.steps:
         return
-    from perfscope.analysis.stepmodel import predict_after
+    from perfscope.analysis.stepmodel import predict_after, predict_after_serial
 
-    p = predict_after(ctx.trace, ctx.steps, ctx.step_ms, f.new_duration, f.added_us_per_step)
+    if ctx.gpu_timeline:
+        p = predict_after(ctx.trace, ctx.steps, ctx.step_ms, f.new_duration, f.added_us_per_step)
+    else:  # CPU-only trace analysed on its ops: no launch timeline, each step's thread is serial
+        p = predict_after_serial(ctx.trace, ctx.steps, f.new_duration, f.added_us_per_step)
     if not p:
         return
     f.evidence["prediction"] = p
     before = f.predicted_step_ms_after_fix
     f.predicted_step_ms_after_fix = p["predicted_step_ms"]
-    if before is not None and f.summary and f"{before:.1f} ms" in f.summary:
-        f.summary = f.summary.replace(f"{before:.1f} ms", f"{p['predicted_step_ms']:.1f} ms")
+    if before is not None and f.summary:
+        # "~X ms" is the prediction; a bare "X ms" only when that is all there is ("0.0 ms" would
+        # also match inside "430.0 ms")
+        for old in (f"~{before:.1f} ms", f"{before:.1f} ms"):
+            if old in f.summary:
+                f.summary = f.summary.replace(old, old[0] * (old[0] == "~") + f"{p['predicted_step_ms']:.1f} ms")
+                break
     lo, pr = p.get("lower_bound_ms"), p["predicted_step_ms"]
     if lo is not None and pr > 1.3 * lo and f.summary:
         f.summary += (f" The fixed step waits on kernel launches: ~{pr:.1f} ms at this trace's launch rate "

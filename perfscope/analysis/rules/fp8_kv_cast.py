@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import defaultdict
 from typing import Optional
 
@@ -203,14 +204,17 @@ class Fp8KvCast(Rule):
             evidence["pool_matches_config"] = abs(tokens - pool_cfg) <= max(64, pool_cfg // 1000)
             if not evidence["pool_matches_config"]:
                 note = f" (the server reports a {pool_cfg:,}-token pool)"
-        # Fixed: the casts disappear (native) or shrink to the pages the batch reads (pages).
-        predicted = max(ctx.step_ms - ms_per_step, 0.0)
+        # Fixed: the casts disappear (native) or shrink to the pages the batch reads (pages). Each step
+        # is paired with its own casts: the mean cast time can exceed the median step (one slow step).
+        removed = frozenset(idx)  # fixed natively, the casts are gone (the step model replays the rest)
+        per_step = [(s.gpu_us, sum(kern[i].dur for i in s.kernels if i in removed)) for s in ctx.steps]
+        predicted = statistics.median(max(g - c, 0.0) for g, c in per_step) / 1e3
+        cast_ms = statistics.median(c for _, c in per_step) / 1e3  # <= the median step: each cast <= its step
         where = f" at {attr.source}" if attr.source else ""
         split = f", each in {launches_per_cast} launches (torch's 32-bit indexing)" if launches_per_cast > 1 else ""
         summary = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
-                   f"{note}{where}{split}: {ms_per_step:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
+                   f"{note}{where}{split}: {cast_ms:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
                    f"fixed, the step should take ~{predicted:.1f} ms.")
-        removed = frozenset(idx)  # fixed natively, the casts are gone (the step model replays the rest)
         return self.finding(summary=summary, ms_per_step=ms_per_step, share=share, confidence=confidence,
                             predicted_step_ms_after_fix=predicted, evidence=evidence,
                             new_duration=lambda i: 0.0 if i in removed else None)

@@ -18,7 +18,8 @@ Security rules, as OpenSSH applies them:
   ``/etc/ssh/ssh_known_hosts``, or ``--known-hosts PATH`` alone). An unknown key is refused
   (:class:`HostKeyUnknown`) unless ``accept_new`` is set, which records it (like
   ``StrictHostKeyChecking=accept-new``), written atomically. A key that differs from the recorded
-  one is always refused (:class:`HostKeyChanged`), whatever ``accept_new`` says.
+  one is always refused (:class:`HostKeyChanged`), whatever ``accept_new`` says. The decision is
+  OpenSSH 9.2's, bare-name fallback on a non-22 port included (``hostkeys`` says the rule).
 * Authentication: the given identity file, else ssh-agent and the default keys in ``~/.ssh``.
   Passwords are never asked for.
 * A port forward listens on 127.0.0.1 only; the server's port is reached through a
