@@ -38,8 +38,8 @@ except Exception:  # pragma: no cover - ssh.py needs paramiko, a core dependency
 class HTTPStatusError(RemoteError):
     """The server answered with an HTTP error status."""
 
-    def __init__(self, message: str, *, status: int, body: str = ""):
-        super().__init__(message)
+    def __init__(self, message: str, *, status: int, body: str = "", hint: str | None = None):
+        super().__init__(message, hint=hint)
         self.status = status
         self.body = body
 

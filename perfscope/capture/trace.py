@@ -178,10 +178,13 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                     # SGLang 0.5.x turns a refused start into a bare 500 (its log has the reason):
                     # nothing of ours was armed, and a /stop_profile would stop someone else's
                     armed = False
-                    raise RemoteError(f"{label} refused /start_profile (HTTP 500): SGLang answers so while a "
-                                      "profile is already running (someone else's?) or when its profiler "
-                                      "cannot start; nothing was armed, and perfscope left it alone",
-                                      hint="see the server's log for the reason; try again when that profile ends") from None
+                    reply = " ".join((e.body or "").split())[:300]  # redacted with the message (errors.redact)
+                    said = f" saying {reply!r}" if reply and reply.lower() != "internal server error" else ""
+                    raise HTTPStatusError(f"{label} refused /start_profile (HTTP 500){said}: SGLang answers so while a "
+                                          "profile is already running (someone else's?) or when its profiler "
+                                          "cannot start; nothing was armed, and perfscope left it alone", status=500,
+                                          body=e.body, hint="see the server's log for the reason; try again when that "
+                                          "profile ends") from None
                 raise
             say(f"profiler armed: {opts.steps} steps{' per stage' if by_stage else ''} -> {remote_dir}")
             load = TraceLoad(url, opts, ids=ids).start()
