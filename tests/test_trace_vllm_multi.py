@@ -186,7 +186,10 @@ def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path, capsys):
                               "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out)], capsys)
         assert rc == 0, err
     d = diagnose_json(out, capsys)
-    assert d["findings"] == [] and d["ops"][0]["bucket"] == "copy" and d["ops"][0]["input_types"] is None
+    ids = {f["id"] for f in d["findings"]}
+    # the cast is not guessed; a slow step on a busy CPU may be reported as warm-up (measured, not guessed)
+    assert "fp8-kv-cast" not in ids and ids <= {"warmup-in-window"}, ids
+    assert d["ops"][0]["bucket"] == "copy" and d["ops"][0]["input_types"] is None
     assert any("VLLM_TORCH_PROFILER_RECORD_SHAPES=1" in n for n in d["notes"]), d["notes"]
 
 
