@@ -216,7 +216,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         for fe in files:
             if fe.get("role") == "frontend":
                 say(f"{Path(fe['path']).name}: {rundir.FRONTEND_NOTE}; kept, not analysed")
-        tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir) if opts.engine == "vllm" else []
+        tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir, [f.name for f in got],
+                               wait_s=min(30.0, opts.timeout)) if opts.engine == "vllm" else []
         if files and not opts.keep_remote:
             io.remove([f.path for f in got], remote_dir if made_dir else None)
         workload = {"concurrency": opts.concurrency, "input_len": opts.input_len, "output_len": opts.output_len,
@@ -265,18 +266,25 @@ def _is_table(name: str) -> bool:
     return name.endswith("profiler_out.txt") and not name.startswith(".")
 
 
-def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path) -> list[str]:
+def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces: list[str] = (),
+                  wait_s: float = 0.0) -> list[str]:
     """Copy the op tables vLLM wrote with this profile (new or rewritten since it was armed) to
     ``out_dir/profiler_tables/``; returns their paths relative to ``out_dir``. vLLM rewrites them
-    in place at every stop, so a table whose size and time are unchanged is not this run's."""
+    in place at every stop, so a table whose size and time are unchanged is not this run's. A worker
+    may write its table after its trace: wait up to ``wait_s`` for ``rank<N>.profiler_out.txt`` of
+    each ``rank<N>.*`` trace (bounded; what is there then is taken)."""
+    want = {f"rank{m.group(1)}.profiler_out.txt" for m in (re.match(r"rank(\d+)\.", n) for n in traces) if m}
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            found = [f for f in io.list_traces(folder, _is_table) if baseline.get(f.name) != (f.size, f.mtime)]
+        except RemoteError:
+            return []
+        if all(any(f.name.endswith(w) for f in found) for w in want) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
     got = []
-    try:
-        found = io.list_traces(folder, _is_table)
-    except RemoteError:
-        return []
     for f in found:
-        if baseline.get(f.name) == (f.size, f.mtime):
-            continue
         local = out_dir / TABLES_DIR / f.name
         io.fetch(f.path, local, "", None)
         got.append(f"{TABLES_DIR}/{f.name}")
