@@ -153,8 +153,7 @@ def test_repro_server_module_patched_runs_and_matches(tmp_path, strategy):
     batch on CPU with logits equal to the unpatched (whole-pool cast) module's within 2e-2 (BF16
     rounding of the attention output; the converted rows themselves are bit-exact)."""
     torch = pytest.importorskip("torch")
-    if not REPRO.is_file():
-        pytest.skip("examples/repro_server not in this checkout")
+    assert REPRO.is_file(), "examples/repro_server is part of this repository"
     import test_repro_server as trs
 
     p = tmp_path / "mla_attention.py"
