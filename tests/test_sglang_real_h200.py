@@ -210,3 +210,31 @@ def _start_twice(script, port, pids, tmp_path):
                 time.sleep(0.1)
         else:
             pytest.fail("the server did not answer")
+
+
+def test_shifted_control_is_the_pages_patch_with_one_line_changed(tmp_path):
+    """The control the served-model check must fail on: the pages patch of SGLang's MLA backend
+    (the 0.5.14 sources: the variant of the 0.5.13.post1 served on the H200) with the conversion
+    kernel's row index shifted by one; everything else byte for byte the real patch."""
+    import ast
+
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.registry import get
+    from sglang_sources import MLA, sglang_file
+
+    m = _gpuloop()
+    p = tmp_path / "flashinfer_mla_backend.py"
+    p.write_bytes(sglang_file("0.5.14", MLA))
+    rep = engine.apply(get("fp8-kv-cast"), LocalFixHost(), engine.FixRequest(
+        target_file=str(p), state_dir=str(tmp_path / "s"), strategy="pages",
+        overrides={"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flashinfer", "sglang_version": "0.5.14"}))
+    assert rep.outcome.kind == "applied", rep.outcome.reason
+    patched = p.read_text()
+    bad = m.shifted_copy(patched)
+    ast.parse(bad)
+    diff = [(a, b) for a, b in zip(patched.splitlines(), bad.splitlines()) if a != b]
+    assert len(diff) == 1 and diff[0][1].strip().startswith(m.ROW_LINE + " + 1")
+    assert len(patched.splitlines()) == len(bad.splitlines())
+    with pytest.raises(ValueError):
+        m.shifted_copy(sglang_file("0.5.14", MLA).decode())  # the unpatched file has no row line

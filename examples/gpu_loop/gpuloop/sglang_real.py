@@ -113,6 +113,14 @@ def probe_diff(a: dict, b: dict) -> dict:
     return res
 
 
+def shifted_copy(patched: str) -> str:
+    """The pages-patched file with the conversion kernel's row index shifted by one (the control
+    that must fail the outputs check); refuses a file without exactly one row line."""
+    if patched.count(ROW_LINE) != 1:
+        raise ValueError(f"expected one {ROW_LINE!r} in the patched file, found {patched.count(ROW_LINE)}")
+    return patched.replace(ROW_LINE, ROW_SHIFTED)
+
+
 class SglangMixin:
     # ------------------------------------------------------------------ install
     def sg_install(self) -> None:
@@ -218,15 +226,19 @@ echo $! > {_q(str(pidf))}
     def sg_url(self) -> str:
         return f"http://127.0.0.1:{self.a.port}"
 
-    def sg_wait(self, tag: str, timeout: float) -> float:
+    def sg_wait(self, tag: str, timeout: float, log: Path | None = None) -> float:
         t = time.monotonic()
+        log = log or self.logs / f"server-{tag}.log"
+
+        def tail() -> str:
+            return log.read_text(errors="replace")[-2500:] if log.is_file() else f"(no {log.name})"
+
         end = t + min(timeout, self.left() - 10)
         pidf = self.work / "server.pid"
         while time.monotonic() < end:
             pid = pidf.read_text().strip() if pidf.is_file() else ""
             if pid and subprocess.run(["kill", "-0", pid], capture_output=True).returncode != 0:
-                raise RuntimeError(f"SGLang {tag} exited before it was healthy: "
-                                   f"{(self.logs / f'server-{tag}.log').read_text()[-2500:]}")
+                raise RuntimeError(f"SGLang {tag} exited before it was healthy: {tail()}")
             try:
                 with urllib.request.urlopen(self.sg_url() + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -234,14 +246,14 @@ echo $! > {_q(str(pidf))}
             except OSError:
                 pass
             time.sleep(1)
-        raise RuntimeError(f"SGLang {tag} not healthy in {timeout:.0f}s: "
-                           f"{(self.logs / f'server-{tag}.log').read_text()[-2500:]}")
+        raise RuntimeError(f"SGLang {tag} not healthy in {timeout:.0f}s: {tail()}")
 
-    def sg_start(self, tag: str, script: Path) -> dict:
+    def sg_start(self, tag: str, script: Path, log_tag: str | None = None) -> dict:
+        """Run the (re)start script, wait for /health; ``log_tag``: the script's own tag (its log)."""
         t = time.monotonic()
         self.summary.setdefault("servers", {}).setdefault(tag, {"script": str(script)})
         self.sh(f"start-{tag}", ["sh", str(script)], timeout=60, check=True)
-        up = self.sg_wait(tag, self.a.server_timeout)
+        up = self.sg_wait(tag, self.a.server_timeout, self.logs / f"server-{log_tag or tag}.log")
         info = _get_json(self.sg_url() + "/server_info")
         keep = {k: info.get(k) for k in ("version", "max_total_num_tokens", "kv_cache_dtype", "attention_backend",
                                          "page_size", "cuda_graph_max_bs", "disable_cuda_graph", "mem_fraction_static",
@@ -328,15 +340,19 @@ echo $! > {_q(str(pidf))}
             P["pages"] = self.sg_measure(f"{name}-pages", ctx, out_len, nreq)
             P["outputs_pages_vs_bug"] = probe_diff(P["probe_bug"], P["probe_pages"])
             self.save()
-            if shifted and self.left() > 150:
+            if shifted and self.left() < a.min_shifted_s:
+                P["shifted_skipped"] = f"deadline ({self.left():.0f}s left < {a.min_shifted_s:.0f}s)"
+            elif shifted:
                 text = patched.decode()
                 if text.count(ROW_LINE) != 1:
                     raise RuntimeError("the pages patch's row line is not in the patched file: cannot sabotage it")
-                self.target.write_text(text.replace(ROW_LINE, ROW_SHIFTED))
+                self.target.write_text(shifted_copy(text))
+                P["shifted_sha256"] = _sha(self.target)
                 try:
-                    P["shifted_server"] = self.sg_start(f"{name}-shifted", script)
+                    P["shifted_server"] = self.sg_start(f"{name}-shifted", script, log_tag=name)
                     P["probe_shifted"] = probe(self.sg_url(), vocab)
                     P["outputs_shifted_vs_bug"] = probe_diff(P["probe_bug"], P["probe_shifted"])
+                    P["outputs_shifted_vs_pages"] = probe_diff(P["probe_pages"], P["probe_shifted"])
                 finally:
                     self.target.write_bytes(patched)
                     P["patched_bytes_restored"] = _sha(self.target) == hashlib.sha256(patched).hexdigest()
@@ -405,6 +421,10 @@ echo $! > {_q(str(pidf))}
                 "fp8_kv_cast_after": any(x.get("id") == "fp8-kv-cast" for x in pd.get("findings") or []) if pd else None,
                 "outputs_pages_identical": (P.get("outputs_pages_vs_bug") or {}).get("identical"),
                 "outputs_shifted_identical": (P.get("outputs_shifted_vs_bug") or {}).get("identical"),
+                "pages_tokens_differing": _differing(P.get("outputs_pages_vs_bug")),
+                "shifted_tokens_differing": _differing(P.get("outputs_shifted_vs_bug")),
+                "probe_output_tokens": _n_tokens(P.get("probe_bug")),
+                "shifted_skipped": P.get("shifted_skipped"),
                 "fix_restart_tpot": _restart_tpot(P),
                 "native": _native_line(P.get("native_check")),
                 "reverted_byte_identical": P.get("reverted_byte_identical"),
@@ -448,6 +468,19 @@ def _brief(c) -> dict:
     if not isinstance(c, dict):
         return {"raw": str(c)[:500]}
     return {k: v for k, v in c.items() if len(json.dumps(v, default=str)) < 6000}
+
+
+def _differing(d) -> dict | None:
+    """Output tokens whose logprob differs, per batch size, from a probe_diff."""
+    if not d:
+        return None
+    return {p: (d.get(p) or {}).get("tokens_differing") for p in ("bs1", "bs8")}
+
+
+def _n_tokens(pr) -> dict | None:
+    if not pr:
+        return None
+    return {p: sum(len(r.get("lp") or []) for r in pr.get(p) or []) for p in ("bs1", "bs8")}
 
 
 def _restart_tpot(P: dict):
