@@ -282,14 +282,22 @@ echo $! > {_q(str(pidf))}
         run = self.runs / tag
         shutil.rmtree(run, ignore_errors=True)
         rec: dict = {}
+        bench = ["bench", "--url", self.sg_url(), "--input-len", str(ctx), "--output-len", str(out_len),
+                 "--num-requests", str(requests), "--warmup", "1", "--json"]
+        # bench first (no profiler has run in this server process yet), trace, then bench again: a
+        # second TPOT after /start_profile + /stop_profile shows whether the profiler left a cost
+        pre = self.work / f"bench-{tag}"  # bench --out writes bench.json as compare reads it
+        shutil.rmtree(pre, ignore_errors=True)
+        r = self.perfscope(f"bench-{tag}", *bench, "--out", str(pre), timeout=300)
+        rec["bench"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         r = self.perfscope(f"trace-{tag}", "trace", "--url", self.sg_url(), "--steps", str(a.trace_steps),
                            "--input-len", str(ctx), "--output-len", str(out_len), "--out", str(run),
                            "--timeout", "240", "--json", timeout=300)
         rec["trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
-        r = self.perfscope(f"bench-{tag}", "bench", "--url", self.sg_url(), "--input-len", str(ctx), "--output-len",
-                           str(out_len), "--num-requests", str(requests), "--warmup", "1", "--json",
-                           *(["--out", str(run)] if run.is_dir() else []), timeout=300)
-        rec["bench"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
+        if run.is_dir() and (pre / "bench.json").is_file():
+            shutil.copy(pre / "bench.json", run / "bench.json")  # the bench before the trace
+        r = self.perfscope(f"bench-after-trace-{tag}", *bench, timeout=300)
+        rec["bench_after_trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         if run.is_dir():
             r = self.perfscope(f"diagnose-{tag}", "diagnose", str(run), "--json", "--model-config", str(CONFIG),
                                "--batch", "1", "--context", str(ctx + out_len // 2), timeout=240)
