@@ -294,8 +294,13 @@ echo $! > {_q(str(pidf))}
                            "--input-len", str(ctx), "--output-len", str(out_len), "--out", str(run),
                            "--timeout", "240", "--json", timeout=300)
         rec["trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
-        if run.is_dir() and (pre / "bench.json").is_file():
-            shutil.copy(pre / "bench.json", run / "bench.json")  # the bench before the trace
+        if run.is_dir() and (pre / "bench.json").is_file():  # the bench before the trace, as bench --out adds it
+            from perfscope.capture import rundir
+
+            b = json.loads((pre / "bench.json").read_text())
+            shutil.copy(pre / "bench.json", run / "bench.json")
+            rundir.update_run(run, timings={"bench": {k: v for k, v in b.items()
+                                                      if k not in ("workload", "server", "errors", "per_request")}})
         r = self.perfscope(f"bench-after-trace-{tag}", *bench, timeout=300)
         rec["bench_after_trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         if run.is_dir():
