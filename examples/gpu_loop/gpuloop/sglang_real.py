@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 import urllib.request
@@ -295,6 +296,8 @@ echo $! > {_q(str(pidf))}
                            "--timeout", "240", "--json", timeout=300)
         rec["trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         if run.is_dir() and (pre / "bench.json").is_file():  # the bench before the trace, as bench --out adds it
+            if str(REPO) not in sys.path:  # perfscope is on the subprocesses' PYTHONPATH, not yet on ours
+                sys.path.insert(0, str(REPO))
             from perfscope.capture import rundir
 
             b = json.loads((pre / "bench.json").read_text())
