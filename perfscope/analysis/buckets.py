@@ -50,6 +50,11 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("communication", "ep", r"dpsk::ep::|\bep::(internode|intranode|internode_ll)::",
      "DeepSeek's internal DeepEP build (`dpsk::ep::internode::{dispatch,combine,notify_dispatch,...}`, "
      "`ep::intranode::`): MoE expert-parallel dispatch/combine"),
+    # cuDNN's SDPA engines are named like its convolutions (`..._flash_fprop_...`): attention, before conv
+    ("attention", "attention", r"cudnn\w*_sdpa_|native_sdpa|flash_[fb]prop|cudnn::fusion::lean_reduction",
+     "cuDNN SDPA (torch `SDPBackend.CUDNN_ATTENTION`, cuDNN 9.19 on an H200): "
+     "`cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_*` (decode), `..._sm90_flash_fprop_wgmma_*` "
+     "(prefill) and the split-KV combine `cudnn::fusion::lean_reduction_kernel` (decode, batch <= 8)"),
     # convolutions (cuDNN, MIOpen, CUTLASS implicit GEMM) are GEMM-like work; cuDNN batch norm is a norm
     ("gemm", "conv", r"scudnn|hcudnn|xmma_(fprop|dgrad|wgrad)|implicit_?gemm|dgrad_engine|wgrad_alg\d|"
                      r"winograd|cudnn::cnn::|implicit_convolve|convolve_|fprop_|dgrad2d|wgrad2d|"
@@ -97,6 +102,16 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "TRT-LLM-gen `moe::dev::routing`"),
     ("moe", "combine", r"moe::dev::finalize|_finalize_matmul_scatter|moe_finalize|finalizeMoeRouting",
      "TRT-LLM-gen / Triton-kernels MoE finalize (combine)"),
+    # DeepSeek's internal training kernels (deepseek-ai/profile-data train.json, DualPipe EP64): their
+    # roles read from their names and the MoE layer around them (no source is public)
+    ("moe", "routing", r"^(void )?cuda::(expand_to_fused_with_scales|get_fused_mapping|clean_and_count_expert|"
+                       r"topk_sum_and_topk_idx|unique_group_indices)",
+     "DeepSeek's internal MoE routing (`cuda::get_fused_mapping`, `clean_and_count_expert`, "
+     "`expand_to_fused_with_scales_impl`, `topk_sum_and_topk_idx`; profile-data train.json)"),
+    ("moe", "combine", r"^(void )?cuda::reduce_fused_impl",
+     "DeepSeek's internal MoE combine (`cuda::reduce_fused_impl`: the expert outputs summed back per token)"),
+    ("elementwise", "quant", r"^(void )?cuda::per_(channel|token)\w*cast",
+     "DeepSeek's internal FP8 casts (`cuda::per_channel_cast_and_transpose`, `per_token_cast_back_*`)"),
     # copy: the FP8 KV cast is a direct_copy with LoadWithCast; keep casts apart from plain copies.
     # `gpu_kernel_impl_nocast` copies keep the dtype (a .contiguous()), so they are plain copies; a
     # strided copy that converts is `..manual_unroll<.., gpu_kernel_impl<direct_copy..` (the traces'
