@@ -257,6 +257,9 @@ def test_table_is_declarative_and_compiles():
         # (bucket, sub-bucket, regex, whose kernels the row covers)
         assert len(row) == 4 and all(isinstance(x, str) for x in row)
         assert len(row[3]) > 10, f"row {row[:2]} does not say whose kernels it covers"
+        # ... naming the engine(s) or the kind of workload whose kernels they are (the "done when")
+        assert re.search(r"SGLang|vLLM|every engine|CPU-only|training|non-LLM|DeepSeek|perfscope|torch-native",
+                         row[3]), f"row {row[:2]}: {row[3]!r} names no engine"
         assert row[0] in BUCKETS
         re.compile(row[2])
 
