@@ -13,9 +13,11 @@ raises, and is recorded as refused), bf16, head dim 128, 32 query heads over 8 K
 
 Written files:
 
-- ``sdpa_cudnn.json.gz``: one ``ProfilerStep#N`` per shape, each a ``record_function`` named after
-  its shape holding 3 SDPA calls (inputs made before the profiler, so the only GPU work in the
-  steps is what the SDPA calls launch); ``record_shapes`` on.
+- ``sdpa_cudnn.json.gz``: each shape one ``record_function`` range named after it (``sdpa_cudnn decode
+  b=8 kv=4096``) holding 3 SDPA calls (inputs made before the profiler, so the only GPU work in the
+  trace is what the SDPA calls launch); ``record_shapes`` on. ``prof.step()`` runs after each shape,
+  but with no ``schedule`` torch writes no ``ProfilerStep#N`` range: perfscope reads the trace as one
+  whole-trace step.
 - ``sdpa_timings.json``: environment (GPU, torch, cuDNN version), per shape the backend used, the
   CUDA-event median of 20 calls for cuDNN and for torch's default backend choice beside it, the
   KV bytes read and the achieved TB/s; which kernels cuDNN launched per shape (from the profiler).

@@ -67,10 +67,12 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     # inductor fusions are named after every op they fused: a fused norm is a norm, not a cast, and
     # a pointwise fusion around SDPA (`triton_poi_fused__scaled_dot_product_flash_attention_cat..`)
     # is not attention; Triton templates (`triton_tem_`) are GEMMs, caught below
-    ("elementwise", "norm", r"^triton_\w*fused\w*(norm|rsqrt)", "torch.compile (inductor) fused norms: vLLM (compiles by default), SGLang --enable-torch-compile, xDiT"),
+    ("elementwise", "norm", r"^triton_\w*fused\w*(norm|rsqrt)",
+     "torch.compile (inductor) fused norms: vLLM (compiles by default), SGLang --enable-torch-compile, xDiT"),
     ("elementwise", "activation", r"^triton_(poi|red|per)_\w*(silu|gelu|swiglu|sigmoid|tanh|relu)",
      "torch.compile (inductor) fused activations: vLLM, SGLang --enable-torch-compile, xDiT"),
-    ("copy", "cast", r"^triton_poi_fused__to_copy", "torch.compile (inductor) dtype casts: vLLM, SGLang --enable-torch-compile, xDiT"),
+    ("copy", "cast", r"^triton_poi_fused__to_copy",
+     "torch.compile (inductor) dtype casts: vLLM, SGLang --enable-torch-compile, xDiT"),
     ("elementwise", "inductor", r"^triton_(poi|red|per)_|^triton__\d", "torch.compile (inductor) pointwise/reductions: vLLM, SGLang --enable-torch-compile, xDiT, training"),
     # SGLang / vLLM batch bookkeeping: positions, future-token ids (overlap scheduler), page indices
     ("elementwise", "metadata", r"resolve_future_token_ids|compute_position|clamp_position|"
