@@ -334,6 +334,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/w23")
     ap.add_argument("--site", default="/tmp/site")
     ap.add_argument("--deadline", type=float, default=300)
+    ap.add_argument("--no-server", action="store_true", help="CPU dry run: install, patch, revert (no checkpoint)")
     ap.add_argument("--url", help="attach to this running server (no install, no patch, no start)")
     ap.add_argument("--pgid", type=int, help="with --url: the server's process group (its /proc stats)")
     ap.add_argument("--vocab", type=int, default=None)
@@ -401,6 +402,8 @@ def main() -> int:
     if extra.is_file():
         subprocess.run(["tar", "-xf", str(extra), "-C", str(site)], check=True)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    if a.no_server:  # the carried set is cp312 and may not import here: perfscope from REPO only
+        env["PYTHONPATH"] = str(REPO)
     env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
     if subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libnuma.so.1 '"]).returncode != 0:
@@ -418,6 +421,12 @@ def main() -> int:
            "--python", py, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer",
            "--state-dir", work / "state", "--port", "30123", "--json"]
     try:
+        if a.no_server:
+            rc, so, se = run("fix-pages-apply", fix + ["--apply"], env=env)
+            S["apply"] = {"rc": rc, "sha256_after": hashlib.sha256(target.read_bytes()).hexdigest(), "stderr": se[-800:]}
+            if rc != 0:
+                raise RuntimeError(f"fix --apply rc {rc}: {se[-500:]}")
+            return 0
         procs["warm"] = subprocess.Popen([py, str(HERE / "warm_flashinfer.py"), str(CONFIG)], env=env,
                                          stdout=open(logs / "warm_flashinfer.log", "wb"), stderr=subprocess.STDOUT)
         model = work / "model"
