@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from perfscope.capture.hostio import LocalHost
-from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, profile_activities
+from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, gpu_trace_after_note, profile_activities
 from perfscope.capture.vocab import SAFE_IDS, token_ids
 from perfscope.cli import main
 from perfscope.errors import InputError
@@ -100,6 +100,8 @@ def test_trace_url_keeps_a_vocab_4096_server_alive(sglang_server, tmp_path, caps
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["versions"]["server"] == "0.5.23" and run["server_info"]["device"] == "cpu"
     assert run["profile"]["activities"] == ["CPU"]  # no GPU on the server: no GPU, never MEM
+    # no CUPTI on a CPU trace: no note that the trace left it attached (a GPU trace gets one)
+    assert run["profile"]["after_trace"] is None and "CUPTI" not in err
     assert isinstance(run["server_info"]["internal_states"], list)  # recorded as the server gave it
     healthy_and_idle(sglang_server)
 
@@ -177,6 +179,12 @@ def test_mem_is_never_sent_to_a_server_without_a_gpu(sglang_server):
     info = c.server_info()
     assert profile_activities(info, []) == ["CPU"]
     assert profile_activities({"device": "cuda"}, []) == ["CPU", "GPU"]
+    # what a trace leaves in the server: CUPTI (GPU activity) stays attached unless TEARDOWN_CUPTI=1
+    assert gpu_trace_after_note(profile_activities(info, [])) is None
+    note = gpu_trace_after_note(profile_activities({"device": "cuda"}, []))
+    assert "TEARDOWN_CUPTI=1" in note and "restart" in note
+    assert gpu_trace_after_note(None, gpu_server=True) == note  # vLLM: its own profiler config, a GPU
+    assert gpu_trace_after_note(None, gpu_server=False) is None
     with pytest.raises(InputError, match="MEM"):
         c.start_profile(output_dir="/tmp", activities=["CPU", "MEM"])  # refused before sending
     healthy_and_idle(sglang_server)

@@ -68,6 +68,29 @@ def profile_activities(info: Optional[dict], gpus: Optional[list] = None) -> lis
     return ["CPU", "GPU"] if server_has_gpu(info, gpus) else ["CPU"]
 
 
+# What a GPU trace leaves behind in the server's process (issue 15 follow-up, h23): Kineto, the torch
+# profiler's backend, finalizes CUPTI at the end of a trace only when the server's environment has
+# TEARDOWN_CUPTI=1 (libkineto's cuptiTearDown_); otherwise CUPTI stays attached until the process
+# ends. Measured on the pages-patched real SGLang 0.5.13 on an H200 (batch 1, host-bound,
+# examples/gpu_loop/results/h200-2026-12-01-sglang/slowdown): no profile left running and no
+# profiler thread using CPU, but the fastest per-request TPOT went from 1.03 ms before the first
+# trace to 1.20 ms after it (70 requests), the scheduler's fastest 40-step window from 1.04 to
+# 1.18 ms. perfscope cannot detach CUPTI from outside the process; it says so.
+GPU_TRACE_AFTER_NOTE = (
+    "a GPU trace leaves CUPTI attached to the server's process (Kineto finalizes it only when the server "
+    "runs with TEARDOWN_CUPTI=1): a host-bound server can stay a little slower until it restarts (real "
+    "SGLang on an H200, batch 1: fastest TPOT 1.03 ms before the trace, 1.20 ms after it). For a "
+    "before/after speed comparison, bench before tracing or after a restart.")
+
+
+def gpu_trace_after_note(activities: Optional[list] = None, gpu_server: bool = False) -> Optional[str]:
+    """The note for a trace that recorded GPU activity (``activities`` holds GPU, or the engine
+    configures its own profiler and the server has a GPU: vLLM); None for a CPU-only trace."""
+    if any(str(a).upper() in ("GPU", "CUDA") for a in activities or []) or (activities is None and gpu_server):
+        return GPU_TRACE_AFTER_NOTE
+    return None
+
+
 def parse_base_url(url: str) -> tuple[str, str, int, str]:
     """``http://h:p/prefix`` | ``h:p`` | ``h`` -> (scheme, host, port, path prefix)."""
     if not url or not isinstance(url, str):

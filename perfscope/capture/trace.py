@@ -26,7 +26,7 @@ from perfscope.capture.hostio import HostIO, LocalHost, SSHHost, trace_file_comp
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.load import api as _api
 from perfscope.capture.options import TraceOptions
-from perfscope.capture.sglang_api import HTTPStatusError, profile_activities, server_has_gpu
+from perfscope.capture.sglang_api import HTTPStatusError, gpu_trace_after_note, profile_activities, server_has_gpu
 from perfscope.capture.ssh import ServerDown, SSHTarget, connect
 from perfscope.capture.vocab import is_loopback_url, token_ids
 from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
@@ -222,15 +222,18 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             io.remove([f.path for f in got], remote_dir if made_dir else None)
         workload = {"concurrency": opts.concurrency, "input_len": opts.input_len, "output_len": opts.output_len,
                     "ignore_eos": True, "seed": opts.seed, **workload}
+        after_note = gpu_trace_after_note(profile.get("activities"), server_has_gpu(info, gpu))
         rundir.write_run(
             out_dir, command=command, kind="trace", engine=opts.engine,
             host=label if ep.target else None, url=ep.url or f"ssh://{label} -> 127.0.0.1:{port}",
             versions=versions, server_info=info, gpu=gpu, workload=workload, timings=timings,
             profile={**profile, "remote_dir_kept": opts.keep_remote, "started": t_start,
-                     "duration_s": round(time.time() - t_start, 3)},
+                     "duration_s": round(time.time() - t_start, 3), "after_trace": after_note},
             files=files, extra={"profiler_tables": tables} if tables else None,
         )
         say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
+        if after_note:
+            say(f"note: {after_note}")
         if opts.bench_requests and not cancel.is_set():
             timings = dict(timings, bench=_bench(api, opts, out_dir, url, label if ep.target else None, info, say,
                                                  ids))
