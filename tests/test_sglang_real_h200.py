@@ -351,3 +351,104 @@ def test_prediction_against_the_measured_fix(name):
     row = next(x for x in json.loads((LOOP[name] / "summary.json").read_text())["table"]["rows"] if x["pool"] == name)
     assert row["fp8_kv_cast_found"] is True and row["fp8_kv_cast_after"] is False
     assert row["predicted_tpot_ms"] and row["tpot_pages_ms"] and row["floor_ms"] == pytest.approx(0.3, abs=0.05)
+
+
+# ------------------------------------------------------------------ why the patched server got slower (h23)
+# One device call (examples/gpu_loop/sglang/slowdown_run.py): the pages-patched real SGLang with the
+# 495k pool, benched 15 times (10 requests + 1 warm-up each, 2000 in / 64 out, concurrency 1; a
+# soak of 40) between plain requests, 10 s idle, the logprob probe, two perfscope traces,
+# /freeze_gc and /flush_cache. Everything below is recomputed from the raw per-request TPOTs and
+# the server's own log.
+SLOW = RES / "slowdown"
+
+
+def _slow():
+    s = json.loads((SLOW / "summary.json").read_text())
+    benches = [r for r in s["sequence"] if r["kind"] == "bench"]
+    first_trace = next(r["i"] for r in s["sequence"] if r["kind"] == "trace")
+    pre = [x for r in benches if r["i"] < first_trace for x in r["bench"]["per_request_tpot_ms"]]
+    post = [x for r in benches if r["i"] > first_trace for x in r["bench"]["per_request_tpot_ms"]]
+    return s, {r["label"]: r for r in benches}, pre, post
+
+
+def _server_log() -> str:
+    import tarfile
+
+    with tarfile.open(SLOW / "logs.tar.gz") as tf:
+        return tf.extractfile("logs/server-pages.log").read().decode(errors="replace")
+
+
+def test_slowdown_run_served_the_pages_patch_of_the_loop():
+    s, by, pre, post = _slow()
+    si = s["server_info_start"]
+    assert (si["version"], si["max_total_num_tokens"], si["kv_cache_dtype"]) == ("0.5.13.post1", 495_000, "fp8_e4m3")
+    assert si["disable_cuda_graph"] is False and si["cuda_graph_max_bs"] == 8 and si["attention_backend"] == "flashinfer"
+    assert si["disable_overlap_schedule"] is False and si["sleep_on_idle"] is False
+    assert s["install"]["payload_sha256_16"] == "acca884681948b54" and s["install"]["target_sha256"] == ORIGINAL
+    assert s["apply"]["rc"] == 0 and s["apply"]["sha256_after"] == PATCHED and s["reverted_byte_identical"] is True
+    probe = next(r for r in s["sequence"] if r["kind"] == "probe")
+    assert probe["vs_recorded_unpatched"] == {"identical": True, "tokens_differing": {"bs1": 0, "bs8": 0}}
+    assert all(r["bench"]["failed"] == 0 for r in by.values())
+    assert len(pre) == 110 and len(post) == 70 and not any(r.get("skipped") for r in s["sequence"])
+
+
+def test_without_any_trace_the_fresh_server_moves_between_a_fast_and_a_slow_level():
+    """Before any profiler ran, benches alone spanned 1.03-1.70 ms per request: a fast level
+    (<= 1.2 ms, half the requests) and a slow one (>= 1.4 ms), switching inside one bench; 10 s of
+    idle and the probe were followed by slow benches; 40 plain requests got faster, not slower."""
+    import statistics as st
+
+    _, by, pre, _ = _slow()
+    assert min(pre) == pytest.approx(1.030, abs=0.002) and max(pre) == pytest.approx(1.702, abs=0.002)
+    assert sum(x < 1.2 for x in pre) == 57 and sum(x > 1.4 for x in pre) == 32
+    med = {k: st.median(r["bench"]["per_request_tpot_ms"]) for k, r in by.items()}
+    assert med["fresh-2"] < 1.15 and med["fresh-3"] < 1.1  # fresh, fast ...
+    assert med["after-idle"] > 1.5 and med["after-probe-1"] > 1.45  # ... slow after idle / the probe, no trace yet
+    f3 = by["fresh-3"]["bench"]["per_request_tpot_ms"]
+    assert max(f3[:6]) < 1.1 and min(f3[-3:]) > 1.5  # the switch inside one bench, nothing else sent
+    soak = by["soak"]["bench"]["per_request_tpot_ms"]
+    assert len(soak) == 40 and st.mean(soak[:5]) > st.mean(soak[-10:]) + 0.3  # requests alone: faster
+    # h20's 3-request benches of the same patched server (1.15 / 1.28 / 1.36 ms) are inside that range
+    assert min(pre) < 1.15 and 1.36 < max(pre)
+
+
+def test_after_the_trace_the_fast_level_never_came_back_and_nothing_kept_profiling():
+    """After `perfscope trace`: 70 requests between 1.195 and 1.457 ms (fastest before: 1.030),
+    also after /freeze_gc and /flush_cache; SGLang's own decode log agrees (fastest 40-step window
+    965 -> 846 tok/s). No profile was left running (/stop_profile refused: 'not in progress'), and
+    the 3 threads the profiler added to the scheduler were never among its busiest."""
+    import re
+    import statistics as st
+
+    s, by, pre, post = _slow()
+    assert min(post) == pytest.approx(1.195, abs=0.002) and max(post) < 1.46
+    assert min(post) > min(pre) + 0.15 and sum(x < 1.2 for x in post) == 4
+    assert st.mean(post) - st.mean(pre) == pytest.approx(0.030, abs=0.005)  # the mean barely moved
+    for k in ("after-freeze-gc", "after-flush-cache"):  # neither GC nor the radix cache brings it back
+        assert min(by[k]["bench"]["per_request_tpot_ms"]) > 1.19
+    # the scheduler's own decode log (batch 1, every 40 steps), before and after the first trace
+    log = _server_log()
+    t_trace = re.search(r"\[(\S+ \S+)\] Profiling starts for EXTEND", log).group(1)
+    pre_w, post_w = [], []
+    for t, bs, v in re.findall(r"\[(\S+ \S+)\] Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): "
+                               r"([\d.]+)", log):
+        if bs == "1":
+            (pre_w if t < t_trace else post_w).append(float(v))
+    assert max(pre_w) == pytest.approx(965, abs=1) and max(post_w) == pytest.approx(846, abs=1)
+    assert 1000 / max(post_w) - 1000 / max(pre_w) == pytest.approx(0.14, abs=0.01)  # ms per step
+    # nothing left profiling: refused after each trace, as at the start, for the reason SGLang logs
+    traces = [r for r in s["sequence"] if r["kind"] == "trace"]
+    assert len(traces) == 2 and all(r["rc"] == 0 and r["stop_profile_after"]["status"] == 500 for r in traces)
+    assert s["stop_profile_at_start"]["status"] == 500
+    assert log.count("RuntimeError: Profiling is not in progress") == 3
+    assert log.count("Profiling starts for DECODE") == 2 and log.count("Stop profiling-DECODE") == 2
+    # the scheduler process: 58 threads, 61 after the first trace, 61 after the second; the busiest
+    # threads of every bench after the trace are threads it had before (no profiler thread spinning)
+    sched = next(p for p, v in s["snapshot_start"].items() if v["cmd"] == "sglang::scheduler")
+    assert s["snapshot_start"][sched]["threads"] == 58 and s["snapshot_end"][sched]["threads"] == 61
+    assert by["after-trace-1"]["procs"][sched]["threads"] == 61
+    busy_pre = {t["tid"] for r in by.values() if r["i"] < traces[0]["i"] for t in r["procs"][sched]["top"]}
+    busy_post = {t["tid"] for r in by.values() if r["i"] > traces[0]["i"] for t in r["procs"][sched]["top"]}
+    assert busy_post <= busy_pre
+    # no CPU contention: no server thread waited in the run queue (ms over a whole bench)
+    assert max(p["wait_s"] for r in by.values() for p in r["procs"].values()) < 0.002
