@@ -123,7 +123,9 @@ def command(
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
     bench: int = typer.Option(0, "--bench", min=0, metavar="N",
                               help="After the trace, measure TTFT/TPOT without the profiler with N requests "
-                                   "of the same workload (perfscope bench), stored in the run folder."),
+                                   "of the same workload (perfscope bench), stored in the run folder. After a GPU "
+                                   "trace CUPTI stays attached to the server (unless it runs with TEARDOWN_CUPTI=1): "
+                                   "a host-bound server measures a little slower than before the trace."),
     api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
     out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
