@@ -9,8 +9,10 @@
     ops       top ops matched by (short name, bucket): ms/step and count/step before/after, gone/new/changed
     predictions  for each finding of BEFORE that predicted its fixed step and is gone in AFTER: the
               predicted step vs AFTER's measured step, and the error in % ((predicted - measured) /
-              measured); the same scaled to TPOT when both sides have a client TPOT; the kernel-only
-              answer the step model replaced and its error, and the launch-timeline lower bound
+              measured); the same scaled to TPOT when both sides have a client TPOT (a host-bound
+              prediction gives the TPOT range, GPU work to profiled host, and whether AFTER's TPOT
+              lies in it); ``bound`` (gpu / host); the kernel-only answer the step model replaced
+              and its error, and the launch-timeline lower bound
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
     verdict   one sentence
@@ -174,11 +176,19 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
             continue  # it predicted no faster step (host-side bubbles lie between steps): nothing to hold it to
         row = {"finding": f["id"], "predicted_step_ms": _r(pred), "measured_step_ms": _r(step_after),
                "error_pct": round((pred - step_after) / step_after * 100, 1)}
+        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
+        if model.get("bound"):
+            row["bound"] = model["bound"]
         if tpot_before and tpot_after and step_before:
             ptpot = tpot_before * pred / step_before  # the step's saving, carried to the client's TPOT
             row.update({"predicted_tpot_ms": _r(ptpot), "measured_tpot_ms": _r(tpot_after),
                         "tpot_error_pct": round((ptpot - tpot_after) / tpot_after * 100, 1)})
-        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
+            if model.get("bound") == "host" and model.get("gpu_prediction_ms") is not None:
+                # host-bound: the floor was measured at the profiled host's speed; unprofiled, the TPOT
+                # lies between the GPU work's and the profiled host's
+                lo = tpot_before * model["gpu_prediction_ms"] / step_before
+                row.update({"predicted_tpot_range_ms": [_r(lo), _r(ptpot)],
+                            "tpot_within_range": lo * 0.95 <= tpot_after <= ptpot * 1.05})
         if model.get("kernel_only_prediction_ms") is not None:  # the kernel-only answer it replaced
             ko = model["kernel_only_prediction_ms"]
             row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - step_after) / step_after * 100, 1)})

@@ -30,7 +30,13 @@ def prediction_line(pr: dict) -> str:
     """``predicted by fp8-kv-cast: step 6.42 ms, measured 7.93 ms (error -19.0%)``, + TPOT when known."""
     line = (f"predicted by [bold]{escape(pr['finding'])}[/] (before run): step {_fmt_ms(pr['predicted_step_ms'])} ms, "
             f"measured [bold]{_fmt_ms(pr['measured_step_ms'])} ms[/] (error {pr['error_pct']:+.1f}%)")
-    if pr.get("predicted_tpot_ms") is not None:
+    if pr.get("bound") == "host":
+        line += " [dim](host-bound)[/]"
+    if pr.get("predicted_tpot_range_ms"):
+        lo, hi = pr["predicted_tpot_range_ms"]
+        line += (f"; TPOT {_fmt_ms(lo)}-{_fmt_ms(hi)} ms predicted (GPU work to the profiled host's speed), "
+                 f"{_fmt_ms(pr['measured_tpot_ms'])} ms measured ({'inside' if pr['tpot_within_range'] else 'outside'} the range)")
+    elif pr.get("predicted_tpot_ms") is not None:
         line += (f"; TPOT {_fmt_ms(pr['predicted_tpot_ms'])} ms predicted, {_fmt_ms(pr['measured_tpot_ms'])} ms "
                  f"measured (error {pr['tpot_error_pct']:+.1f}%)")
     return line

@@ -218,7 +218,9 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
         lines = [head, Text(f["summary"])]
         if pred is not None and pred > 0:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
+            bound = ((f.get("evidence") or {}).get("prediction") or {}).get("bound")
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
+                              + {"host": " (bound by the host)", "gpu": " (bound by GPU work)"}.get(bound, "")
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds:
