@@ -21,7 +21,9 @@ replayed here:
   all go). With CUDA graphs and the overlap scheduler the CPU runs ahead of a slow GPU, so the
   replay alone sees no host cost (SGLang, 495k-token FP8 pool on the H200: 1.02 ms predicted, 3.06
   ms measured in the fixed run's trace; the host floor says 2.79 ms). The prediction is the larger
-  of the two and says which bound it (``bound``: "gpu" or "host"). The host floor is measured at
+  of the two and says which bound it (``bound``: "gpu" or "host"); a step the host already held up
+  before the fix (host time >= the step) keeps the replay's answer (``host_floor_applies``: false:
+  the step is timed by its GPU span, which leaves host-only time out). The host floor is measured at
   the profiled run's host speed: the profiler slows the host (every op and Python call recorded),
   so an unprofiled host-bound step lies between ``gpu_prediction_ms`` and ``host_floor_ms``.
 
@@ -324,14 +326,19 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     ks = statistics.median(kernel_saved) / 1e3
     gpu_pred = max(step_ms - sv, 0.0)
     host = statistics.median(host_left) / 1e3 if host_left else None
-    bound = "host" if host is not None and host > gpu_pred else "gpu"
-    pred = max(gpu_pred, host or 0.0)
+    # the floor is on the step cycle; it bounds the measured step (the GPU work's span) only where the
+    # GPU was the bottleneck before the fix (the host had slack). A step the host already held up is
+    # timed by its GPU span, which leaves out host-only time: the replay covers its launches instead
+    applies = host is not None and host < 0.98 * step_ms
+    bound = "host" if applies and host > gpu_pred else "gpu"
+    pred = max(gpu_pred, host) if applies else gpu_pred
     lower = min(statistics.median(low_after) / 1e3, pred)
     return {
         "predicted_step_ms": round(pred, 4),
         "bound": bound,
         "gpu_prediction_ms": round(gpu_pred, 4),
         "host_floor_ms": round(host, 4) if host is not None else None,
+        "host_floor_applies": applies,
         "lower_bound_ms": round(lower, 4),
         "kernel_time_saved_ms": round(ks, 4),
         "step_time_saved_ms": round(sv, 4),
