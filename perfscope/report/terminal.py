@@ -218,9 +218,12 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
         lines = [head, Text(f["summary"])]
         if pred is not None and pred > 0:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
-            bound = ((f.get("evidence") or {}).get("prediction") or {}).get("bound")
+            model = (f.get("evidence") or {}).get("prediction") or {}
+            rng = model.get("range_ms")
+            rng = f"; {_fmt_ms(rng[0])}-{_fmt_ms(rng[1])} ms over the fix's outcomes" if rng and rng[0] != rng[1] else ""
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
-                              + {"host": " (bound by the host)", "gpu": " (bound by GPU work)"}.get(bound, "")
+                              + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(
+                                  model.get("bound"), "")
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds:
