@@ -27,8 +27,10 @@ replayed here:
   the profiled run's host speed: the profiler slows the host (every op and Python call recorded),
   so an unprofiled host-bound step lies between ``gpu_prediction_ms`` and ``host_floor_ms``.
 
-Cross-stream event waits are not modelled (each stream only waits for itself and its launches; a
-delay neither explains is kept as it was): multi-stream steps (NCCL on its own streams) replay short.
+Cross-stream event waits (cudaStreamWaitEvent) are read off the GPU timeline: a kernel that started
+later than its launch and its stream allow, just after a kernel on another stream ended, waits for
+that kernel in the replay (NCCL on its own stream waiting for the compute that filled its buffer, the
+compute waiting for the collective). Any other delay neither explains is kept as it was.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class StepReplay:
                 if d > 3 * self.latency_us and pe is not None:
                     self.delay[i] = d
             prev_end[k.stream] = k.end
+        self.dep = self._cross_stream_waits(kern, by_corr, step)
+        for i in self.dep:
+            self.delay.pop(i, None)
+            self.first_on_stream.pop(i, None)
         threads = {(l.pid, l.tid) for l, _ in launched.values()}
         lo = min([step.cpu_start] + [l.ts for l, _ in launched.values()])
         hi = max([step.cpu_end] + [l.ts for l, _ in launched.values()])
@@ -153,6 +159,41 @@ class StepReplay:
                     op = outer[j]
             self.op_of_event.append(op)
 
+    def _cross_stream_waits(self, kern, by_corr, step) -> dict:
+        """Kernels that waited on another stream (cudaStreamWaitEvent on an event recorded there: an
+        NCCL stream waiting for the compute that produced its buffer, compute waiting for the
+        collective's result). Kineto does not say which stream an event was recorded on (its
+        cuda_sync events, where enabled, carry ``wait_on_stream`` = -1 in torch 2.11), so the wait is
+        read off the GPU timeline: a kernel that started later than its launch and its own stream
+        allow, within a few microseconds of a kernel on another stream ending, waited for that
+        kernel. Returns {kernel index: (the kernel it waited for, the gap after its end)}."""
+        import bisect
+
+        ends = sorted((kern[j].end, j) for j in step.kernels)
+        end_ts = [e for e, _ in ends]
+        tol = 3 * self.latency_us + 5.0
+        dep = {}
+        prev_end: dict = {}
+        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
+            k = kern[i]
+            l = by_corr.get(k.corr)
+            pe = prev_end.get(k.stream)
+            prev_end[k.stream] = k.end
+            if l is None or is_graph_launch(l.name):
+                continue
+            expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
+            if k.ts - expl <= 3 * self.latency_us:
+                continue  # its launch or its stream explains its start
+            n = bisect.bisect_right(end_ts, k.ts + 1.0)
+            for m in range(n - 1, -1, -1):  # the latest end on another stream before it started
+                e, j = ends[m]
+                if k.ts - e > tol:
+                    break
+                if kern[j].stream != k.stream and e > expl:
+                    dep[i] = (j, max(0.0, k.ts - e))
+                    break
+        return dep
+
     def run(self, duration: Callable[[int], float], timeline: str = "recorded") -> dict:
         """Replay with ``duration(kernel index) -> µs``.
 
@@ -180,6 +221,7 @@ class StepReplay:
         shift: dict = {}
         orig_done = new_done = float("-inf")
         first, last_end, last_launch = None, float("-inf"), float("-inf")
+        new_end: dict = {}  # kernel -> its end in the replay
         for n, (l, ks, wait) in enumerate(self.events):
             th = (l.pid, l.tid)
             if timeline == "launch-api":
@@ -205,7 +247,11 @@ class StepReplay:
                     ready = max(ready, n_end + max(0.0, k.ts - o_end))
                 start = max(ready, free.get(k.stream, float("-inf")) + self.delay.get(i, 0.0),
                             self.first_on_stream.get(i, float("-inf")))
+                if i in self.dep:  # it waits for another stream's kernel (as replayed, else as recorded)
+                    j, gap = self.dep[i]
+                    start = max(start, new_end.get(j, kern[j].end) + gap)
                 graph_prev[(id(l), k.stream)] = (k.end, start + d)
+                new_end[i] = start + d
                 free[k.stream] = start + d
                 if d > 0 or k.dur == 0:  # a kernel the fix removes neither starts nor ends the step
                     first = start if first is None else min(first, start)
