@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, TRACELENS, TRACES
+from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
 from perfscope.load.reader import load_trace
 
 SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et", "908_results")  # a duplicate of a smaller file; not Kineto (x2)
-ALL = sorted(p for p in list(TRACES.rglob("*.json.gz")) + list(KERNEL_MIX.glob("*.json.gz"))
+DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"  # DeepSeek's H800 DualPipe trace
+ALL = sorted(p for p in list(TRACES.rglob("*.json.gz")) + list(KERNEL_MIX.glob("*.json.gz")) + [DEEPSEEK_TRAIN]
              if not any(s in p.name for s in SKIP))
 
 # Inference traces (and the inference-like public ones): "other" must stay below this share of kernel time
@@ -61,6 +62,7 @@ FI_GRAPH = KERNEL_MIX / "fi_decode_graph.json.gz"
 TORCH_TOPP = KERNEL_MIX / "sample_topp.json.gz"
 TORCH_TOPK = KERNEL_MIX / "sample_topk.json.gz"
 TRITON_NORM = KERNEL_MIX / "triton_norm_rope_eager.json.gz"
+SDPA_CUDNN = KERNEL_MIX / "sdpa_cudnn.json.gz"  # torch SDPA on cuDNN, H200 (make_sdpa_traces.py)
 # real SGLang 0.5.x on an H200 (FlashInfer MLA backend, FP8 KV), traced by perfscope (h15, 2026-12-01)
 SGL_H200 = next(iter(sorted((GPU_LOOP / "h200-2026-12-01-sglang/pool495000/runs/495000-bug/traces").glob(
     "*DECODE*.json.gz"))))
@@ -182,6 +184,20 @@ EXPECT = [
     (SGL_H200, r"ArgMaxOps", "sampling"),
     # perfscope's own pages fix: an FP8 -> BF16 cast of the referenced rows, a copy
     (PAGES_FIX, r"^_perfscope_fp8kv_rows_kernel$", "copy/cast"),
+    # DeepSeek's internal DeepEP (EP64 over RDMA) in its own H800 training trace: communication
+    (DEEPSEEK_TRAIN, r"dpsk::ep::internode::dispatch<", "communication/ep"),
+    (DEEPSEEK_TRAIN, r"dpsk::ep::internode::combine<", "communication/ep"),
+    (DEEPSEEK_TRAIN, r"dpsk::ep::internode::notify_dispatch<", "communication/ep"),
+    (DEEPSEEK_TRAIN, r"dpsk::ep::internode::cached_notify<", "communication/ep"),
+    (DEEPSEEK_TRAIN, r"cutlass::device_kernel<dpsk::grouped_gemm::", "gemm/moe"),
+    (DEEPSEEK_TRAIN, r"cutlass::device_kernel<flash::FlashAttnBwd", "attention"),
+    (DEEPSEEK_TRAIN, r"cuda::per_channel_cast_and_transpose", "elementwise/quant"),
+    (DEEPSEEK_TRAIN, r"cuda::expand_to_fused_with_scales_impl", "moe/routing"),
+    (DEEPSEEK_TRAIN, r"cuda::reduce_fused_impl", "moe/combine"),
+    # cuDNN SDPA (its engines are named `..._flash_fprop_...`, like cuDNN convolutions): attention
+    (SDPA_CUDNN, r"^cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma", "attention"),
+    (SDPA_CUDNN, r"^cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma", "attention"),
+    (SDPA_CUDNN, r"cudnn::fusion::lean_reduction_kernel", "attention"),
 ]
 
 
@@ -241,6 +257,9 @@ def test_table_is_declarative_and_compiles():
         # (bucket, sub-bucket, regex, whose kernels the row covers)
         assert len(row) == 4 and all(isinstance(x, str) for x in row)
         assert len(row[3]) > 10, f"row {row[:2]} does not say whose kernels it covers"
+        # ... naming the engine(s) or the kind of workload whose kernels they are (the "done when")
+        assert re.search(r"SGLang|vLLM|every engine|CPU-only|training|non-LLM|DeepSeek|perfscope|torch-native",
+                         row[3]), f"row {row[:2]}: {row[3]!r} names no engine"
         assert row[0] in BUCKETS
         re.compile(row[2])
 
@@ -255,3 +274,67 @@ def test_real_sglang_sampling_lands_in_its_step():
     assert d["buckets"]["sampling"]["ms_per_step"] > 0.005  # ArgMaxOps (greedy), ~10 us per step
     assert d["buckets"]["attention"]["ms_per_step"] == pytest.approx(
         sum(o["ms_per_step"] for o in d["ops"] if "BatchMLAPageAttentionHopperKernel" in o["name"]), rel=0.01)
+
+
+def _raw_events(path: Path) -> list:
+    import gzip
+    import json
+
+    with gzip.open(path) as f:
+        d = json.load(f)
+    return d["traceEvents"] if isinstance(d, dict) else d
+
+
+def test_deepseek_deep_ep_is_the_communication_bucket():
+    # DeepSeek's H800 training trace (deepseek-ai/profile-data train.json: a DualPipe forward+backward
+    # chunk pair, EP64): its `dpsk::ep::` kernels are about half of kernel time and were "other"
+    from perfscope.analysis.diagnose import diagnose
+
+    kernels = [e for e in _raw_events(DEEPSEEK_TRAIN) if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    total = sum(e["dur"] for e in kernels)
+    ep = sum(e["dur"] for e in kernels if "dpsk::ep::" in e["name"])
+    assert 0.40 < ep / total < 0.50  # the trace is what its README says: EP all-to-all ~46%
+    d = diagnose([DEEPSEEK_TRAIN]).to_dict()
+    comm = d["buckets"]["communication"]
+    assert comm["share"] == pytest.approx(ep / total, abs=0.002), (comm, ep / total)
+    assert d["buckets"]["other"]["share"] < 0.01
+    assert d["steps"]["workload"] == "training" and d["steps"]["phase"] == "train"
+    assert d["findings"] == []  # no nccl-allreduce / eager-decode / server flags on a training chunk
+    tops = [o for o in d["ops"] if "dpsk::ep::" in o["name"]]
+    assert {o["short"] for o in tops} >= {"dispatch", "combine", "notify_dispatch", "cached_notify"}
+    assert all((o["bucket"], o["sub"]) == ("communication", "ep") for o in tops)
+
+
+def test_cudnn_sdpa_kernels_are_attention():
+    # torch SDPA under sdpa_kernel(CUDNN_ATTENTION) on an H200 (cuDNN 9.19): decode (q 1 token, kv 1k-32k,
+    # batch 1/8/64, 32 q heads over 8 KV heads) and a causal prefill; every kernel of the calls is attention
+    import json
+
+    ev = _raw_events(SDPA_CUDNN)
+    ranges = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in ev if e.get("ph") == "X"
+              and e.get("cat") == "user_annotation" and e["name"].startswith("sdpa_cudnn ")]
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("ph") == "X"
+              and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    per: dict = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            ts = launch[e["args"]["correlation"]]
+            case = next(n for a, b, n in ranges if a <= ts <= b)  # every kernel was launched by an SDPA call
+            per.setdefault(case, set()).add(e["name"])
+            assert classify(e["name"])[0] == "attention", (case, e["name"])
+    assert len(ranges) == len(per) == 13
+    # cuDNN's split-KV decode ends in lean_reduction_kernel (batch 1 and 8; batch 64 needs no split)
+    lean = {c for c, ns in per.items() if any("lean_reduction_kernel" in n for n in ns)}
+    assert lean and all(c.startswith("sdpa_cudnn decode") for c in lean)
+    assert not any("b=64" in c for c in lean)
+    # the timings beside the trace: the same cases, cuDNN's CUDA-event medians
+    t = json.loads((KERNEL_MIX / "sdpa_timings.json").read_text())
+    assert t["env"]["gpu"] == "NVIDIA H200" and t["env"]["cudnn"] >= 90000
+    timed = {"sdpa_cudnn " + c["name"]: c["cudnn"]["median_ms"] for c in t["cases"]}
+    assert set(timed) == set(per) and all(v > 0 for v in timed.values())
+    assert {c: sorted(ns) for c, ns in per.items()} == {c: sorted(k for k in ks if not k.startswith("["))
+                                                        for c, ks in t["kernels_per_case"].items()}
+    from perfscope.analysis.diagnose import diagnose
+
+    d = diagnose([SDPA_CUDNN]).to_dict()
+    assert d["buckets"]["attention"]["share"] > 0.99 and d["buckets"]["gemm"]["ms_per_step"] == 0

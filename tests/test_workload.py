@@ -2,16 +2,30 @@
 
 Real traces: the training runs among ../shared/traces/public (HolisticTraceAnalysis: V100/A100
 training ranks with autograd and optimizer steps, a cuDNN CNN, an MI250 toy training loop;
-TraceLens: an MI210 GPU-only CNN training trace), the LLM serving traces beside them and the H200
-kernel-mix traces of this project.
+TraceLens: an MI210 GPU-only CNN training trace), DeepSeek's own H800 training trace (DualPipe,
+EP64, tests/traces/deepseek-profile-data), the xDiT Stable Diffusion 3.5 trace (MI300X), the LLM
+serving traces beside them and the H200 kernel-mix traces of this project.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+
 import pytest
 
-from paths import H200, HTA, KERNEL_MIX, TRACELENS
+from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS
 from perfscope.analysis.diagnose import diagnose
+
+DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
+XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.gz"  # 62 MB of JSON: diagnosed once
+NOT_KINETO = ("benchmark_simple_add_et", "908_results")  # an execution trace, a rocprofiler JSON
+PUBLIC_TRACES = sorted(p for p in PUBLIC.rglob("*.json.gz") if not any(s in p.name for s in NOT_KINETO))
+
+
+@lru_cache(maxsize=None)
+def diag(path: Path) -> dict:
+    return diagnose([path]).to_dict()
 
 TRAINING = [
     HTA / "df_index_resolver/df_index_resolver.json.gz",
@@ -23,6 +37,7 @@ TRAINING = [
     HTA / "trace_filter/sampled_rank-1.json.gz",
     HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
     TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz",
+    DEEPSEEK_TRAIN,
 ]
 LLM = [
     TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz",
@@ -34,7 +49,7 @@ LLM = [
 
 @pytest.mark.parametrize("path", TRAINING, ids=[p.name[:40] for p in TRAINING])
 def test_training_traces_are_training_and_get_no_serving_finding(path):
-    d = diagnose([path]).to_dict()
+    d = diag(path)
     assert d["steps"]["workload"] == "training", d["steps"]["workload_how"]
     assert d["steps"]["phase"] == "train"  # not "decode"
     assert d["findings"] == []  # no eager-decode, nccl-allreduce, torch-sampling, ... on a training loop
@@ -55,3 +70,36 @@ def test_llm_traces_stay_llm(path):
     d = diagnose([path]).to_dict()
     assert d["steps"]["workload"] == "llm-inference", d["steps"]["workload_how"]
     assert d["steps"]["phase"] in ("decode", "prefill", "mixed")
+
+
+def test_diffusion_trace_is_told_apart_and_gets_no_decode_finding():
+    # xDiT running Stable Diffusion 3.5 (diffusers' SD3Transformer2DModel, a VAE) on an MI300X: one
+    # ProfilerStep around `execute_diffusion_1_256x256`; a 22 us int argmax once read as LLM sampling
+    d = diag(XDIT)
+    st = d["steps"]
+    assert st["workload"] == "inference" and st["workload_model"] == "diffusion", st["workload_how"]
+    assert st["phase"] == "inference"  # not "decode"
+    assert d["findings"] == []  # no eager-decode (it was: "enable CUDA graphs in SGLang")
+    how = st["workload_how"]
+    assert how.startswith("diffusion-model inference") and "execute_diffusion_1_256x256" in how
+    assert "diffusers" in how and "xfuser" in how and "SD3Transformer2DModel" in how
+    assert st["workload_evidence"]["diffusion_annotations"] == 1 and st["workload_evidence"]["diffusion_frames"] > 10
+    assert any(n.startswith("This is diffusion-model inference") for n in d["notes"])
+
+
+@pytest.mark.parametrize("path", PUBLIC_TRACES, ids=[str(p.relative_to(PUBLIC))[-50:] for p in PUBLIC_TRACES])
+def test_public_traces_get_serving_findings_only_where_they_can_apply(path):
+    # every public trace: a finding (all perfscope's rules are about LLM serving) only on a trace taken
+    # as LLM inference, on steps that are decode / prefill / mixed, never on training or non-LLM ones
+    d = diag(path)
+    st = d["steps"]
+    if st["workload"] == "training":
+        assert st["phase"] == "train" and d["findings"] == [], (st["workload_how"], d["findings"])
+    elif st["workload_model"] in ("diffusion", "cnn"):
+        assert st["phase"] == "inference" and d["findings"] == [], (st["workload_how"], d["findings"])
+    for f in d["findings"]:
+        assert st["workload"] in ("llm-inference", "inference") and st["phase"] in ("decode", "prefill", "mixed"), \
+            (f["id"], st)
+    # the diffusion and training traces among them are told apart (none of them is read as decode)
+    if "xdit" in str(path) or path in TRAINING:
+        assert st["phase"] != "decode"

@@ -65,6 +65,12 @@ def pass_steps(st: State) -> None:
             if s.phase in ("decode", "unknown"):
                 s.phase = "train"
         st.stepset.note = st.stepset.note.replace("(taken as decode steps)", "(training iterations)")
+    elif not st.workload["serving_rules"]:
+        # non-LLM inference (a diffusion pipeline, a CNN): its iterations are no decode steps either
+        for s in st.stepset.steps:
+            if s.phase in ("decode", "unknown"):
+                s.phase = "inference"
+        st.stepset.note = st.stepset.note.replace("(taken as decode steps)", "(inference iterations)")
     if not st.workload["serving_rules"]:
         st.notes.append(f"This is {st.workload['how']}.")
     st.phase = st.stepset.primary_phase
@@ -104,6 +110,7 @@ def pass_metrics(st: State) -> None:
         "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
         "method": st.stepset.method, "how": st.stepset.note,
         "workload": st.workload.get("kind"), "workload_how": st.workload.get("how"),
+        "workload_model": st.workload.get("model"),
         "workload_evidence": st.workload.get("evidence"),
         "analysed_on": "cpu-ops" if st.cpu_only else "gpu-kernels",
         "mean_ms": round(statistics.fmean(gpu), 4) if gpu else None,

@@ -7,7 +7,8 @@ The ``kind`` of a GPU activity (memcpy/memset) wins over its name. Each row's fo
 whose kernels it covers (engine, library, API); ``perfscope rules --markdown`` / docs list them.
 Every row is exercised by tests/test_buckets.py on the real kernel names of the traces in
 shared/traces and tests/traces (the H200 kernel-mix traces: FlashInfer 0.6.18 norm, activation,
-rope, sampling and MLA kernels, torch sampling, Triton norm/rotary).
+rope, sampling and MLA kernels, torch sampling, Triton norm/rotary, cuDNN SDPA; DeepSeek's own H800
+training trace with its internal DeepEP `dpsk::ep::` kernels).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("communication", "ep", r"dpsk::ep::|\bep::(internode|intranode|internode_ll)::",
      "DeepSeek's internal DeepEP build (`dpsk::ep::internode::{dispatch,combine,notify_dispatch,...}`, "
      "`ep::intranode::`): MoE expert-parallel dispatch/combine"),
+    # cuDNN's SDPA engines are named like its convolutions (`..._flash_fprop_...`): attention, before conv
+    ("attention", "attention", r"cudnn\w*_sdpa_|native_sdpa|flash_[fb]prop|cudnn::fusion::lean_reduction",
+     "torch-native models on cuDNN SDPA (torch `SDPBackend.CUDNN_ATTENTION`: HF transformers, diffusers; not "
+     "SGLang/vLLM's own attention backends), seen with cuDNN 9.19 on an H200: "
+     "`cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_*` (decode), `..._sm90_flash_fprop_wgmma_*` "
+     "(prefill) and the split-KV combine `cudnn::fusion::lean_reduction_kernel` (decode, batch <= 8)"),
     # convolutions (cuDNN, MIOpen, CUTLASS implicit GEMM) are GEMM-like work; cuDNN batch norm is a norm
     ("gemm", "conv", r"scudnn|hcudnn|xmma_(fprop|dgrad|wgrad)|implicit_?gemm|dgrad_engine|wgrad_alg\d|"
                      r"winograd|cudnn::cnn::|implicit_convolve|convolve_|fprop_|dgrad2d|wgrad2d|"
@@ -60,11 +67,13 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     # inductor fusions are named after every op they fused: a fused norm is a norm, not a cast, and
     # a pointwise fusion around SDPA (`triton_poi_fused__scaled_dot_product_flash_attention_cat..`)
     # is not attention; Triton templates (`triton_tem_`) are GEMMs, caught below
-    ("elementwise", "norm", r"^triton_\w*fused\w*(norm|rsqrt)", "torch.compile (inductor) fused norms"),
+    ("elementwise", "norm", r"^triton_\w*fused\w*(norm|rsqrt)",
+     "torch.compile (inductor) fused norms: vLLM (compiles by default), SGLang --enable-torch-compile, xDiT"),
     ("elementwise", "activation", r"^triton_(poi|red|per)_\w*(silu|gelu|swiglu|sigmoid|tanh|relu)",
-     "torch.compile (inductor) fused activations"),
-    ("copy", "cast", r"^triton_poi_fused__to_copy", "torch.compile (inductor) dtype casts"),
-    ("elementwise", "inductor", r"^triton_(poi|red|per)_|^triton__\d", "torch.compile (inductor) pointwise/reductions"),
+     "torch.compile (inductor) fused activations: vLLM, SGLang --enable-torch-compile, xDiT"),
+    ("copy", "cast", r"^triton_poi_fused__to_copy",
+     "torch.compile (inductor) dtype casts: vLLM, SGLang --enable-torch-compile, xDiT"),
+    ("elementwise", "inductor", r"^triton_(poi|red|per)_|^triton__\d", "torch.compile (inductor) pointwise/reductions: vLLM, SGLang --enable-torch-compile, xDiT, training"),
     # SGLang / vLLM batch bookkeeping: positions, future-token ids (overlap scheduler), page indices
     ("elementwise", "metadata", r"resolve_future_token_ids|compute_position|clamp_position|"
                                 r"create_\w*kv_indices|_copy_page_indices|req_to_token",
@@ -85,7 +94,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "SGLang/vLLM on CUDA: FlashInfer sampling (`*SamplingFromProbKernel`, `TopKTopPSamplingFromProbKernel`, "
      "renorm, `OnlineSoftmax*` of `flashinfer.sampling.softmax`)"),
     ("copy", "kv-write", r"flashinfer::AppendPagedKVCache|AppendPagedKVMlaCache|append_paged_\w*kv",
-     "FlashInfer `append_paged_kv_cache` / `append_paged_mla_kv_cache`"),
+     "SGLang/vLLM on CUDA: FlashInfer `append_paged_kv_cache` / `append_paged_mla_kv_cache`"),
     # perfscope's own `fp8-kv-cast --strategy pages` kernels: an FP8 -> BF16 cast of the referenced pages
     ("copy", "cast", r"_perfscope_fp8kv_\w*kernel", "perfscope's `fp8-kv-cast` pages fix (Triton page/row cast)"),
     # MoE routing / dispatch / combine (the expert GEMMs are under gemm/moe)
@@ -96,7 +105,17 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "SGLang/vLLM fused-MoE routing (topk_softmax, grouped_topk, moe_align), Triton-kernels bitmatrix routing, "
      "TRT-LLM-gen `moe::dev::routing`"),
     ("moe", "combine", r"moe::dev::finalize|_finalize_matmul_scatter|moe_finalize|finalizeMoeRouting",
-     "TRT-LLM-gen / Triton-kernels MoE finalize (combine)"),
+     "vLLM MoE combine: TRT-LLM-gen `moe::dev::finalize` (B200), Triton-kernels `_finalize_matmul_scatter` (gpt-oss)"),
+    # DeepSeek's internal training kernels (deepseek-ai/profile-data train.json, DualPipe EP64): their
+    # roles read from their names and the MoE layer around them (no source is public)
+    ("moe", "routing", r"^(void )?cuda::(expand_to_fused_with_scales|get_fused_mapping|clean_and_count_expert|"
+                       r"topk_sum_and_topk_idx|unique_group_indices)",
+     "DeepSeek's internal MoE routing (`cuda::get_fused_mapping`, `clean_and_count_expert`, "
+     "`expand_to_fused_with_scales_impl`, `topk_sum_and_topk_idx`; profile-data train.json)"),
+    ("moe", "combine", r"^(void )?cuda::reduce_fused_impl",
+     "DeepSeek's internal MoE combine (`cuda::reduce_fused_impl`: the expert outputs summed back per token)"),
+    ("elementwise", "quant", r"^(void )?cuda::per_(channel|token)\w*cast",
+     "DeepSeek's internal FP8 casts (`cuda::per_channel_cast_and_transpose`, `per_token_cast_back_*`)"),
     # copy: the FP8 KV cast is a direct_copy with LoadWithCast; keep casts apart from plain copies.
     # `gpu_kernel_impl_nocast` copies keep the dtype (a .contiguous()), so they are plain copies; a
     # strided copy that converts is `..manual_unroll<.., gpu_kernel_impl<direct_copy..` (the traces'
@@ -111,20 +130,20 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
                          r"set_kv_buffer|cache_kernel",
      "SGLang `store_kvcache` / `set_mla_kv_buffer`, vLLM `reshape_and_cache*` / `concat_and_cache_mla`"),
     # scatters write into a tensor (the KV write of `pool[loc] = kv` is an index_put): not gathers
-    ("copy", "scatter", r"scatter_kernel|index_put|indexFuncLarge\w*ReduceAdd|scatter_add", "torch scatters / index_put"),
+    ("copy", "scatter", r"scatter_kernel|index_put|indexFuncLarge\w*ReduceAdd|scatter_add", "torch scatters / index_put (every engine; SGLang/vLLM torch-native KV writes `pool[loc] = kv`)"),
     ("copy", "gather", r"index_select|indexSelect|indexFunc|gather_kernel|"
                        r"index_elementwise|vectorized_gather|index_kernel|(?<!rotary_)embedding",
-     "torch gathers / index_select / embedding lookups"),
-    ("copy", "fill", r"FillFunctor|fill_kernel|memset|zero_", "torch fills / zeroing"),
-    # attention (vLLM's split-KV Triton attention ends in `reduce_segments`; cuDNN SDPA's lean
-    # attention ends in `lean_reduction_kernel`); `flash` but not `flashinfer::` (caught by name above)
+     "torch gathers / index_select / embedding lookups (every engine)"),
+    ("copy", "fill", r"FillFunctor|fill_kernel|memset|zero_", "torch fills / zeroing (every engine)"),
+    # attention (vLLM's split-KV Triton attention ends in `reduce_segments`; cuDNN SDPA's engines and
+    # its `lean_reduction_kernel` are caught above the conv rows); `flash` but not `flashinfer::` (caught above)
     ("attention", "attention", r"attention|attn|fmha|flash(?!infer::)|\bmha|_mla|mla::|BatchMLA|BatchPrefill|"
                                r"BatchDecode|SinglePrefill|SingleDecode|BatchPOD|MergeState|merge_state|paged_|"
                                r"decode_kernel|reduce_segments|lean_reduction|_fwd_kernel|sdpa|xformers|"
                                r"softmax_kernel_causal|cutlass_.*fmha",
      "FlashInfer (MLA, prefill/decode/POD, merge states), FlashAttention 2/3 (`flash_fwd*`, sgl-kernel fa3), "
      "TRT-LLM-gen fmha, SGLang/vLLM Triton attention (`_fwd_kernel*`, `reduce_segments`), cuDNN SDPA "
-     "(incl. `lean_reduction_kernel`), CK/aiter attention (`attn_fwd`), xformers"),
+     "not caught above, CK/aiter attention (`attn_fwd`), xformers"),
     # the expert GEMMs of MoE layers (routing is above; TRT-LLM-gen batched GEMMs over experts: `bmm_..dynBatch`)
     ("gemm", "moe", r"fused_moe|moe_gemm|grouped_gemm|_matmul_ogs|cutlass_moe|MoeFCGemm|^bmm_\w*dynBatch",
      "SGLang/vLLM Triton `fused_moe_kernel`, CUTLASS / TRT-LLM MoE GEMMs, Triton-kernels `_matmul_ogs`"),
@@ -149,7 +168,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("elementwise", "activation", r"silu|gelu|act_and_mul|activation|swiglu|sigmoid|tanh|relu",
      "torch / vLLM / sgl-kernel activations"),
     ("elementwise", "rope", r"rotary|rope", "torch / vLLM / aiter rotary embeddings"),
-    ("elementwise", "quant", r"quant|fp8|hfp8|per_token_group", "activation quantisation (per-token-group FP8, ...)"),
+    ("elementwise", "quant", r"quant|fp8|hfp8|per_token_group", "SGLang/vLLM activation quantisation (sgl-kernel `per_token_group_quant_8bit`, vLLM `scaled_fp8_quant`, TRT-LLM `quantize_with_block_size`)"),
     ("elementwise", "elementwise", r"elementwise|Functor|reduce_kernel|multi_tensor_apply|cub::|rocprim::|"
                                    r"DeviceScan|DeviceReduce|arange|cumsum|softmax|scan_innermost|"
                                    r"scan_outer|where|clamp|_kernel_with_index|searchsorted|upsample|SubTensorOp|"

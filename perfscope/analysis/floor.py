@@ -40,6 +40,9 @@ from perfscope.analysis.model_config import (
 
 FLOOR_BUCKETS = ("gemm", "attention", "communication", "copy")
 _BS = re.compile(r"\bbs=(\d+)")
+# vLLM's step annotations: ..._generation_<requests>(<tokens>) and, with detailed_trace_annotation,
+# ..._generation_<requests>(sq<tokens>sk<KV tokens summed over the requests>...)
+_VLLM_GEN = re.compile(r"_generation_(\d+)\((?:sq\d+sk(\d+))?")
 # keys of a server_info (or the repro server's) that say it carries the model's shape itself
 _SHAPE_KEYS = ("num_hidden_layers", "kv_lora_rank", "num_key_value_heads", "weight_bytes_per_layer")
 
@@ -83,9 +86,17 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
         bss = [int(m.group(1)) for lab in step_labels if (m := _BS.search(lab or ""))]
         if bss:
             batch, bsrc = int(statistics.median(bss)), "step labels (bs=N)"
+    gens = [(int(m.group(1)), m.group(2)) for lab in step_labels if (m := _VLLM_GEN.search(lab or ""))]
+    gens = [(g, sk) for g, sk in gens if g > 0]
+    if batch is None and gens:
+        batch, bsrc = int(statistics.median(g for g, _ in gens)), "vLLM step annotations (generation_G)"
     context, csrc = _pos_int(fi.get("context")), "--context"
     if context is None and _pos_int(workload.get("context")):
         context, csrc = _pos_int(workload.get("context")), "model config workload.context"
+    per_request = [int(sk) / g for g, sk in gens if sk is not None]
+    if context is None and per_request:
+        context = max(1, round(statistics.median(per_request)))
+        csrc = "vLLM detailed step annotations (KV tokens per generation request)"
     # a perfscope run's workload (run.json: concurrency, input_len, output_len), when the caller passes it on
     run = config.get("workload") if isinstance(config.get("workload"), dict) else {}
     if batch is None and _pos_int(run.get("concurrency")):

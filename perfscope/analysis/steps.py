@@ -106,7 +106,9 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
         v = None if m else _VLLM_EXECUTE.match(a.name)
         if m or v:
             ctx, gen = (int(m.group(2)), int(m.group(3))) if m else (int(v.group(2)), int(v.group(4)))
-            phase = "decode" if ctx == 0 and gen > 0 else "prefill" if gen == 0 and ctx > 0 else "mixed"
+            # vLLM annotates an empty step too (execute_0_context_0(..)_generation_0(..)): idle, as SGLang's IDLE
+            phase = ("idle" if ctx == 0 and gen == 0 else "decode" if ctx == 0 else "prefill" if gen == 0
+                     else "mixed")
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"

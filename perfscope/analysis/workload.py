@@ -8,7 +8,10 @@ trace kind is read first, from what each kind must contain:
 - training: autograd's backward ops (`autograd::engine::evaluate_function: ...`, `*Backward0`), the
   optimizer (`Optimizer.step#...`, `Optimizer.zero_grad#...`); without CPU ops, backward kernels
   (`*backward*`, `*_bwd*`, cuDNN `dgrad`/`wgrad`) as a real share of kernel time;
-- non-LLM inference: no backward, and convolutions a large share of kernel time (CNNs, VAEs);
+- non-LLM inference: no backward, and a diffusion pipeline (xDiT / diffusers: a `*diffusion*` or
+  `*denois*` annotation, Python frames of `diffusers/`, `xfuser/`, a `scheduling_*.py` scheduler or a
+  UNet / `*Transformer2DModel` / `AutoencoderKL` module), or convolutions a large share of kernel time
+  (CNNs, VAEs); its steps are pipeline runs, not decode steps (phase `inference`);
 - LLM inference otherwise (serving-engine step annotations, KV-cache writes, sampling and decode
   attention kernels say so with more confidence).
 """
@@ -23,6 +26,9 @@ from perfscope.load.model import Trace
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
 _BACKWARD_KERNEL = re.compile(r"backward|_bwd|dgrad|wgrad", re.I)
+_DIFFUSION_ANN = re.compile(r"diffusion|denois", re.I)
+_DIFFUSION_FRAME = re.compile(r"(^|/)(diffusers|xfuser)/|(^|/)scheduling_\w+\.py\(|"
+                              r"^nn\.Module: \w*(UNet\w*|Transformer2DModel|AutoencoderKL\w*)_\d+$")
 _SERVING_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)|^execute_\w*context")
 
 BACKWARD_OPS_MIN = 3
@@ -31,7 +37,8 @@ CONV_SHARE = 0.20
 
 
 def classify_workload(trace: Trace) -> dict:
-    """{kind: "llm-inference" | "training" | "inference", serving_rules: bool, evidence: {...}, how: str}.
+    """{kind: "llm-inference" | "training" | "inference", serving_rules: bool, evidence: {...}, how: str,
+    model: "diffusion" | "cnn" (non-LLM inference only)}.
 
     ``serving_rules``: whether perfscope's rules (all about LLM serving) run on the trace."""
     bw_ops = sum(1 for o in trace.cpu_ops if _BACKWARD_OP.search(o.name))
@@ -50,9 +57,13 @@ def classify_workload(trace: Trace) -> dict:
             conv_us += k.dur
         if sub == "kv-write" or b == "sampling" or "flashinfer::" in k.name:
             llm_us += k.dur
+    diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
+    frame_names = {f.name for f in trace.frames}
+    diff_frames = sorted(n for n in frame_names if _DIFFUSION_FRAME.search(n))
     ev = {"backward_ops": bw_ops, "optimizer_steps": optim, "serving_step_annotations": serving,
           "backward_kernel_share": round(bw_us / total, 4) if total else 0.0,
-          "conv_kernel_share": round(conv_us / total, 4) if total else 0.0}
+          "conv_kernel_share": round(conv_us / total, 4) if total else 0.0,
+          "diffusion_annotations": len(diff_ann), "diffusion_frames": len(diff_frames)}
     if serving == 0 and (bw_ops >= BACKWARD_OPS_MIN or optim > 0 or (total and bw_us / total >= BACKWARD_KERNEL_SHARE)):
         what = []
         if bw_ops:
@@ -64,8 +75,21 @@ def classify_workload(trace: Trace) -> dict:
         return {"kind": "training", "serving_rules": False, "evidence": ev,
                 "how": "a training trace (" + ", ".join(what) + "): its steps are training iterations, "
                        "not decode steps; perfscope's serving rules do not apply"}
+    if serving == 0 and (diff_ann or diff_frames):
+        what = []
+        if diff_ann:
+            what.append("annotation " + ", ".join(f"`{n[:60]}`" for n in diff_ann[:2]))
+        if diff_frames:
+            libs = sorted({m.group(2) for m in (re.search(r"(^|/)(diffusers|xfuser)/", n) for n in diff_frames) if m})
+            mods = sorted({n.split(": ", 1)[1].rsplit("_", 1)[0] for n in diff_frames if n.startswith("nn.Module: ")})
+            what.append(f"{len(diff_frames)} Python functions of " + (", ".join(libs) or "a diffusion pipeline")
+                        + (f" (modules {', '.join(mods[:3])})" if mods else ""))
+        return {"kind": "inference", "model": "diffusion", "serving_rules": False, "evidence": ev,
+                "how": "diffusion-model inference (" + "; ".join(what) + "), not an LLM: its steps are "
+                       "denoising pipeline runs, not decode steps, and there is no KV cache or sampling; "
+                       "perfscope's serving rules do not apply"}
     if serving == 0 and total and conv_us / total >= CONV_SHARE and not llm_us:
-        return {"kind": "inference", "serving_rules": False, "evidence": ev,
+        return {"kind": "inference", "model": "cnn", "serving_rules": False, "evidence": ev,
                 "how": f"non-LLM inference (convolutions {conv_us / total:.0%} of kernel time, no KV cache or "
                        "sampling kernels): perfscope's serving rules do not apply"}
     if serving or llm_us:

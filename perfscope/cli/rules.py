@@ -24,8 +24,9 @@ the step cycle for gaps between steps; never above 100%), `confidence` (low / me
 that addresses it, `perfscope fix ID --apply`; none when no module exists, then `remedy` says what to
 do) and `predicted_step_ms_after_fix` (the step replayed on the trace's CPU launch timeline without
 what the fix removes: `evidence.prediction` gives it, the kernel-only answer and a lower bound).
-The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps) or a
-convolution-heavy non-LLM one none of them runs, and `steps.workload` says what the trace is.
+The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps), a
+diffusion pipeline (xDiT / diffusers) or a convolution-heavy non-LLM one none of them runs, and
+`steps.workload` (`steps.workload_model`) says what the trace is.
 """
 
 

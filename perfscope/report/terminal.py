@@ -57,9 +57,13 @@ def share_of(f: dict, cpu: bool = False) -> str:
     return "CPU op time" if cpu and what == "kernel time" else what
 
 
-def verdict(d: Diagnosis) -> Panel:
+def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     """The first screen: the top finding, what it costs, the command that fixes it and the step time
-    predicted after it; or, when no rule matched, what was analysed and what the rules cover."""
+    predicted after it; or, when no rule matched, what was analysed and what the rules cover.
+
+    A fix command wider than the panel can hold (``width``: the console's) is not folded inside it,
+    where a copied command would carry the fold: the panel says so and :func:`long_fix_command`
+    gives the line to print, unwrapped, right below it."""
     p = d.primary
     s = p.steps
     cpu = s.get("analysed_on") == "cpu-ops"
@@ -84,9 +88,14 @@ def verdict(d: Diagnosis) -> Panel:
             f"confidence {f['confidence']}"]
     cmds = fix_commands(d, f)
     if cmds:
-        where = "" if (d.run or {}).get("host") else "; remote server: add --host HOST"
-        body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
-        body.append(f"[dim]       (shows the diff, changes nothing; then add --apply{where})[/]")
+        remote = not (d.run or {}).get("host")
+        if long_fix_command(d, width) is None:
+            body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
+        else:
+            body.append("fix:   [bold]the command under this box[/] [dim](one line, as long as it is)[/]")
+        body.append("[dim]       (shows the diff, changes nothing; then add --apply)[/]")
+        if remote:
+            body.append("[dim]       (a remote server: add --host HOST)[/]")
     elif f.get("remedy"):
         body.append(f"remedy: {escape(f['remedy'])}")
     pred = f.get("predicted_step_ms_after_fix")
@@ -98,6 +107,36 @@ def verdict(d: Diagnosis) -> Panel:
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
+
+
+# the panel's frame and padding, and the "fix:   " label before the command
+_PANEL_CHROME = 4 + len("fix:   ")
+
+
+def _fits(cmd: str, width: Optional[int]) -> bool:
+    return width is None or len(cmd) + _PANEL_CHROME <= width
+
+
+def long_finding_commands(d: Diagnosis, width: Optional[int]) -> list[tuple[str, str]]:
+    """(finding id, fix command) for each finding whose command :func:`findings_panel` leaves out."""
+    out = []
+    for f in d.primary.findings:
+        cmds = fix_commands(d, f)
+        if cmds and not _fits(cmds[0], width):
+            out.append((f["id"], cmds[0]))
+    return out
+
+
+def long_fix_command(d: Diagnosis, width: Optional[int]) -> Optional[str]:
+    """The top finding's fix command when it is too wide for the verdict panel at ``width`` columns
+    (printed under the panel as one unwrapped line, so that it pastes as it is), else None."""
+    p = d.primary
+    if width is None or not p.findings:
+        return None
+    cmds = fix_commands(d, p.findings[0])
+    if not cmds or _fits(cmds[0], width):
+        return None
+    return cmds[0]
 
 
 def facts(d: Diagnosis) -> list[str]:
@@ -203,8 +242,10 @@ def ranks_table(d: Diagnosis) -> Optional[Table]:
     return t
 
 
-def findings_panel(d: Diagnosis) -> Optional[Panel]:
-    """Every finding in full: what it costs, why (its summary), the prediction, the fix, the evidence."""
+def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]:
+    """Every finding in full: what it costs, why (its summary), the prediction, the fix, the evidence.
+    A fix command too wide for the panel at ``width`` columns is named there and printed under it
+    (:func:`long_finding_commands`), never folded."""
     p = d.primary
     cpu = p.steps.get("analysed_on") == "cpu-ops"
     if not p.findings:
@@ -226,8 +267,11 @@ def findings_panel(d: Diagnosis) -> Optional[Panel]:
                                   model.get("bound"), "")
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
-        if cmds:
+        if cmds and _fits(cmds[0], width):
             lines.append(Text.assemble(("fix: ", "bold"), (cmds[0], "bold green"), ("  (check + diff; then add --apply)", "dim")))
+        elif cmds:
+            lines.append(Text.assemble(("fix: ", "bold"), ("under this box, one line", "bold"),
+                                       ("  (check + diff; then add --apply)", "dim")))
         if f.get("remedy") and not cmds:
             lines.append(Text.assemble(("remedy: ", "bold"), f["remedy"]))
         ev = {k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"}
@@ -294,7 +338,11 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
     screen), then the buckets, the floor, the ops, the ranks, and every finding in full."""
     c = console or Console()
     p = d.primary
-    c.print(verdict(d))
+    c.print(verdict(d, c.width))
+    long_cmd = long_fix_command(d, c.width)
+    if long_cmd is not None:
+        # no folding, no markup: the terminal wraps it on screen, a copy is the command itself
+        c.print(Text(long_cmd, style="bold green"), soft_wrap=True, overflow="ignore", crop=False)
     for line in facts(d):
         c.print(line)
     for note in p.notes:
@@ -328,6 +376,9 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
     par = d.parallel or {}
     if par.get("bound") == "memory":
         c.print(f"note: {par['files']} trace files parsed {par['workers']} at a time, to fit in the memory available")
-    fp = findings_panel(d)
+    fp = findings_panel(d, c.width)
     if fp is not None:
         c.print(fp)
+        for fid, cmd in long_finding_commands(d, c.width):
+            c.print(Text.assemble((f"fix [{fid}]: ", "bold"), (cmd, "bold green")), soft_wrap=True, overflow="ignore",
+                    crop=False)

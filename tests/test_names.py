@@ -1,0 +1,81 @@
+"""Readable kernel names in the dominant-ops table, on the real names of shared traces.
+
+A generic entry point (CUTLASS `device_kernel<K>` / `Kernel<K>` / `Kernel2<K>`, CK-tile `kentry<N, K>`)
+says nothing by its own name: DeepSeek's H800 training trace had three dominant rows all called
+`device_kernel` (three different FP8 grouped GEMMs) and the A100 HTA traces dozens called `Kernel`.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import pytest
+
+from paths import HTA, REPO, TRACELENS
+from perfscope.analysis.diagnose import diagnose
+from perfscope.analysis.names import short_name
+from perfscope.load.reader import load_trace
+
+DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
+A100 = HTA / "negative_queue_length_values_check/rank0.json.gz"
+SAMPLED = HTA / "trace_filter/sampled_rank-0.json.gz"
+H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+SGL_PD = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
+VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"
+CONTROL = HTA / "trace_diff/control/control.json.gz"
+GENERIC = {"device_kernel", "Kernel", "Kernel2", "kentry", "kernel", "ck_tile::kentry"}
+
+
+@lru_cache(maxsize=None)
+def names(path):
+    return sorted({k.name for k in load_trace(path).kernels})
+
+
+def test_deepseek_grouped_gemms_are_named_by_their_kernel_type():
+    d = diagnose([DEEPSEEK_TRAIN]).to_dict()
+    shorts = [o["short"] for o in d["ops"]]
+    assert not any(s in GENERIC for s in shorts), shorts
+    gemms = [o for o in d["ops"] if o["name"].startswith("void cutlass::device_kernel<dpsk::grouped_gemm::")]
+    assert len(gemms) == 3 and len({o["short"] for o in gemms}) == 3
+    for o in gemms:
+        # the template argument, namespaces that repeat the path (`dpsk::`, `cuda::`) left out
+        kind = re.search(r"grouped_gemm::cuda::(\w+)::GemmKernel>", o["name"]).group(1)
+        assert o["short"] == f"grouped_gemm::{kind}::GemmKernel"
+    assert {o["short"] for o in gemms} == {"grouped_gemm::fp8_dptp128c_acc::GemmKernel",
+                                           "grouped_gemm::m_grouped_fp8_ptp128c::GemmKernel",
+                                           "grouped_gemm::fp8_ptp128c::GemmKernel"}
+    flash = [o["short"] for o in d["ops"] if "device_kernel<flash::" in o["name"]]
+    assert "flash::FlashAttnBwd" in flash and all(s.startswith("flash::FlashAttnBwd") for s in flash)
+
+
+@pytest.mark.parametrize("path,entry,want", [
+    (A100, r"^void cutlass::Kernel<(cutlass_80_tensorop_\w+)>", None),
+    (SAMPLED, r"^void cutlass::Kernel<(cutlass_80_tensorop_\w+)>", None),
+    (H100, r"^void cutlass::Kernel2<(cutlass_80_simt_sgemm_\w+)>", None),
+    (SGL_PD, r"^_ZN7ck_tile6kentry", "FmhaBatchPrefillWithPagedKVCacheKernel"),
+    (VLLM_FULL, r"^_ZN7ck_tile6kentry", "Rmsnorm2dFwd"),
+    (CONTROL, r"internal::gemvx::kernel<", "gemvx::kernel"),
+], ids=["a100-cutlass-Kernel", "sampled-cutlass-Kernel", "h100-cutlass-Kernel2", "mi300-ck-fmha", "mi300-ck-rmsnorm",
+        "cublas-gemvx"])
+def test_generic_entry_points_in_shared_traces(path, entry, want):
+    rx = re.compile(entry)
+    hits = [n for n in names(path) if rx.search(n)]
+    assert hits, f"no kernel matching {entry!r} in {path.name}: the expectation is stale"
+    for n in hits:
+        m = rx.search(n)
+        got = short_name(n)
+        assert got == (want or m.group(1)), (n[:150], got)
+    # different kernel types stay different rows
+    if want is None:
+        assert len({short_name(n) for n in hits}) == len({rx.search(n).group(1) for n in hits}) == len(hits)
+    if path in (A100, SAMPLED):
+        assert len(hits) > 5  # dozens of CUTLASS GEMMs, once all called `Kernel`
+
+
+def test_names_without_an_entry_point_keep_their_short_form():
+    # real names of the shared traces: the entry-point rule leaves every other kernel as it was read
+    flash = [n for n in names(H100) if "pytorch_flash::flash_fwd_kernel" in n]
+    assert flash and {short_name(n) for n in flash} == {"flash_fwd_kernel"}
+    a100 = [n for n in names(A100) if n.startswith("ncclKernel_SendRecv")]
+    assert a100 and short_name(a100[0]) == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
