@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from paths import H200, KERNEL_MIX, TRACELENS
+from paths import H200, HTA, KERNEL_MIX, TRACELENS
 from perfscope.analysis.cpu_ops import cpu_ops_as_kernels
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.steps import find_steps
@@ -54,13 +54,17 @@ def test_graph_prediction_matches_the_measured_fix():
     assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.1)
 
 
+DSK_TRAIN = Path(__file__).parent / "traces/deepseek-profile-data/train.json.gz"  # H800, DeepEP + NCCL streams
+V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.gz"  # NCCL on its own stream
+
+
 @pytest.mark.parametrize("path", [H200 / "mla_pool_eager.json.gz", H200 / "mla_fp8_graph.json.gz",
                                   KERNEL_MIX / "sample_topp.json.gz", KERNEL_MIX / "fi_decode_eager.json.gz",
-                                  TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"])
+                                  TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz",
+                                  DSK_TRAIN, V100_NCCL])
 def test_replay_with_recorded_durations_reproduces_the_step(path):
-    # one compute stream (+ graph replays); cross-stream event waits are not modelled (a training
-    # rank with NCCL on its own streams replays ~37% short), which the prediction's
-    # base-minus-after difference absorbs
+    # one compute stream (+ graph replays), and ranks with their collectives on other streams, whose
+    # cross-stream waits the replay reads off the GPU timeline
     t = load_trace(path)
     steps = [s for s in find_steps(t).steps if s.kernels]
     errs = []
@@ -296,3 +300,44 @@ def test_native_decode_outcome_holds_the_shared_stepbench_pair():
     native = p["alternatives"]["native"]["predicted_step_ms"]
     assert p["range_ms"][0] < measured < p["range_ms"][1]
     assert abs(native - measured) < 0.5 * abs(f["predicted_step_ms_after_fix"] - measured)
+
+
+# ---- cross-stream waits (cudaStreamWaitEvent) ------------------------------------------------------------
+
+@pytest.mark.parametrize("path", [DSK_TRAIN, V100_NCCL])
+def test_cross_stream_waits_found_on_the_timeline_are_real_event_waits(path):
+    """The waits the replay infers from the GPU timeline (a kernel that started later than its launch
+    and its stream allow, just after another stream's kernel ended), checked against what the trace
+    recorded on the CPU side: each one was launched after a cudaStreamWaitEvent call of its process,
+    made after that stream's previous launch. DeepSeek's H800 training step (DeepEP and NCCL streams)
+    and HTA's V100 rank (NCCL on its own stream)."""
+    import bisect
+
+    t = load_trace(path)
+    by_corr = {l.corr: l for l in t.launches if l.corr is not None}
+    waits = {}
+    for l in t.launches:
+        if l.name == "cudaStreamWaitEvent":
+            waits.setdefault(l.pid, []).append(l.ts)
+    for w in waits.values():
+        w.sort()
+    kern = t.kernels
+    found = confirmed = 0
+    for s in [s for s in find_steps(t).steps if s.kernels][:3]:
+        r = StepReplay(t, s)
+        prev_launch, prev_of = {}, {}
+        for i in sorted(s.kernels, key=lambda j: kern[j].ts):
+            l = by_corr.get(kern[i].corr)
+            prev_of[i] = prev_launch.get(kern[i].stream)
+            if l is not None:
+                prev_launch[kern[i].stream] = l.ts
+        for i, (j, gap) in r.dep.items():
+            if gap < 0:
+                continue  # held back by the SMs another stream's kernel held: no event involved
+            assert kern[j].stream != kern[i].stream and 0 <= gap < 50
+            found += 1
+            l = by_corr[kern[i].corr]
+            w = waits.get(l.pid, [])  # (one DeepSeek wait is issued by another thread of the process)
+            lo = prev_of[i] if prev_of[i] is not None else l.ts - 1e6
+            confirmed += bisect.bisect_right(w, l.ts) > bisect.bisect_left(w, lo)
+    assert found >= 10 and confirmed == found, (found, confirmed)

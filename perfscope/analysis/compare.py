@@ -15,7 +15,9 @@
               and its error, and the launch-timeline lower bound; what the prediction ``assumes``,
               its range over the fix's other outcomes (``predicted_range_ms``, ``within_range``), and
               the assumption checked: the summed change of the ops on both sides (the kernels the
-              prediction held constant) and the error once their measured times are put in
+              prediction held constant) and the error once their measured times are put in; the
+              host's CPU step range on each side (``host_step_ms``) and ``host_work_added`` when
+              AFTER's is much longer (the fix added host work the prediction assumed away)
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
     verdict   one sentence
@@ -183,7 +185,7 @@ def _unchanged_check(ob: list[dict], oa: list[dict], changed: list[str]) -> Opti
 
 def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], step_after: Optional[float],
                  tpot_before: Optional[float], tpot_after: Optional[float],
-                 ops: Optional[tuple] = None) -> list[dict]:
+                 ops: Optional[tuple] = None, host: Optional[tuple] = None) -> list[dict]:
     """Predictions held to account: what BEFORE said the step would take once each of its findings
     was fixed, against what AFTER measured (for the findings AFTER no longer has)."""
     after_ids = {f["id"] for f in fa}
@@ -231,6 +233,11 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
             if model.get("bound") == "gpu" and str(model.get("launch_bound_steps", "")).startswith("0/"):
                 # a GPU-bound step moves with its kernels (a launch- or host-bound one does not)
                 row["error_with_measured_kernels_pct"] = round((pred + d - step_after) / step_after * 100, 1)
+        if host and host[0] and host[1]:
+            # the other half of the assumption: the host's own time per step (its CPU step range),
+            # which a GPU-side fix leaves alone; a fix that adds host work (Python, launches) breaks it
+            row["host_step_ms"] = [_r(host[0]), _r(host[1])]
+            row["host_work_added"] = host[1] > 1.2 * host[0] and host[1] - host[0] > 0.1 * step_after
         out.append(row)
     return out
 
@@ -331,7 +338,8 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
                                "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
         "buckets": buckets,
         "findings": findings,
-        "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops)),
+        "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops),
+                                    (pb.steps.get("cpu_median_ms"), pa.steps.get("cpu_median_ms"))),
         "ops": _ops(pb.ops, pa.ops, top_ops),
         "setup": setup,
         "verdict": _verdict(step, buckets, findings, setup),

@@ -172,6 +172,9 @@ class StepReplay:
         ends = sorted((kern[j].end, j) for j in step.kernels)
         end_ts = [e for e, _ in ends]
         tol = 3 * self.latency_us + 5.0
+        # a kernel can also wait for the SMs another stream's kernel holds: it starts as that kernel's
+        # last wave drains, before its end (two GEMMs on two streams run one after the other)
+        tail = 0.25
         dep = {}
         prev_end: dict = {}
         for i in sorted(step.kernels, key=lambda j: kern[j].ts):
@@ -192,6 +195,19 @@ class StepReplay:
                 if kern[j].stream != k.stream and e > expl:
                     dep[i] = (j, max(0.0, k.ts - e))
                     break
+            if i in dep:
+                continue
+            # held back by a kernel of another stream that was running all along and ended just after
+            best = None
+            for m in range(n, min(n + 64, len(ends))):
+                e, j = ends[m]
+                kj = kern[j]
+                if e - k.ts > tail * kj.dur:
+                    break
+                if kj.stream != k.stream and kj.ts <= expl and kj.dur > 0:
+                    best = (j, k.ts - e)
+            if best is not None:
+                dep[i] = best
         return dep
 
     def run(self, duration: Callable[[int], float], timeline: str = "recorded") -> dict:
@@ -249,7 +265,7 @@ class StepReplay:
                             self.first_on_stream.get(i, float("-inf")))
                 if i in self.dep:  # it waits for another stream's kernel (as replayed, else as recorded)
                     j, gap = self.dep[i]
-                    start = max(start, new_end.get(j, kern[j].end) + gap)
+                    start = max(start, new_end.get(j, kern[j].end) + gap)  # gap < 0: it held the SMs
                 graph_prev[(id(l), k.stream)] = (k.end, start + d)
                 new_end[i] = start + d
                 free[k.stream] = start + d

@@ -43,6 +43,9 @@ def prediction_line(pr: dict) -> str:
                  f"{top.get('delta_ms', 0):+.2f})")
         if pr.get("error_with_measured_kernels_pct") is not None:
             line += f": with their measured times the error is {pr['error_with_measured_kernels_pct']:+.1f}%"
+    if pr.get("host_work_added"):
+        hb, ha = pr["host_step_ms"]
+        line += f"; the fix added host work: the CPU step took {_fmt_ms(hb)} ms before, {_fmt_ms(ha)} ms after"
     if pr.get("predicted_tpot_range_ms"):
         lo, hi = pr["predicted_tpot_range_ms"]
         line += (f"; TPOT {_fmt_ms(lo)}-{_fmt_ms(hi)} ms predicted (GPU work to the profiled host's speed), "
