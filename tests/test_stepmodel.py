@@ -341,3 +341,62 @@ def test_cross_stream_waits_found_on_the_timeline_are_real_event_waits(path):
             lo = prev_of[i] if prev_of[i] is not None else l.ts - 1e6
             confirmed += bisect.bisect_right(w, l.ts) > bisect.bisect_left(w, lo)
     assert found >= 10 and confirmed == found, (found, confirmed)
+
+
+XS = Path(__file__).parent / "traces/h200-cross-stream"  # examples/cross_stream/make_traces.py, on the H200
+XS_TIMINGS = json.loads((XS / "timings.json").read_text())
+
+
+def _xs(name):
+    t = load_trace(XS / f"{name}.json.gz")
+    return t, [s for s in find_steps(t).steps if s.kernels]
+
+
+def _med(xs):
+    return statistics.median(xs)
+
+
+@pytest.mark.parametrize("fmt", ["", "_sync"])
+@pytest.mark.parametrize("after", ["side_short", "pre_short"])
+def test_cross_stream_step_replayed_against_the_measured_after(after, fmt):
+    """A two-stream step measured on the H200 both ways: the main stream's pre work, an event, a
+    3 ms "collective" on a side stream that waits on it (a one-SM spin kernel, as an NCCL kernel
+    holds a few SMs), the main stream's independent work, then a wait on the collective's event.
+    From ``base`` alone, with the kernels the change touches given AFTER's durations (the collective
+    cut to 0.3 ms; the pre matmuls shrunk from 4096 to 1024), the replay must follow the waits across
+    the streams: the collective starting earlier, or the main stream no longer waiting for it. Before
+    it did (each stream waiting only on itself, a side stream's first kernel kept where it ran) it
+    said 4.16 ms for side_short (+69%) and 4.12 for pre_short (+16%); kernel-only (minus the kernel
+    time saved) says 1.32 for side_short (-47%). Both trace formats: torch.profiler's default and
+    with Kineto's cuda_sync events."""
+    from perfscope.analysis.stepmodel import predict_after
+
+    bt, bs = _xs("base" + fmt)
+    at, as_ = _xs(after + fmt)
+    kb, ka = bt.kernels, at.kernels
+    spin = lambda k: "spin_kernel" in k.name
+    if after == "side_short":
+        new = _med([ka[i].dur for s in as_ for i in s.kernels if spin(ka[i])])
+        nd = {i: new for s in bs for i in s.kernels if spin(kb[i])}
+    else:
+        def pre(t, s):  # the step's first 4 GEMMs on the main stream
+            return [i for i in sorted(s.kernels, key=lambda j: t.kernels[j].ts)
+                    if t.kernels[i].kind == "kernel" and not spin(t.kernels[i])][:4]
+        new = [_med([ka[pre(at, s)[p]].dur for s in as_]) for p in range(4)]
+        nd = {i: new[p] for s in bs for p, i in enumerate(pre(bt, s))}
+    step = _med([s.gpu_us for s in bs]) / 1e3
+    p = predict_after(bt, bs, step, lambda i: nd.get(i))
+    measured = _med([s.gpu_us for s in as_]) / 1e3
+    events = XS_TIMINGS["variants"][after]["cuda_events"]["median_ms"]  # unprofiled, CUDA events
+    assert p["predicted_step_ms"] == pytest.approx(measured, rel=0.08), (p, measured)
+    assert p["predicted_step_ms"] == pytest.approx(events, rel=0.08), (p, events)
+    assert step > 1.1 * measured  # the change is real: the step got shorter, and the replay saves that
+    assert p["step_time_saved_ms"] == pytest.approx(step - measured, rel=0.2)
+    if after == "side_short":  # the collective was only half on the critical path: kernel-only is far low
+        assert p["kernel_only_prediction_ms"] < 0.7 * measured
+    # the waits it followed: the spin kernel waits on a main-stream GEMM (pre), the main stream on the spin
+    r = StepReplay(bt, bs[1])
+    waits = {(kb[i].stream, kb[j].stream, spin(kb[i]), spin(kb[j])) for i, (j, _) in r.dep.items()}
+    main, side = kb[next(i for i in bs[1].kernels if not spin(kb[i]))].stream, \
+        kb[next(i for i in bs[1].kernels if spin(kb[i]))].stream
+    assert (side, main, True, False) in waits and (main, side, False, True) in waits

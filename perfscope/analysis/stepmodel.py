@@ -115,7 +115,7 @@ class StepReplay:
                 if d > 3 * self.latency_us and pe is not None:
                     self.delay[i] = d
             prev_end[k.stream] = k.end
-        self.dep = self._cross_stream_waits(kern, by_corr, step)
+        self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
         for i in self.dep:
             self.delay.pop(i, None)
             self.first_on_stream.pop(i, None)
@@ -159,15 +159,53 @@ class StepReplay:
                     op = outer[j]
             self.op_of_event.append(op)
 
-    def _cross_stream_waits(self, kern, by_corr, step) -> dict:
+    def _cross_stream_waits(self, kern, by_corr, step, index, launched) -> dict:
         """Kernels that waited on another stream (cudaStreamWaitEvent on an event recorded there: an
         NCCL stream waiting for the compute that produced its buffer, compute waiting for the
         collective's result). Kineto does not say which stream an event was recorded on (its
-        cuda_sync events, where enabled, carry ``wait_on_stream`` = -1 in torch 2.11), so the wait is
-        read off the GPU timeline: a kernel that started later than its launch and its own stream
-        allow, within a few microseconds of a kernel on another stream ending, waited for that
-        kernel. Returns {kernel index: (the kernel it waited for, the gap after its end)}."""
+        cuda_sync events, where enabled, carry ``wait_on_stream`` = -1 in torch 2.11), so a kernel
+        that started later than its launch and its own stream allow is matched, first that applies:
+
+        1. on the CPU: its thread called cudaStreamWaitEvent after that stream's previous launch, and
+           before that cudaEventRecord: the event marks the last kernel the thread had launched on
+           another stream before the record (``e.record(); s.wait_event(e)``, torch's pattern);
+        2. on the GPU timeline: a kernel on another stream ended a few microseconds before it started
+           (the wait was issued by another thread, or not recorded);
+        3. held back by the SMs of another stream's kernel that was running all along and ended just
+           after it started (two GEMMs on two streams run one after the other).
+
+        Returns {kernel index: (the kernel it waited for, its start minus that kernel's end)}."""
         import bisect
+
+        kernels_of = {id(l): ks for l, ks in launched.values()}
+        prev_launch: dict = {}  # stream -> CPU time of the previous launch on it
+        paired = {}
+        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
+            k = kern[i]
+            l = by_corr.get(k.corr)
+            if l is None:
+                continue
+            lo = prev_launch.get(k.stream, l.ts - 2e4)
+            prev_launch[k.stream] = l.ts
+            if is_graph_launch(l.name):
+                continue
+            calls = [c for c in index.launches_between(lo, l.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
+            w = next((c for c in reversed(calls) if c.name == "cudaStreamWaitEvent"), None)
+            if w is None:
+                continue
+            before = [c for c in index.launches_between(w.ts - 2e4, w.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
+            rec = next((c for c in reversed(before) if c.name.startswith("cudaEventRecord")), None)
+            if rec is None:
+                continue
+            for c in reversed([c for c in before if c.ts < rec.ts]):
+                ks = [j for j in kernels_of.get(id(c), ()) if kern[j].stream != k.stream]
+                if ks:
+                    j = max(ks, key=lambda x: kern[x].end)
+                    if kern[j].end <= k.ts + 1.0:
+                        paired[i] = (j, max(0.0, k.ts - kern[j].end))
+                    break
+                if kernels_of.get(id(c)):
+                    break  # the last launch before the record was on its own stream: not this pattern
 
         ends = sorted((kern[j].end, j) for j in step.kernels)
         end_ts = [e for e, _ in ends]
@@ -187,6 +225,9 @@ class StepReplay:
             expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
             if k.ts - expl <= 3 * self.latency_us:
                 continue  # its launch or its stream explains its start
+            if i in paired:
+                dep[i] = paired[i]
+                continue
             n = bisect.bisect_right(end_ts, k.ts + 1.0)
             for m in range(n - 1, -1, -1):  # the latest end on another stream before it started
                 e, j = ends[m]
