@@ -27,10 +27,14 @@ replayed here:
   the profiled run's host speed: the profiler slows the host (every op and Python call recorded),
   so an unprofiled host-bound step lies between ``gpu_prediction_ms`` and ``host_floor_ms``.
 
-Cross-stream event waits (cudaStreamWaitEvent) are read off the GPU timeline: a kernel that started
-later than its launch and its stream allow, just after a kernel on another stream ended, waits for
-that kernel in the replay (NCCL on its own stream waiting for the compute that filled its buffer, the
-compute waiting for the collective). Any other delay neither explains is kept as it was.
+Cross-stream waits (cudaStreamWaitEvent) are followed: a kernel that started later than its launch
+and its stream allow waits in the replay for the kernel its event marked, paired on the CPU (the
+cudaEventRecord before the wait, the thread's last launch on another stream before that), else read
+off the GPU timeline (a kernel on another stream ended just before it started), else for another
+stream's kernel whose SMs it waited for (StepReplay._cross_stream_waits). NCCL on its own stream
+waiting for the compute that filled its buffer, the compute waiting for the collective: a faster
+collective or a shorter producer moves the other stream. Any other delay neither explains is kept.
+SM sharing between concurrent kernels on two streams (their durations inflate together) is not.
 """
 
 from __future__ import annotations
