@@ -213,3 +213,144 @@ def _start_twice(script, port, pids, tmp_path):
                 time.sleep(0.1)
         else:
             pytest.fail("the server did not answer")
+
+
+def test_shifted_control_is_the_pages_patch_with_one_line_changed(tmp_path):
+    """The control the served-model check must fail on: the pages patch of SGLang's MLA backend
+    (the 0.5.14 sources: the variant of the 0.5.13.post1 served on the H200) with the conversion
+    kernel's row index shifted by one; everything else byte for byte the real patch."""
+    import ast
+
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.registry import get
+    from sglang_sources import MLA, sglang_file
+
+    m = _gpuloop()
+    p = tmp_path / "flashinfer_mla_backend.py"
+    p.write_bytes(sglang_file("0.5.14", MLA))
+    rep = engine.apply(get("fp8-kv-cast"), LocalFixHost(), engine.FixRequest(
+        target_file=str(p), state_dir=str(tmp_path / "s"), strategy="pages",
+        overrides={"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flashinfer", "sglang_version": "0.5.14"}))
+    assert rep.outcome.kind == "applied", rep.outcome.reason
+    patched = p.read_text()
+    bad = m.shifted_copy(patched)
+    ast.parse(bad)
+    diff = [(a, b) for a, b in zip(patched.splitlines(), bad.splitlines()) if a != b]
+    assert len(diff) == 1 and diff[0][1].strip().startswith(m.ROW_LINE + " + 1")
+    assert len(patched.splitlines()) == len(bad.splitlines())
+    with pytest.raises(ValueError):
+        m.shifted_copy(sglang_file("0.5.14", MLA).decode())  # the unpatched file has no row line
+
+
+# ------------------------------------------------------------ run_loop.py --engine sglang, 12:00-12:23 UTC (h20)
+# Two device calls of the whole mode: SGLang's default pool (no --max-total-tokens) and the 495k pool.
+# Each: bug bench + trace + diagnose, `perfscope fix fp8-kv-cast --strategy pages --apply --restart-cmd`
+# (perfscope restarts the server and re-measures), probe, bench + trace of the patched server, the
+# shifted-index control served and probed, `--revert`.
+LOOP = {"default": RES / "pool-default", "495000": RES / "pool495000-restart"}
+ORIGINAL = "bc7bba45c3f52d28d1dcd4092c4c56e0a66a78df7ba5ae95b232e3c8477855d5"  # SGLang's file, installed
+PATCHED = "bfd30835a0a5ae8c20df62d7f9c9d688dd72fd22d99824e6b775d4a566275ae1"  # the pages patch of it
+
+
+def _loop(name):
+    s = json.loads((LOOP[name] / "summary.json").read_text())
+    return s, s["pools"][name], LOOP[name] / "runs"
+
+
+@pytest.mark.parametrize("name", sorted(LOOP))
+def test_loop_servers_were_the_real_engine_with_cuda_graphs(name):
+    s, P, _ = _loop(name)
+    env = s["env"]
+    assert (env["sglang"], env["flashinfer"], env["gpu"]) == ("0.5.13.post1", "0.6.12", "NVIDIA H200")
+    assert env["payload_sha256_16"] == "acca884681948b54"
+    assert s["target"]["sha256"] == ORIGINAL
+    for tag in (name, f"{name}-shifted"):
+        si = s["servers"][tag]["server_info"]
+        assert si["disable_cuda_graph"] is False and si["cuda_graph_max_bs"] == 8
+        assert si["kv_cache_dtype"] == "fp8_e4m3" and si["attention_backend"] == "flashinfer"
+    assert P["max_total_tokens_flag"] == (None if name == "default" else 495_000)
+
+
+def test_default_pool_diagnosis_counts_casts_not_launches_and_checks_the_pool():
+    """SGLang's own pool (15,840,860 tokens on this H200 at --mem-fraction-static 0.5): torch casts
+    each layer in 16 launches; the rule reports 8 casts of the whole pool, matching /server_info."""
+    _, P, runs = _loop("default")
+    run = json.loads((runs / "default-bug" / "run.json").read_text())
+    pool = run["server_info"]["max_total_num_tokens"]
+    assert pool == P["bug_server"]["server_info"]["max_total_num_tokens"] > 15_000_000
+    f = _cast(diagnose([runs / "default-bug"]))
+    ev = f["evidence"]
+    assert ev["casts_per_step"] == 8 and ev["launches_per_cast"] == 16
+    assert pool < ev["pool_tokens"] <= pool + 16 and ev["pool_matches_config"] is True
+    assert f["summary"].startswith(f"8 casts per step convert a {ev['pool_tokens']:,}-token FP8 KV pool")
+    assert "each in 16 launches" in f["summary"] and "the server reports" not in f["summary"]
+    assert f["ms_per_step"] == pytest.approx(215.2, abs=2.0)
+    assert f["predicted_step_ms_after_fix"] == pytest.approx(1.06, abs=0.2)
+
+
+@pytest.mark.parametrize("name, tpot_bug, tpot_after", [("default", 209.1, 1.13), ("495000", 7.74, 1.15)])
+def test_fix_apply_restart_cmd_end_to_end_on_the_real_engine(name, tpot_bug, tpot_after):
+    """perfscope itself measured, patched the installed SGLang, ran the restart script, waited for
+    /health from a NEW process and measured again; the outcome is `applied` and kept."""
+    _, P, runs = _loop(name)
+    fr = runs / f"{name}-fixrun"
+    rs = json.loads((fr / "restart.json").read_text())
+    assert rs["outcome"] == "applied" and rs["healthy"] is True and rs["reverted"] is None
+    assert rs["restart_cmd"] == f"sh /tmp/w/srv-{name}.sh"
+    assert rs["tpot_ms_before"] == pytest.approx(tpot_bug, rel=0.03)
+    assert rs["tpot_ms_after"] == pytest.approx(tpot_after, rel=0.1)
+    for side in ("before", "after"):
+        b = json.loads((fr / side / "bench.json").read_text())
+        assert b["failed"] == 0 and b["tpot_ms"] == pytest.approx(rs[f"tpot_ms_{side}"])
+    rep = P["apply"]["report"]
+    assert P["apply"]["rc"] == 0 and rep["variant"] == "mla-0.5.14" and rep["strategy"] == "pages"
+    assert (rep["sha256_before"], rep["sha256_after"]) == (ORIGINAL, PATCHED)
+    assert P["native_check"]["rc"] == 4 and "0.6.12 < 0.6.14" in P["native_check"]["report"]["reason"]
+    # the patched server's own bench (after the probe) and the trace: the casts are gone
+    assert P["pages"]["bench"]["failed"] == 0 and P["pages"]["bench"]["tpot_ms"] < tpot_bug / 5
+    after = diagnose([runs / f"{name}-pages"]).to_dict()
+    assert "fp8-kv-cast" not in [x["id"] for x in after["findings"]]
+    # --revert: the installed file byte for byte (sha256) after the loop
+    assert P["revert"]["rc"] == 0 and P["revert"]["report"]["outcome"] == "reverted"
+    assert P["revert"]["report"]["sha256_after"] == ORIGINAL and P["reverted_byte_identical"] is True
+
+
+@pytest.mark.parametrize("name", sorted(LOOP))
+def test_served_outputs_pages_identical_and_the_shifted_copy_fails(name):
+    """The probe (greedy, per-token logprobs + top-5 + prompt logprobs; batch 1 at 64/1000/4000
+    tokens, one batch of 8 prompts of 100-1800 tokens; CUDA graphs on) of the bug server, the
+    patched server and the shifted-index copy (row idx + 1 converted), compared here again from the
+    raw probes: the patch gives identical outputs, the shifted copy differs at batch 1 and 8."""
+    m = _gpuloop()
+    _, P, _ = _loop(name)
+    ok = m.probe_diff(P["probe_bug"], P["probe_pages"])
+    bad = m.probe_diff(P["probe_bug"], P["probe_shifted"])
+    assert ok == P["outputs_pages_vs_bug"] and bad == P["outputs_shifted_vs_bug"]
+    assert ok["identical"] is True and ok["distinct_output_logprobs"] > 100
+    assert ok["bs1"]["tokens_differing"] == ok["bs8"]["tokens_differing"] == 0
+    assert bad["identical"] is False
+    assert bad["bs1"]["tokens_differing"] > 0 and bad["bs8"]["tokens_differing"] > 0
+    assert not bad["bs1"]["ids_equal"] and not bad["bs8"]["ids_equal"]
+    assert [r["len"] for r in P["probe_shifted"]["bs1"]] == [64, 1000, 4000]
+    assert len({r["len"] for r in P["probe_shifted"]["bs8"]}) == 8
+    assert P["shifted_sha256"] not in (ORIGINAL, PATCHED) and P["patched_bytes_restored"] is True
+
+
+@pytest.mark.parametrize("name", sorted(LOOP))
+def test_prediction_against_the_measured_fix(name):
+    """The bug's predicted step after the fix against what the patched server measured: the GPU
+    work is predicted within 20%; served TPOT is higher (host time at batch 1, not modelled)."""
+    _, P, runs = _loop(name)
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / f"{name}-bug"),
+                        str(runs / f"{name}-pages"), "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    c = json.loads(r.stdout)
+    assert [f["id"] for f in c["findings"]["gone"]] == ["fp8-kv-cast"]
+    pr = next(p for p in c["predictions"] if p["finding"] == "fp8-kv-cast")
+    assert c["kernel_ms_per_step"]["after_ms"] == pytest.approx(pr["kernel_only_ms"], rel=0.2)
+    assert c["tpot"]["after_ms"] == pytest.approx(P["pages"]["bench"]["tpot_ms"], abs=1e-3)  # the loop's bench of the patched server
+    assert pr["predicted_tpot_ms"] < pr["measured_tpot_ms"]
+    row = next(x for x in json.loads((LOOP[name] / "summary.json").read_text())["table"]["rows"] if x["pool"] == name)
+    assert row["fp8_kv_cast_found"] is True and row["fp8_kv_cast_after"] is False
+    assert row["predicted_tpot_ms"] and row["tpot_pages_ms"] and row["floor_ms"] == pytest.approx(0.3, abs=0.05)

@@ -90,6 +90,8 @@ def main(argv=None) -> int:
                    help="comma-separated --max-total-tokens values; 'default' = SGLang's own pool size")
     g.add_argument("--shifted-pools", default="495000",
                    help="pools where a deliberately wrong copy of the patch is served too (the check must fail)")
+    g.add_argument("--min-shifted-s", type=float, default=80,
+                   help="do not start the shifted-index control server with less time left")
     g.add_argument("--mem-fraction", type=float, default=0.5, help="--mem-fraction-static of the SGLang server")
     g.add_argument("--default-pool-output-len", type=int, default=32, help="bench/trace tokens on the default pool")
     g.add_argument("--default-pool-requests", type=int, default=3)

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 import urllib.request
@@ -111,6 +112,14 @@ def probe_diff(a: dict, b: dict) -> dict:
         res["output_logprob_min"], res["output_logprob_max"] = min(allv), max(allv)
         res["distinct_output_logprobs"] = len(set(allv))
     return res
+
+
+def shifted_copy(patched: str) -> str:
+    """The pages-patched file with the conversion kernel's row index shifted by one (the control
+    that must fail the outputs check); refuses a file without exactly one row line."""
+    if patched.count(ROW_LINE) != 1:
+        raise ValueError(f"expected one {ROW_LINE!r} in the patched file, found {patched.count(ROW_LINE)}")
+    return patched.replace(ROW_LINE, ROW_SHIFTED)
 
 
 class SglangMixin:
@@ -218,15 +227,19 @@ echo $! > {_q(str(pidf))}
     def sg_url(self) -> str:
         return f"http://127.0.0.1:{self.a.port}"
 
-    def sg_wait(self, tag: str, timeout: float) -> float:
+    def sg_wait(self, tag: str, timeout: float, log: Path | None = None) -> float:
         t = time.monotonic()
+        log = log or self.logs / f"server-{tag}.log"
+
+        def tail() -> str:
+            return log.read_text(errors="replace")[-2500:] if log.is_file() else f"(no {log.name})"
+
         end = t + min(timeout, self.left() - 10)
         pidf = self.work / "server.pid"
         while time.monotonic() < end:
             pid = pidf.read_text().strip() if pidf.is_file() else ""
             if pid and subprocess.run(["kill", "-0", pid], capture_output=True).returncode != 0:
-                raise RuntimeError(f"SGLang {tag} exited before it was healthy: "
-                                   f"{(self.logs / f'server-{tag}.log').read_text()[-2500:]}")
+                raise RuntimeError(f"SGLang {tag} exited before it was healthy: {tail()}")
             try:
                 with urllib.request.urlopen(self.sg_url() + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -234,14 +247,14 @@ echo $! > {_q(str(pidf))}
             except OSError:
                 pass
             time.sleep(1)
-        raise RuntimeError(f"SGLang {tag} not healthy in {timeout:.0f}s: "
-                           f"{(self.logs / f'server-{tag}.log').read_text()[-2500:]}")
+        raise RuntimeError(f"SGLang {tag} not healthy in {timeout:.0f}s: {tail()}")
 
-    def sg_start(self, tag: str, script: Path) -> dict:
+    def sg_start(self, tag: str, script: Path, log_tag: str | None = None) -> dict:
+        """Run the (re)start script, wait for /health; ``log_tag``: the script's own tag (its log)."""
         t = time.monotonic()
         self.summary.setdefault("servers", {}).setdefault(tag, {"script": str(script)})
         self.sh(f"start-{tag}", ["sh", str(script)], timeout=60, check=True)
-        up = self.sg_wait(tag, self.a.server_timeout)
+        up = self.sg_wait(tag, self.a.server_timeout, self.logs / f"server-{log_tag or tag}.log")
         info = _get_json(self.sg_url() + "/server_info")
         keep = {k: info.get(k) for k in ("version", "max_total_num_tokens", "kv_cache_dtype", "attention_backend",
                                          "page_size", "cuda_graph_max_bs", "disable_cuda_graph", "mem_fraction_static",
@@ -270,14 +283,29 @@ echo $! > {_q(str(pidf))}
         run = self.runs / tag
         shutil.rmtree(run, ignore_errors=True)
         rec: dict = {}
+        bench = ["bench", "--url", self.sg_url(), "--input-len", str(ctx), "--output-len", str(out_len),
+                 "--num-requests", str(requests), "--warmup", "1", "--json"]
+        # bench first (no profiler has run in this server process yet), trace, then bench again: a
+        # second TPOT after /start_profile + /stop_profile shows whether the profiler left a cost
+        pre = self.work / f"bench-{tag}"  # bench --out writes bench.json as compare reads it
+        shutil.rmtree(pre, ignore_errors=True)
+        r = self.perfscope(f"bench-{tag}", *bench, "--out", str(pre), timeout=300)
+        rec["bench"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         r = self.perfscope(f"trace-{tag}", "trace", "--url", self.sg_url(), "--steps", str(a.trace_steps),
                            "--input-len", str(ctx), "--output-len", str(out_len), "--out", str(run),
                            "--timeout", "240", "--json", timeout=300)
         rec["trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
-        r = self.perfscope(f"bench-{tag}", "bench", "--url", self.sg_url(), "--input-len", str(ctx), "--output-len",
-                           str(out_len), "--num-requests", str(requests), "--warmup", "1", "--json",
-                           *(["--out", str(run)] if run.is_dir() else []), timeout=300)
-        rec["bench"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
+        if run.is_dir() and (pre / "bench.json").is_file():  # the bench before the trace, as bench --out adds it
+            if str(REPO) not in sys.path:  # perfscope is on the subprocesses' PYTHONPATH, not yet on ours
+                sys.path.insert(0, str(REPO))
+            from perfscope.capture import rundir
+
+            b = json.loads((pre / "bench.json").read_text())
+            shutil.copy(pre / "bench.json", run / "bench.json")
+            rundir.update_run(run, timings={"bench": {k: v for k, v in b.items()
+                                                      if k not in ("workload", "server", "errors", "per_request")}})
+        r = self.perfscope(f"bench-after-trace-{tag}", *bench, timeout=300)
+        rec["bench_after_trace"] = _json_or(r.stdout, {"rc": r.returncode, "stderr": r.stderr[-1500:]})
         if run.is_dir():
             r = self.perfscope(f"diagnose-{tag}", "diagnose", str(run), "--json", "--model-config", str(CONFIG),
                                "--batch", "1", "--context", str(ctx + out_len // 2), timeout=240)
@@ -328,15 +356,19 @@ echo $! > {_q(str(pidf))}
             P["pages"] = self.sg_measure(f"{name}-pages", ctx, out_len, nreq)
             P["outputs_pages_vs_bug"] = probe_diff(P["probe_bug"], P["probe_pages"])
             self.save()
-            if shifted and self.left() > 150:
+            if shifted and self.left() < a.min_shifted_s:
+                P["shifted_skipped"] = f"deadline ({self.left():.0f}s left < {a.min_shifted_s:.0f}s)"
+            elif shifted:
                 text = patched.decode()
                 if text.count(ROW_LINE) != 1:
                     raise RuntimeError("the pages patch's row line is not in the patched file: cannot sabotage it")
-                self.target.write_text(text.replace(ROW_LINE, ROW_SHIFTED))
+                self.target.write_text(shifted_copy(text))
+                P["shifted_sha256"] = _sha(self.target)
                 try:
-                    P["shifted_server"] = self.sg_start(f"{name}-shifted", script)
+                    P["shifted_server"] = self.sg_start(f"{name}-shifted", script, log_tag=name)
                     P["probe_shifted"] = probe(self.sg_url(), vocab)
                     P["outputs_shifted_vs_bug"] = probe_diff(P["probe_bug"], P["probe_shifted"])
+                    P["outputs_shifted_vs_pages"] = probe_diff(P["probe_pages"], P["probe_shifted"])
                 finally:
                     self.target.write_bytes(patched)
                     P["patched_bytes_restored"] = _sha(self.target) == hashlib.sha256(patched).hexdigest()
@@ -405,6 +437,10 @@ echo $! > {_q(str(pidf))}
                 "fp8_kv_cast_after": any(x.get("id") == "fp8-kv-cast" for x in pd.get("findings") or []) if pd else None,
                 "outputs_pages_identical": (P.get("outputs_pages_vs_bug") or {}).get("identical"),
                 "outputs_shifted_identical": (P.get("outputs_shifted_vs_bug") or {}).get("identical"),
+                "pages_tokens_differing": _differing(P.get("outputs_pages_vs_bug")),
+                "shifted_tokens_differing": _differing(P.get("outputs_shifted_vs_bug")),
+                "probe_output_tokens": _n_tokens(P.get("probe_bug")),
+                "shifted_skipped": P.get("shifted_skipped"),
                 "fix_restart_tpot": _restart_tpot(P),
                 "native": _native_line(P.get("native_check")),
                 "reverted_byte_identical": P.get("reverted_byte_identical"),
@@ -448,6 +484,19 @@ def _brief(c) -> dict:
     if not isinstance(c, dict):
         return {"raw": str(c)[:500]}
     return {k: v for k, v in c.items() if len(json.dumps(v, default=str)) < 6000}
+
+
+def _differing(d) -> dict | None:
+    """Output tokens whose logprob differs, per batch size, from a probe_diff."""
+    if not d:
+        return None
+    return {p: (d.get(p) or {}).get("tokens_differing") for p in ("bs1", "bs8")}
+
+
+def _n_tokens(pr) -> dict | None:
+    if not pr:
+        return None
+    return {p: sum(len(r.get("lp") or []) for r in pr.get(p) or []) for p in ("bs1", "bs8")}
 
 
 def _restart_tpot(P: dict):
