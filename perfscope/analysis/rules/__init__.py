@@ -78,8 +78,8 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         f.summary += (f" Fixed, the step is bound by the host, not the GPU: its GPU work would take ~{p['gpu_prediction_ms']:.1f} ms, "
                       f"but the launching thread is busy {p['host_floor_ms']:.1f} ms per step outside its GPU waits "
                       f"(scheduling, input preparation, launches, result processing) at this profiled run's host speed; "
-                      f"unprofiled the host is faster, so expect between {p['gpu_prediction_ms']:.1f} and "
-                      f"{p['host_floor_ms']:.1f} ms.")
+                      f"unprofiled the host is faster (and its speed varies between runs), so expect between "
+                      f"{p['gpu_prediction_ms']:.1f} and {p['host_floor_ms']:.1f} ms.")
     elif lo is not None and pr > 1.3 * lo and f.summary:
         f.summary += (f" The fixed step waits on kernel launches: ~{pr:.1f} ms at this trace's launch rate "
                       f"(a profiled run's), at least {lo:.1f} ms with launches at the runtime's own cost.")
