@@ -155,3 +155,21 @@ def test_host_bound_prediction_is_shown_as_the_range_the_measured_after_falls_in
                 .get("tpot_ms_after")]
     for tpot in measured:
         assert tpot is not None and lo <= tpot <= hi, (lo, tpot, hi)
+
+
+def test_host_bound_range_reads_the_same_in_markdown_and_html(tmp_path):
+    from paths import GPU_LOOP
+
+    bug = GPU_LOOP / "h200-2026-12-01-sglang" / "pool495000" / "runs" / "495000-bug"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(bug), "--json", "--markdown",
+                        str(tmp_path / "d.md"), "--html", str(tmp_path / "d.html")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    model = json.loads(r.stdout)["findings"][0]["evidence"]["prediction"]
+    rng = f"{model['gpu_prediction_ms']:.2f}-{model['predicted_step_ms']:.2f} ms"
+    md = (tmp_path / "d.md").read_text()
+    assert f"Predicted step after the fix: ~{rng}" in md and "bound by the host" in md
+    html = (tmp_path / "d.html").read_text()
+    assert f'predicted step after fix <b class="good">{rng}</b>' in html and "bound by the host" in html

@@ -102,18 +102,18 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     if pred is not None and pred <= 0:  # a step of nothing is no prediction (the finding's time >= the step)
         body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
     elif pred is not None and step_ms:
-        model = (f.get("evidence") or {}).get("prediction") or {}
-        gpu = model.get("gpu_prediction_ms")
-        if model.get("bound") == "host" and isinstance(gpu, (int, float)) and 0 < gpu < pred:
+        lo, hi = wording.predicted_range(f)
+        fast = step_ms / hi >= 1.05
+        if lo < hi:
             # host-bound after the fix: the profiled host's busy time is the top of the range, not a point
             # (unprofiled hosts are faster and vary between runs): show both ends and what each is
-            speed = f" ({step_ms / pred:.1f}-{step_ms / gpu:.1f}x faster)" if step_ms / pred >= 1.05 else ""
-            body.append(f"after: [bold green]~{_fmt_ms(gpu)}-{_fmt_ms(pred)} ms[/] per step predicted, "
+            speed = f" ({step_ms / hi:.1f}-{step_ms / lo:.1f}x faster)" if fast else ""
+            body.append(f"after: [bold green]~{wording.ms_range((lo, hi))} ms[/] per step predicted, "
                         f"from {_fmt_ms(step_ms)} ms{speed}")
-            body.append(f"[dim]       (GPU work ~{_fmt_ms(gpu)} ms; the host's own work, profiled: {_fmt_ms(pred)} ms)[/]")
+            body.append(f"[dim]       (GPU work ~{_fmt_ms(lo)} ms; the host's own work, profiled: {_fmt_ms(hi)} ms)[/]")
         else:
-            speed = f" ({step_ms / pred:.1f}x faster)" if pred > 0 and step_ms / pred >= 1.05 else ""
-            body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
+            speed = f" ({step_ms / hi:.1f}x faster)" if fast else ""
+            body.append(f"after: [bold green]~{_fmt_ms(hi)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
