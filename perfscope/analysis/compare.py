@@ -9,8 +9,15 @@
     ops       top ops matched by (short name, bucket): ms/step and count/step before/after, gone/new/changed
     predictions  for each finding of BEFORE that predicted its fixed step and is gone in AFTER: the
               predicted step vs AFTER's measured step, and the error in % ((predicted - measured) /
-              measured); the same scaled to TPOT when both sides have a client TPOT; the kernel-only
-              answer the step model replaced and its error, and the launch-timeline lower bound
+              measured); the same scaled to TPOT when both sides have a client TPOT (a host-bound
+              prediction gives the TPOT range, GPU work to profiled host, and whether AFTER's TPOT
+              lies in it); ``bound`` (gpu / host); the kernel-only answer the step model replaced
+              and its error, and the launch-timeline lower bound; what the prediction ``assumes``,
+              its range over the fix's other outcomes (``predicted_range_ms``, ``within_range``), and
+              the assumption checked: the summed change of the ops on both sides (the kernels the
+              prediction held constant) and the error once their measured times are put in; the
+              host's CPU step range on each side (``host_step_ms``) and ``host_work_added`` when
+              AFTER's is much longer (the fix added host work the prediction assumed away)
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
     verdict   one sentence
@@ -160,8 +167,25 @@ def _findings(fb: list[dict], fa: list[dict]) -> dict:
     }
 
 
+def _unchanged_check(ob: list[dict], oa: list[dict], changed: list[str]) -> Optional[dict]:
+    """What a kernel-level prediction assumes and AFTER can check: the ops on both sides that the fix
+    does not change (``changed``: the kernel names it does) keep their time. Their summed change per
+    step, and the largest."""
+    skip = set(changed)
+    kb = _ops_by_key([o for o in ob if o.get("name") not in skip])
+    ka = _ops_by_key([o for o in oa if o.get("name") not in skip])
+    both = [k for k in kb if k in ka]
+    if not both:
+        return None
+    deltas = sorted(((ka[k]["ms"] - kb[k]["ms"], k) for k in both), key=lambda x: -abs(x[0]))
+    return {"delta_ms": sum(d for d, _ in deltas),
+            "largest": [{"short": k[0], "bucket": k[1], "before_ms": _r(kb[k]["ms"]), "after_ms": _r(ka[k]["ms"]),
+                         "delta_ms": _r(d)} for d, k in deltas[:3]]}
+
+
 def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], step_after: Optional[float],
-                 tpot_before: Optional[float], tpot_after: Optional[float]) -> list[dict]:
+                 tpot_before: Optional[float], tpot_after: Optional[float],
+                 ops: Optional[tuple] = None, host: Optional[tuple] = None) -> list[dict]:
     """Predictions held to account: what BEFORE said the step would take once each of its findings
     was fixed, against what AFTER measured (for the findings AFTER no longer has)."""
     after_ids = {f["id"] for f in fa}
@@ -174,16 +198,46 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
             continue  # it predicted no faster step (host-side bubbles lie between steps): nothing to hold it to
         row = {"finding": f["id"], "predicted_step_ms": _r(pred), "measured_step_ms": _r(step_after),
                "error_pct": round((pred - step_after) / step_after * 100, 1)}
+        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
+        if model.get("bound"):
+            row["bound"] = model["bound"]
         if tpot_before and tpot_after and step_before:
             ptpot = tpot_before * pred / step_before  # the step's saving, carried to the client's TPOT
             row.update({"predicted_tpot_ms": _r(ptpot), "measured_tpot_ms": _r(tpot_after),
                         "tpot_error_pct": round((ptpot - tpot_after) / tpot_after * 100, 1)})
-        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
+            if model.get("bound") == "host" and model.get("gpu_prediction_ms") is not None:
+                # host-bound: the floor was measured at the profiled host's speed; unprofiled, the TPOT
+                # lies between the GPU work's and the profiled host's
+                lo = tpot_before * model["gpu_prediction_ms"] / step_before
+                row.update({"predicted_tpot_range_ms": [_r(lo), _r(ptpot)],
+                            "tpot_within_range": lo * 0.95 <= tpot_after <= ptpot * 1.05})
         if model.get("kernel_only_prediction_ms") is not None:  # the kernel-only answer it replaced
             ko = model["kernel_only_prediction_ms"]
             row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - step_after) / step_after * 100, 1)})
         if model.get("lower_bound_ms") is not None:
             row["lower_bound_ms"] = _r(model["lower_bound_ms"])
+        if model.get("range_ms"):
+            lo, hi = model["range_ms"]
+            row.update({"predicted_range_ms": [_r(lo), _r(hi)],
+                        "within_range": lo * 0.95 <= step_after <= hi * 1.05,
+                        "alternatives": {k: _r(v["predicted_step_ms"]) for k, v in (model.get("alternatives") or {}).items()}})
+        if model.get("assumes"):
+            row["assumes"] = model["assumes"]
+        unchanged = _unchanged_check(ops[0], ops[1], model["changed_kernels"]) \
+            if ops is not None and "changed_kernels" in model else None
+        if unchanged is not None:
+            # the kernels the prediction held constant, as AFTER measured them: the part of the error
+            # that is a broken assumption (another kernel got slower), not the step model
+            d = unchanged["delta_ms"]
+            row.update({"unchanged_kernels_delta_ms": _r(d), "unchanged_kernels_largest": unchanged["largest"]})
+            if model.get("bound") == "gpu" and str(model.get("launch_bound_steps", "")).startswith("0/"):
+                # a GPU-bound step moves with its kernels (a launch- or host-bound one does not)
+                row["error_with_measured_kernels_pct"] = round((pred + d - step_after) / step_after * 100, 1)
+        if host and host[0] and host[1]:
+            # the other half of the assumption: the host's own time per step (its CPU step range),
+            # which a GPU-side fix leaves alone; a fix that adds host work (Python, launches) breaks it
+            row["host_step_ms"] = [_r(host[0]), _r(host[1])]
+            row["host_work_added"] = host[1] > 1.2 * host[0] and host[1] - host[0] > 0.1 * step_after
         out.append(row)
     return out
 
@@ -284,7 +338,8 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
                                "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
         "buckets": buckets,
         "findings": findings,
-        "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta),
+        "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops),
+                                    (pb.steps.get("cpu_median_ms"), pa.steps.get("cpu_median_ms"))),
         "ops": _ops(pb.ops, pa.ops, top_ops),
         "setup": setup,
         "verdict": _verdict(step, buckets, findings, setup),

@@ -23,7 +23,10 @@ kernel-time finding: of the analysed steps' GPU kernel time; an idle-time findin
 the step cycle for gaps between steps; never above 100%), `confidence` (low / medium / high), `fix` (the id of the fix module
 that addresses it, `perfscope fix ID --apply`; none when no module exists, then `remedy` says what to
 do) and `predicted_step_ms_after_fix` (the step replayed on the trace's CPU launch timeline without
-what the fix removes: `evidence.prediction` gives it, the kernel-only answer and a lower bound).
+what the fix removes, cross-stream waits followed, and floored by the host's own busy time per step:
+`evidence.prediction` gives it, `bound` (gpu / host), `gpu_prediction_ms`, `host_floor_ms`, the
+kernel-only answer, a lower bound, what it `assumes` of the kernels it leaves alone, and where the fix
+has other outcomes (fp8-kv-cast's native strategy) their predictions and the `range_ms` they span).
 The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps), a
 diffusion pipeline (xDiT / diffusers) or a convolution-heavy non-LLM one none of them runs, and
 `steps.workload` (`steps.workload_model`) says what the trace is.

@@ -30,7 +30,27 @@ def prediction_line(pr: dict) -> str:
     """``predicted by fp8-kv-cast: step 6.42 ms, measured 7.93 ms (error -19.0%)``, + TPOT when known."""
     line = (f"predicted by [bold]{escape(pr['finding'])}[/] (before run): step {_fmt_ms(pr['predicted_step_ms'])} ms, "
             f"measured [bold]{_fmt_ms(pr['measured_step_ms'])} ms[/] (error {pr['error_pct']:+.1f}%)")
-    if pr.get("predicted_tpot_ms") is not None:
+    if pr.get("bound") == "host":
+        line += " [dim](host-bound)[/]"
+    if pr.get("predicted_range_ms") and pr["predicted_range_ms"][0] != pr["predicted_range_ms"][1]:
+        lo, hi = pr["predicted_range_ms"]
+        line += (f"; range over the fix's outcomes {_fmt_ms(lo)}-{_fmt_ms(hi)} ms "
+                 f"({'measured inside' if pr['within_range'] else 'measured outside'})")
+    d = pr.get("unchanged_kernels_delta_ms")
+    if d is not None and pr.get("measured_step_ms") and abs(d) >= 0.02 * pr["measured_step_ms"]:
+        top = (pr.get("unchanged_kernels_largest") or [{}])[0]
+        line += (f"; kernels it assumed unchanged moved {d:+.2f} ms/step (largest {escape(str(top.get('short')))} "
+                 f"{top.get('delta_ms', 0):+.2f})")
+        if pr.get("error_with_measured_kernels_pct") is not None:
+            line += f": with their measured times the error is {pr['error_with_measured_kernels_pct']:+.1f}%"
+    if pr.get("host_work_added"):
+        hb, ha = pr["host_step_ms"]
+        line += f"; the fix added host work: the CPU step took {_fmt_ms(hb)} ms before, {_fmt_ms(ha)} ms after"
+    if pr.get("predicted_tpot_range_ms"):
+        lo, hi = pr["predicted_tpot_range_ms"]
+        line += (f"; TPOT {_fmt_ms(lo)}-{_fmt_ms(hi)} ms predicted (GPU work to the profiled host's speed), "
+                 f"{_fmt_ms(pr['measured_tpot_ms'])} ms measured ({'inside' if pr['tpot_within_range'] else 'outside'} the range)")
+    elif pr.get("predicted_tpot_ms") is not None:
         line += (f"; TPOT {_fmt_ms(pr['predicted_tpot_ms'])} ms predicted, {_fmt_ms(pr['measured_tpot_ms'])} ms "
                  f"measured (error {pr['tpot_error_pct']:+.1f}%)")
     return line

@@ -40,10 +40,13 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             line += f" Fix: {_code(cmds[0])} (check + diff), then {_code(cmds[1])}."
         elif f.get("remedy"):
             line += f" Remedy: {f['remedy']}"
-        pred = f.get("predicted_step_ms_after_fix")
-        if pred is not None and pred > 0 and s.get("median_ms"):
-            line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms "
-                     f"({s['median_ms'] / pred:.1f}x faster)." if pred > 0 else "")
+        rng = wording.predicted_range(f)
+        if rng and s.get("median_ms"):
+            lo, hi = s["median_ms"] / rng[1], s["median_ms"] / rng[0]
+            speed = f"{lo:.1f}x" if rng[0] == rng[1] else f"{lo:.1f}-{hi:.1f}x"
+            line += (f" Predicted step after the fix: ~{wording.ms_range(rng)} ms ({speed} faster"
+                     + ("; bound by the host: the top end is the profiled host's own work per step" if rng[0] < rng[1]
+                        else "") + ").")
         out += [line, ""]
     else:
         out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
@@ -67,10 +70,10 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
         out += ["", "**Findings**", ""]
         for f in p.findings:
             ev = wording.evidence_items({k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"})
-            pred = f.get("predicted_step_ms_after_fix")
             out.append(f"- {_code(f['id'])} {f['title']}: {wording.ms(f['ms_per_step'])} ms/step, "
                        f"{wording.pct(f['share'])} of {share_of(f, cpu)}, confidence {f['confidence']}"
-                       + (f"; predicted step after fix {wording.ms(pred)} ms" if pred is not None else "") + ".  ")
+                       + (f"; predicted step after fix {wording.ms_range(wording.predicted_range(f))} ms"
+                          if wording.predicted_range(f) else "") + ".  ")
             out.append(f"  {f['summary']}" + (f"  \n  Evidence: {'; '.join(ev)}." if ev else ""))
     if len(d.ranks) > 1:
         out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]

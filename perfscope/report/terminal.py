@@ -102,8 +102,18 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     if pred is not None and pred <= 0:  # a step of nothing is no prediction (the finding's time >= the step)
         body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
     elif pred is not None and step_ms:
-        speed = f" ({step_ms / pred:.1f}x faster)" if pred > 0 and step_ms / pred >= 1.05 else ""
-        body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
+        lo, hi = wording.predicted_range(f)
+        fast = step_ms / hi >= 1.05
+        if lo < hi:
+            # host-bound after the fix: the profiled host's busy time is the top of the range, not a point
+            # (unprofiled hosts are faster and vary between runs): show both ends and what each is
+            speed = f" ({step_ms / hi:.1f}-{step_ms / lo:.1f}x faster)" if fast else ""
+            body.append(f"after: [bold green]~{wording.ms_range((lo, hi))} ms[/] per step predicted, "
+                        f"from {_fmt_ms(step_ms)} ms{speed}")
+            body.append(f"[dim]       (GPU work ~{_fmt_ms(lo)} ms; the host's own work, profiled: {_fmt_ms(hi)} ms)[/]")
+        else:
+            speed = f" ({step_ms / hi:.1f}x faster)" if fast else ""
+            body.append(f"after: [bold green]~{_fmt_ms(hi)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
@@ -259,7 +269,12 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
         lines = [head, Text(f["summary"])]
         if pred is not None and pred > 0:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
+            model = (f.get("evidence") or {}).get("prediction") or {}
+            rng = model.get("range_ms")
+            rng = f"; {_fmt_ms(rng[0])}-{_fmt_ms(rng[1])} ms over the fix's outcomes" if rng and rng[0] != rng[1] else ""
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
+                              + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(
+                                  model.get("bound"), "")
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds and _fits(cmds[0], width):

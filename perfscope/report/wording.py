@@ -17,6 +17,25 @@ _DTYPES = {
 }
 
 
+def predicted_range(f: dict) -> Optional[tuple[float, float]]:
+    """A finding's predicted step after its fix as (low, high) ms: a point (low == high), or, when the
+    fixed step is bound by the host, the GPU work up to the profiled host's own work per step (the
+    top end is what the profiled run's host needs; unprofiled hosts are faster). None: no prediction."""
+    pred = f.get("predicted_step_ms_after_fix")
+    if not isinstance(pred, (int, float)) or pred <= 0:
+        return None
+    model = (f.get("evidence") or {}).get("prediction") or {}
+    gpu = model.get("gpu_prediction_ms")
+    if model.get("bound") == "host" and isinstance(gpu, (int, float)) and 0 < gpu < pred:
+        return float(gpu), float(pred)
+    return float(pred), float(pred)
+
+
+def ms_range(r: tuple[float, float]) -> str:
+    """'1.02-2.79' or '6.42' (a point)."""
+    return ms(r[0]) if r[0] == r[1] else f"{ms(r[0])}-{ms(r[1])}"
+
+
 def dtype_name(t: Any) -> str:
     """``c10::Float8_e4m3fn`` -> ``fp8_e4m3``, ``BFloat16`` -> ``bf16``, ``float`` -> ``fp32``;
     anything else as given (without ``c10::``)."""

@@ -42,6 +42,24 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         p = predict_after_serial(ctx.trace, ctx.steps, f.new_duration, f.added_us_per_step)
     if not p:
         return
+    if f.assumes:
+        p["assumes"] = f.assumes
+    if ctx.gpu_timeline:
+        # the kernels the fix changes (by name): compare holds the others to the prediction's assumption
+        kern = ctx.trace.kernels
+        p["changed_kernels"] = sorted({kern[i].name for s in ctx.steps for i in s.kernels
+                                       if f.new_duration(i) is not None})[:20]
+    if f.alternatives and ctx.gpu_timeline:
+        # other outcomes of the same fix (another strategy, kernels it is known to slow down), replayed alike
+        alt = {}
+        for name, (nd, added, why) in f.alternatives.items():
+            q = predict_after(ctx.trace, ctx.steps, ctx.step_ms, nd, added)
+            if q:
+                alt[name] = {"predicted_step_ms": q["predicted_step_ms"], "bound": q["bound"], "why": why}
+        if alt:
+            p["alternatives"] = alt
+            xs = [p["predicted_step_ms"]] + [a["predicted_step_ms"] for a in alt.values()]
+            p["range_ms"] = [round(min(xs), 4), round(max(xs), 4)]
     f.evidence["prediction"] = p
     before = f.predicted_step_ms_after_fix
     f.predicted_step_ms_after_fix = p["predicted_step_ms"]
@@ -53,7 +71,16 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
                 f.summary = f.summary.replace(old, old[0] * (old[0] == "~") + f"{p['predicted_step_ms']:.1f} ms")
                 break
     lo, pr = p.get("lower_bound_ms"), p["predicted_step_ms"]
-    if lo is not None and pr > 1.3 * lo and f.summary:
+    if p.get("alternatives") and f.summary:
+        for name, a in p["alternatives"].items():
+            f.summary += f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})."
+    if p.get("bound") == "host" and f.summary:
+        f.summary += (f" Fixed, the step is bound by the host, not the GPU: its GPU work would take ~{p['gpu_prediction_ms']:.1f} ms, "
+                      f"but the launching thread is busy {p['host_floor_ms']:.1f} ms per step outside its GPU waits "
+                      f"(scheduling, input preparation, launches, result processing) at this profiled run's host speed; "
+                      f"unprofiled the host is faster (and its speed varies between runs), so expect between "
+                      f"{p['gpu_prediction_ms']:.1f} and {p['host_floor_ms']:.1f} ms.")
+    elif lo is not None and pr > 1.3 * lo and f.summary:
         f.summary += (f" The fixed step waits on kernel launches: ~{pr:.1f} ms at this trace's launch rate "
                       f"(a profiled run's), at least {lo:.1f} ms with launches at the runtime's own cost.")
 

@@ -38,6 +38,11 @@ class Finding:
     # duration in µs of kernel i (None: unchanged), and GPU time the fix adds per step. Not serialised.
     new_duration: Optional[Callable[[int], Optional[float]]] = field(default=None, repr=False, compare=False)
     added_us_per_step: float = field(default=0.0, repr=False, compare=False)
+    # what the prediction assumes of the kernels it does not change (said in --json and the summary),
+    # and other outcomes of the fix the step model also replays: {name: (new_duration, added µs, why)}.
+    # The prediction's range spans them. Not serialised (the results are, in evidence["prediction"]).
+    assumes: str = field(default="", repr=False, compare=False)
+    alternatives: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def fix_command(self) -> Optional[str]:
@@ -45,7 +50,8 @@ class Finding:
         return f"perfscope fix {self.fix}" if self.fix else None
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("new_duration", "added_us_per_step")}
+        d = {k: v for k, v in self.__dict__.items()
+             if k not in ("new_duration", "added_us_per_step", "assumes", "alternatives")}
         d["fix_command"] = self.fix_command
         return d
 

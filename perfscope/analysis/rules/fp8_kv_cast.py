@@ -12,6 +12,15 @@ from perfscope.analysis.buckets import classify
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 
 _EPT = re.compile(r"elementwise_kernel(?:_manual_unroll)?<\d+, (\d+)")  # elementwise_kernel<NT, VT, ...>
+# FlashInfer's MLA kernel reading the FP8 pool itself (the native strategy) instead of a BF16 copy,
+# as measured on the H200 (FlashInfer 0.6.18, 60 layers, ~4k-token context, batch 1): its time per
+# step / the BF16 kernel's. examples/gpu_loop/results/h200-2026-11-29 runs/bug vs runs/native:
+# decode 2.311 / 1.618 ms, prefill (EXTEND, 4000 tokens) 121.1 / 64.0 ms. The same ratios held on
+# the -pool250k and -overlap runs and (decode, 1.49) on the shared stepbench pair
+# ../shared/traces/h200-mla-fp8-kv (tests/test_stepmodel.py checks them). A prefill step runs many
+# query rows per KV row, so the in-kernel conversion costs it more than a decode step.
+NATIVE_MLA_SLOWDOWN = {"decode": 1.43, "prefill": 1.89}
+NATIVE_MLA_SOURCE = "H200, FlashInfer 0.6.18 (examples/gpu_loop/results/h200-2026-11-29)"
 MLA_LATENT = 576  # kv_lora_rank 512 + qk_rope_head_dim 64 (DeepSeek V2/V3/R1, Kimi K2, GLM-4.5 MLA)
 FP8_TYPES = ("Float8_e4m3fn", "Float8_e4m3fnuz", "Float8_e5m2", "Float8_e5m2fnuz")
 
@@ -214,7 +223,26 @@ class Fp8KvCast(Rule):
         split = f", each in {launches_per_cast} launches (torch's 32-bit indexing)" if launches_per_cast > 1 else ""
         summary = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
                    f"{note}{where}{split}: {cast_ms:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
-                   f"fixed, the step should take ~{predicted:.1f} ms.")
+                   f"fixed, the step should take ~{predicted:.1f} ms (every other kernel as it is).")
+        assumes = ("the casts go and every other kernel keeps its time: what the pages strategy does "
+                   "(BF16 attention on the rows the batch reads, plus their small conversion)")
+        alternatives = {}
+        mla = frozenset(i for s in ctx.steps for i in s.kernels
+                        if "BatchMLAPagedAttentionKernel" in kern[i].name and i not in removed)
+        cc = str(ctx.trace.meta.compute_capability or "")
+        if mla and cc.startswith("9."):
+            # SM90: the fix's default is native, and FlashInfer's MLA kernel then reads FP8 itself, slower
+            phase = "prefill" if ctx.phase in ("prefill", "mixed") else "decode"
+            x = NATIVE_MLA_SLOWDOWN[phase]
+            mla_ms = sum(kern[i].dur for i in mla) / n / 1e3
+            alternatives["native"] = (
+                lambda i, x=x: 0.0 if i in removed else (kern[i].dur * x if i in mla else None), 0.0,
+                f"With the native strategy (the fix's default on SM90), FlashInfer's MLA kernel reads FP8 "
+                f"itself: {x:.2f}x its BF16 time on a {phase} step as measured on {NATIVE_MLA_SOURCE}, "
+                f"+{mla_ms * (x - 1):.1f} ms of attention")
+            evidence["native_mla_slowdown"] = {"phase": phase, "factor": x, "attention_ms_per_step": round(mla_ms, 4),
+                                               "source": NATIVE_MLA_SOURCE}
         return self.finding(summary=summary, ms_per_step=ms_per_step, share=share, confidence=confidence,
                             predicted_step_ms_after_fix=predicted, evidence=evidence,
-                            new_duration=lambda i: 0.0 if i in removed else None)
+                            new_duration=lambda i: 0.0 if i in removed else None,
+                            assumes=assumes, alternatives=alternatives)
