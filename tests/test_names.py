@@ -122,3 +122,25 @@ def test_no_dominant_op_of_a_real_trace_reads_as_a_namespace_or_return_type():
         for o in d["ops"]:
             head = o["short"].split(" [")[0]
             assert "anonymous namespace" not in head and not head.startswith(("enable_if", "std::", "at::")), o["short"]
+
+
+@pytest.mark.parametrize("path,pattern,tag", [
+    # torch's reductions: the reduction they run, not the `ReduceOp` every one of them is
+    (REPO / "tests/traces/h200-kernel-mix/sample_argmax.json.gz", r"reduce_kernel<.*ArgMaxOps", "ArgMaxOps"),
+    (MOE_B300, r"reduce_kernel<.*func_wrapper_t<c10::BFloat16, at::native::sum_functor", "sum_functor"),
+    # torch's lambda kernels: the op they implement (`silu_kernel`, `pow_tensor_scalar_kernel_impl`)
+    (H100, r"^void at::native::vectorized_elementwise_kernel<\d+, at::native::\(anonymous namespace\)::silu_kernel\(",
+     "silu_kernel"),
+    (H100, r"^void at::native::vectorized_elementwise_kernel<\d+, at::native::\(anonymous namespace\)::"
+           r"pow_tensor_scalar_kernel_impl<", "pow_tensor_scalar_kernel_impl"),
+], ids=["argmax", "sum", "silu", "pow"])
+def test_torch_reductions_and_lambda_kernels_say_what_they_compute(path, pattern, tag):
+    """H100 Qwen1.5: silu (2.9%) and pow (4.1%) were two dominant rows both called
+    `vectorized_elementwise_kernel`; every torch reduction (argmax of greedy sampling, sum, mean)
+    read `reduce_kernel [ReduceOp]`."""
+    rx = re.compile(pattern)
+    hits = [n for n in names(path) if rx.search(n)]
+    assert hits, f"no kernel matching {pattern!r} in {path.name}: the expectation is stale"
+    for n in hits:
+        got = short_name(n)
+        assert got.endswith(f"[{tag}]"), (n[:200], got)

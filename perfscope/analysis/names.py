@@ -13,6 +13,11 @@ from functools import lru_cache
 _LAMBDA_TYPE = re.compile(r"\{lambda\((?:c10::)?(\w+)\)#\d+\}")
 _FUNCTOR = re.compile(r"(?:native::|::)(\w*(?:Functor|_kernel_cuda|Op)\w*)")
 _MANGLED = re.compile(r"^_Z+N?")
+# torch's reductions are all `reduce_kernel<.., ReduceOp<T, Ops>>`: the Ops (ArgMaxOps, MeanOps,
+# func_wrapper_t<T, sum_functor<..>>) say what it reduces
+_REDUCE_OPS = re.compile(r"ReduceOp<[\w:]+, (?:\w+::)*(?:func_wrapper_t<[\w:]+, (?:\w+::)*)?(\w+)")
+# torch's lambda kernels: the host function the lambda is defined in (`silu_kernel(at::TensorIteratorBase&)`)
+_LAMBDA_FN = re.compile(r"(?:native::|fbgemm_gpu::)(\w+)(?:<[^<>()]*>)?\((?:at::TensorIterator|at::Tensor)")
 
 
 def _demangle_idents(name: str) -> str:
@@ -167,7 +172,13 @@ def short_name(name: str) -> str:
         tags.append(f"cast->{t[-1]}" if t else "cast")
     elif "direct_copy_kernel" not in name:
         f = _FUNCTOR.findall(name)
-        if f:
+        r = _REDUCE_OPS.search(name) if f and f[0] == "ReduceOp" else None
+        lam = None if f else _LAMBDA_FN.search(name)
+        if r:
+            tags.append(r.group(1))
+        elif f:
             tags.append(f[0])
+        elif lam:
+            tags.append(lam.group(1))
     s = head + (f" [{' '.join(tags)}]" if tags else "")
     return s[:120]
