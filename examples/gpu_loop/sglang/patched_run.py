@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -30,10 +29,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent))
 from gpuloop.sglang_real import probe, probe_diff  # noqa: E402
+from harness import ORIG_SHA, TARGET_REL, Harness, install, stop_group  # noqa: E402,F401
 
 CONFIG = HERE / "config.json"
-TARGET_REL = "srt/layers/attention/flashinfer_mla_backend.py"
-ORIG_SHA = "bc7bba45c3f52d28d1dcd4092c4c56e0a66a78df7ba5ae95b232e3c8477855d5"
 
 
 def now() -> float:
@@ -51,38 +49,10 @@ def main() -> int:
     ap.add_argument("--no-control", action="store_true")
     a = ap.parse_args()
     out, work, site = Path(a.out), Path(a.work), Path(a.site)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    logs = work / "logs"
-    logs.mkdir(exist_ok=True)
     S: dict = {"steps": []}
     py = sys.executable
-
-    def save():
-        tmp = out / "summary.json.tmp"
-        tmp.write_text(json.dumps(S, indent=1, default=str))
-        os.replace(tmp, out / "summary.json")
-
-    def left():
-        return a.deadline - (time.monotonic() - T0)
-
-    def log(m):
-        print(f"[{now():6.1f}s] {m}", flush=True)
-
-    def run(name, argv, timeout=120, env=None):
-        timeout = max(5.0, min(timeout, left() - 5))
-        t = time.monotonic()
-        try:
-            r = subprocess.run([str(x) for x in argv], capture_output=True, text=True, timeout=timeout, env=env)
-            rc, so, se = r.returncode, r.stdout, r.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, so, se = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
-        (logs / f"{name}.out").write_text(so)
-        (logs / f"{name}.err").write_text(se)
-        S["steps"].append({"name": name, "rc": rc, "s": round(time.monotonic() - t, 1), "at_s": now()})
-        log(f"{name}: rc {rc} in {time.monotonic() - t:.1f}s" + (f" | {se.strip()[-300:]}" if rc else ""))
-        save()
-        return rc, so, se
+    h = Harness(out, work, a.deadline, T0, S, steps=True)
+    logs, save, left, log, run = h.logs, h.save, h.left, h.log, h.run
 
     def js(s, default=None):
         try:
@@ -91,28 +61,8 @@ def main() -> int:
             return default
 
     # ---------------------------------------------------------------- install
-    t = time.monotonic()
-    shutil.rmtree(site, ignore_errors=True)
-    site.mkdir(parents=True)
-    subprocess.run(["tar", "-xJf", a.payload, "-C", str(site)], check=True)
-    extra = Path(a.payload).parent / "site-extra.tar"
-    if extra.is_file():
-        subprocess.run(["tar", "-xf", str(extra), "-C", str(site)], check=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
-    if a.no_server:  # CPU dry run: the carried set is cp312 and may not import here; perfscope from REPO
-        env["PYTHONPATH"] = str(REPO)
-    env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    if subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libnuma.so.1 '"]).returncode != 0:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(site / "_h15lib"), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    target = site / "sglang" / TARGET_REL
-    original = target.read_bytes()
-    S["install"] = {"payload_sha256_16": hashlib.sha256(Path(a.payload).read_bytes()).hexdigest()[:16],
-                    "s": round(time.monotonic() - t, 1), "target": str(target),
-                    "target_sha256": hashlib.sha256(original).hexdigest(),
-                    "target_is_recorded_original": hashlib.sha256(original).hexdigest() == ORIG_SHA}
+    target, original, S["install"] = install(a.payload, site, env, REPO, a.no_server)
     log(f"installed in {S['install']['s']}s, target original: {S['install']['target_is_recorded_original']}")
     save()
 
@@ -169,15 +119,7 @@ def main() -> int:
             p = procs.pop(tag, None)
             if p is None:
                 return
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(8)
-            except Exception:  # noqa: BLE001
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(5)
-                except Exception:  # noqa: BLE001
-                    pass
+            stop_group(p)
             S["servers"][tag]["stopped_at_s"] = now()
 
         def info(port):

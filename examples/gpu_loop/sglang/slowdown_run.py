@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -38,10 +37,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent))
 from gpuloop.sglang_real import probe, probe_diff  # noqa: E402
+from harness import ORIG_SHA, TARGET_REL, Harness, install, stop_group  # noqa: E402,F401
 
 CONFIG = HERE / "config.json"
-TARGET_REL = "srt/layers/attention/flashinfer_mla_backend.py"
-ORIG_SHA = "bc7bba45c3f52d28d1dcd4092c4c56e0a66a78df7ba5ae95b232e3c8477855d5"
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -189,24 +187,14 @@ def bench_brief(b: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the sequence
-def sequence(S: dict, url: str, pgid: int | None, a, env: dict, logs: Path, work: Path, save, left, log) -> None:
+def sequence(S: dict, url: str, pgid: int | None, a, env: dict, h: Harness) -> None:
     py = sys.executable
     seq = S.setdefault("sequence", [])
     n = {"i": 0}
+    work, save, left, log = h.work, h.save, h.left, h.log
 
     def perfscope(name, argv, timeout):
-        timeout = max(5.0, min(timeout, left() - 3))
-        t = time.monotonic()
-        try:
-            r = subprocess.run([py, "-m", "perfscope", *map(str, argv)], capture_output=True, text=True,
-                               timeout=timeout, env=env)
-            rc, so, se = r.returncode, r.stdout, r.stderr
-        except subprocess.TimeoutExpired:
-            rc, so, se = 124, "", "timeout"
-        (logs / f"{name}.out").write_text(so)
-        (logs / f"{name}.err").write_text(se)
-        log(f"{name}: rc {rc} in {time.monotonic() - t:.1f}s" + (f" | {se.strip()[-300:]}" if rc else ""))
-        return rc, so, se
+        return h.run(name, [py, "-m", "perfscope", *argv], timeout=timeout, env=env, margin=3)
 
     def step(kind, label, fn, need):
         if left() < need:
@@ -348,37 +336,11 @@ def main() -> int:
     ap.add_argument("--recorded-probe", default=str(HERE.parent / "results/h200-2026-12-01-sglang/pool495000/summary.json"))
     a = ap.parse_args()
     out, work, site = Path(a.out), Path(a.work), Path(a.site)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    logs = work / "logs"
-    logs.mkdir(exist_ok=True)
     S: dict = {"argv": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     py = sys.executable
     a.vocab = a.vocab or json.loads(CONFIG.read_text())["vocab_size"]
-
-    def save():
-        tmp = out / "summary.json.tmp"
-        tmp.write_text(json.dumps(S, indent=1, default=str))
-        os.replace(tmp, out / "summary.json")
-
-    def left():
-        return a.deadline - (time.monotonic() - T0)
-
-    def log(m):
-        print(f"[{now():6.1f}s] {m}", flush=True)
-
-    def run(name, argv, timeout=120, env=None):
-        timeout = max(5.0, min(timeout, left() - 5))
-        t = time.monotonic()
-        try:
-            r = subprocess.run([str(x) for x in argv], capture_output=True, text=True, timeout=timeout, env=env)
-            rc, so, se = r.returncode, r.stdout, r.stderr
-        except subprocess.TimeoutExpired:
-            rc, so, se = 124, "", "timeout"
-        (logs / f"{name}.out").write_text(so)
-        (logs / f"{name}.err").write_text(se)
-        log(f"{name}: rc {rc} in {time.monotonic() - t:.1f}s" + (f" | {se.strip()[-300:]}" if rc else ""))
-        return rc, so, se
+    h = Harness(out, work, a.deadline, T0, S)
+    logs, save, left, log, run = h.logs, h.save, h.left, h.log, h.run
 
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -386,34 +348,16 @@ def main() -> int:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         S["mode"] = "attach"
         try:
-            sequence(S, a.url.rstrip("/"), a.pgid, a, env, logs, work, save, left, log)
+            sequence(S, a.url.rstrip("/"), a.pgid, a, env, h)
         except Exception as e:  # noqa: BLE001
             S["error"] = f"{type(e).__name__}: {e}"[-3000:]
         _pack(S, out, logs, work)
         save()
         return 0 if not S.get("error") else 1
 
-    # ---------------------------------------------------------------- install (as patched_run.py)
-    t = time.monotonic()
-    shutil.rmtree(site, ignore_errors=True)
-    site.mkdir(parents=True)
-    subprocess.run(["tar", "-xJf", a.payload, "-C", str(site)], check=True)
-    extra = Path(a.payload).parent / "site-extra.tar"
-    if extra.is_file():
-        subprocess.run(["tar", "-xf", str(extra), "-C", str(site)], check=True)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
-    if a.no_server:  # the carried set is cp312 and may not import here: perfscope from REPO only
-        env["PYTHONPATH"] = str(REPO)
-    env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
-    if subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libnuma.so.1 '"]).returncode != 0:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(site / "_h15lib"), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    target = site / "sglang" / TARGET_REL
-    original = target.read_bytes()
-    S["install"] = {"payload_sha256_16": hashlib.sha256(Path(a.payload).read_bytes()).hexdigest()[:16],
-                    "s": round(time.monotonic() - t, 1), "target_sha256": hashlib.sha256(original).hexdigest(),
-                    "target_is_recorded_original": hashlib.sha256(original).hexdigest() == ORIG_SHA,
-                    "nproc": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().strip()}
+    # ---------------------------------------------------------------- install (harness.install)
+    target, original, S["install"] = install(a.payload, site, env, REPO, a.no_server)
+    S["install"].update(nproc=os.cpu_count(), loadavg=Path("/proc/loadavg").read_text().strip())
     log(f"installed in {S['install']['s']}s, target original: {S['install']['target_is_recorded_original']}")
     save()
     procs: dict[str, subprocess.Popen] = {}
@@ -470,7 +414,7 @@ def main() -> int:
         log("server healthy")
         if procs["warm"].poll() is None:
             procs.pop("warm").kill()
-        sequence(S, url, procs["pages"].pid, a, env, logs, work, save, left, log)
+        sequence(S, url, procs["pages"].pid, a, env, h)
     except Exception as e:  # noqa: BLE001 - recorded
         S["error"] = f"{type(e).__name__}: {e}"[-3000:]
         log(f"FAILED: {S['error'][:1500]}")
@@ -480,15 +424,7 @@ def main() -> int:
             if tag == "warm":
                 p.kill()
                 continue
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(8)
-            except Exception:  # noqa: BLE001
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(5)
-                except Exception:  # noqa: BLE001
-                    pass
+            stop_group(p)
         if target.read_bytes() != original:
             rc, so, se = run("fix-pages-revert", fix + ["--revert"], timeout=30, env=env)
             if target.read_bytes() != original:

@@ -1,0 +1,106 @@
+"""What the one-call device scripts of this folder share (patched_run.py, slowdown_run.py): the
+summary and its deadline, commands run with their output in logs/, the payload's install, and the
+stop of a server's process group."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+TARGET_REL = "srt/layers/attention/flashinfer_mla_backend.py"  # the file the pages patch edits
+ORIG_SHA = "bc7bba45c3f52d28d1dcd4092c4c56e0a66a78df7ba5ae95b232e3c8477855d5"  # SGLang 0.5.13.post1's
+
+
+class Harness:
+    """The run's summary (``S``, saved atomically to OUT/summary.json), the time left before
+    ``deadline`` seconds from ``t0``, a log line with the elapsed time, and ``run``: a command with its
+    stdout/stderr in WORK/logs/<name>.{out,err} (``steps``: also recorded in S["steps"])."""
+
+    def __init__(self, out: Path, work: Path, deadline: float, t0: float, summary: dict, steps: bool = False):
+        self.out, self.work, self.deadline, self.t0, self.S, self.steps = out, work, deadline, t0, summary, steps
+        self.logs = work / "logs"
+        for d in (out, work, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    def save(self) -> None:
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(self.S, indent=1, default=str))
+        os.replace(tmp, self.out / "summary.json")
+
+    def left(self) -> float:
+        return self.deadline - (time.monotonic() - self.t0)
+
+    def log(self, m: str) -> None:
+        print(f"[{self.now():6.1f}s] {m}", flush=True)
+
+    def run(self, name: str, argv: list, timeout: float = 120, env: Optional[dict] = None,
+            margin: float = 5) -> tuple[int, str, str]:
+        timeout = max(5.0, min(timeout, self.left() - margin))
+        t = time.monotonic()
+        try:
+            r = subprocess.run([str(x) for x in argv], capture_output=True, text=True, timeout=timeout, env=env)
+            rc, so, se = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:
+            so = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rc, se = 124, "timeout"
+        (self.logs / f"{name}.out").write_text(so)
+        (self.logs / f"{name}.err").write_text(se)
+        if self.steps:
+            self.S.setdefault("steps", []).append({"name": name, "rc": rc, "s": round(time.monotonic() - t, 1),
+                                                   "at_s": self.now()})
+        self.log(f"{name}: rc {rc} in {time.monotonic() - t:.1f}s" + (f" | {se.strip()[-300:]}" if rc else ""))
+        if self.steps:
+            self.save()
+        return rc, so, se
+
+
+def install(payload: str, site: Path, env: dict, repo: Path, no_server: bool) -> tuple[Path, bytes, dict]:
+    """Unpack the payload (and payload/site-extra.tar beside it) into ``site``; set ``env`` to run it
+    (PYTHONPATH, FlashInfer arch, offline HF, the carried libnuma when the machine has none). Returns
+    the pages patch's target file, its original bytes and the install record."""
+    import shutil
+
+    t = time.monotonic()
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
+    subprocess.run(["tar", "-xJf", payload, "-C", str(site)], check=True)
+    extra = Path(payload).parent / "site-extra.tar"
+    if extra.is_file():
+        subprocess.run(["tar", "-xf", str(extra), "-C", str(site)], check=True)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(repo)])
+    if no_server:  # CPU dry run: the carried set is cp312 and may not import here; perfscope from the repo
+        env["PYTHONPATH"] = str(repo)
+    env.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libnuma.so.1 '"]).returncode != 0:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(site / "_h15lib"), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    target = site / "sglang" / TARGET_REL
+    original = target.read_bytes()
+    sha = hashlib.sha256(original).hexdigest()
+    rec = {"payload_sha256_16": hashlib.sha256(Path(payload).read_bytes()).hexdigest()[:16],
+           "s": round(time.monotonic() - t, 1), "target": str(target), "target_sha256": sha,
+           "target_is_recorded_original": sha == ORIG_SHA}
+    return target, original, rec
+
+
+def stop_group(p: subprocess.Popen) -> None:
+    """SIGTERM the process group ``p`` leads (a server started with start_new_session), then SIGKILL."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(8)
+    except Exception:  # noqa: BLE001 - already gone, or it ignored TERM
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+        except Exception:  # noqa: BLE001
+            pass
