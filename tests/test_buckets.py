@@ -338,3 +338,43 @@ def test_cudnn_sdpa_kernels_are_attention():
 
     d = diagnose([SDPA_CUDNN]).to_dict()
     assert d["buckets"]["attention"]["share"] > 0.99 and d["buckets"]["gemm"]["ms_per_step"] == 0
+
+
+MOE_B300 = TRACES / "public/TraceLens/evals/unit_tests_nv/moe"
+
+
+@pytest.mark.parametrize("name", ["nv_moe_01_many_experts_few_tokens", "nv_moe_06_tiny_batch_many_experts"])
+def test_moe_router_topk_is_not_sampling(name):
+    # real B300 torch-native MoE: router GEMM -> topk over the 128 experts (`sbtopk::gatherTopK`,
+    # `bitonicSortKVInPlace`) -> softmax -> gather -> expert GEMMs. Those top-k kernels share their names
+    # with torch sampling's, but a GEMM follows them in the step: routing, not sampling (which runs on the
+    # logits after the step's last GEMM). They read 18% "sampling", and made the file look like an LLM.
+    from perfscope.analysis.diagnose import diagnose
+
+    path = MOE_B300 / f"{name}.json.gz"
+    t = load_trace(path)
+    sorts = [k for k in t.kernels if re.search(r"gatherTopK|bitonicSort", k.name)]
+    assert sorts and all(classify(k.name, k.kind)[0] == "sampling" for k in sorts)  # by name alone
+    gemm_starts = [k.ts for k in t.kernels if classify(k.name, k.kind)[0] == "gemm"]
+    assert all(any(g >= k.ts + k.dur for g in gemm_starts) for k in sorts)  # each has a GEMM after it
+    d = diagnose([path]).to_dict()
+    assert d["buckets"]["sampling"]["ms_per_step"] == 0
+    n = max(d["steps"]["count"], 1)
+    want = sum(k.dur for k in sorts) / 1e3 / n
+    assert d["sub_buckets"]["other/topk-mid-step"]["ms_per_step"] == pytest.approx(want, rel=1e-3, abs=1e-4)
+    assert d["steps"]["workload"] != "llm-inference" and not d["findings"]
+    assert all(o["bucket"] != "sampling" for o in d["ops"])
+
+
+@pytest.mark.parametrize("name", ["sample_topk", "sample_topp"])
+def test_sampling_topk_after_the_lm_head_stays_sampling(name):
+    # the same torch top-k / sort kernels after the step's last GEMM (the LM head, H200 kernel-mix traces):
+    # sampling, every one of them
+    from perfscope.analysis.diagnose import diagnose
+
+    t = load_trace(KERNEL_MIX / f"{name}.json.gz")
+    sort_us = sum(k.dur for k in t.kernels if re.search(r"gatherTopK|bitonicSort|RadixSort|radixSort|mbtopk", k.name))
+    assert sort_us > 0
+    d = diagnose([KERNEL_MIX / f"{name}.json.gz"]).to_dict()
+    assert "other/topk-mid-step" not in d["sub_buckets"]
+    assert d["buckets"]["sampling"]["ms_per_step"] * d["steps"]["count"] * 1e3 >= 0.999 * sort_us

@@ -21,7 +21,7 @@ from perfscope.analysis.ops import Op, top_ops
 from perfscope.analysis.result import RankAnalysis
 from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
-from perfscope.analysis.sampling_path import sampling_tail
+from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
 from perfscope.load.model import Trace
@@ -138,12 +138,10 @@ def pass_buckets(st: State) -> None:
     sub = defaultdict(float)
     kern = st.trace.kernels
     for s in st.steps:
-        sampler = set(sampling_tail(st.trace, s)) if st.workload.get("serving_rules") else set()
+        over = step_overrides(st.trace, s, serving=bool(st.workload.get("serving_rules")))
         for i in s.kernels:
             k = kern[i]
-            b, sb = classify(k.name, k.kind)
-            if i in sampler and b != "sampling":
-                b, sb = "sampling", f"path-{b}"  # the sampler's softmax / cumsum / casts
+            b, sb = over.get(i) or classify(k.name, k.kind)  # the sampler's softmax / cumsum; mid-step top-k
             sub[f"{b}/{sb}"] += k.dur
     n = max(len(st.steps), 1)
     st.out["sub_buckets"] = {k: {"ms_per_step": round(v / n / 1e3, 4), "share": round(v / n / 1e3 / total, 4)}
@@ -207,10 +205,11 @@ def pass_timeline(st: State) -> None:
     kern = st.trace.kernels
     t0 = s.gpu_start
     rows = []
+    over = step_overrides(st.trace, s, serving=bool(st.workload.get("serving_rules")))
     for i in s.kernels[:TIMELINE_MAX_KERNELS]:
         k = kern[i]
         rows.append([k.stream, round((k.ts - t0) / 1e3, 5), round(k.dur / 1e3, 5), short_name(k.name),
-                     classify(k.name, k.kind)[0]])
+                     (over.get(i) or classify(k.name, k.kind))[0]])
     st.out["timeline"] = {"step": s.index, "label": s.label, "gpu_ms": round(m.gpu_ms, 4),
                           "truncated": len(s.kernels) > TIMELINE_MAX_KERNELS, "kernels": rows}
 

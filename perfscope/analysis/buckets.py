@@ -9,6 +9,11 @@ Every row is exercised by tests/test_buckets.py on the real kernel names of the 
 shared/traces and tests/traces (the H200 kernel-mix traces: FlashInfer 0.6.18 norm, activation,
 rope, sampling and MLA kernels, torch sampling, Triton norm/rotary, cuDNN SDPA; DeepSeek's own H800
 training trace with its internal DeepEP `dpsk::ep::` kernels).
+
+The table decides by name; one pass decides by place in the step (sampling_path.step_overrides): the
+sampling path's softmax / cumsum / casts after the LM head join ``sampling`` (``sampling/path-*``), and
+torch's generic sort / top-k kernels that a GEMM of the step follows (MoE expert routing, another
+mid-model top-k) leave it for ``other/topk-mid-step``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perfscope.analysis.buckets import BUCKETS, classify
-from perfscope.analysis.sampling_path import sampling_tail
+from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
@@ -51,10 +51,10 @@ def step_metrics(trace: Trace, step: Step, sampler: bool = True) -> StepMetrics:
     ivs = []
     other = []  # everything but communication: what can hide a collective
     ksum = 0.0
-    sampler = set(sampling_tail(trace, step)) if sampler else set()  # the sampler's softmax / cumsum / ...
+    over = step_overrides(trace, step, serving=sampler)  # the sampler's softmax / cumsum; mid-step top-k
     for i in step.kernels:
         k = kern[i]
-        b = "sampling" if i in sampler else classify(k.name, k.kind)[0]
+        b = over[i][0] if i in over else classify(k.name, k.kind)[0]
         buckets[b] += k.dur
         ksum += k.dur
         ivs.append((k.ts, k.ts + k.dur))

@@ -9,6 +9,7 @@ from typing import Optional
 from perfscope.analysis.attribution import Attribution, Attributor
 from perfscope.analysis.buckets import classify
 from perfscope.analysis.names import short_name
+from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
@@ -47,7 +48,9 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
     geo: dict = {}
     seen: set = set()  # a CPU op's self time comes in pieces (one per gap between its children)
     sig = attributor.signature
+    over: dict = {}  # torch top-k / sort kernels a GEMM follows: not sampling (sampling_path.step_overrides)
     for s in steps:
+        over.update(step_overrides(trace, s, serving=False))
         for i in s.kernels:
             k = kern[i]
             key = sig(k)
@@ -65,7 +68,7 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
     ops = []
     for key, us in sorted(total.items(), key=lambda kv: -kv[1])[:limit]:
         k = kern[sample[key]]
-        bucket, sub = classify(k.name, k.kind)
+        bucket, sub = over.get(sample[key]) or classify(k.name, k.kind)
         (grid, block), _ = geo[key].most_common(1)[0]
         ops.append(Op(
             name=k.name, short=short_name(k.name), bucket=bucket, sub=sub, ms_per_step=us / n / 1e3,

@@ -61,3 +61,36 @@ def kind_of(name: str) -> str:
     if _MULTINOMIAL.search(name) or "ArgMax" in name:
         return "multinomial/argmax"
     return "other"
+
+
+MID_STEP_SORT = ("other", "topk-mid-step")
+
+
+def step_overrides(trace: Trace, step: Step, serving: bool = True) -> dict[int, tuple[str, str]]:
+    """The step's kernels whose (bucket, sub-bucket) is not their name's:
+
+    * on serving traces, the sampling path's softmax / cumsum / casts -> ("sampling", "path-<bucket>");
+    * torch sort / top-k kernels that a GEMM of the step follows -> ``MID_STEP_SORT``: MoE expert routing
+      (torch-native MoE: router GEMM, top-k, sort, gather, expert GEMMs) or another mid-model top-k. Sampling
+      runs on the logits, after the step's last GEMM (the LM head), so these are not sampling.
+    """
+    kern = trace.kernels
+    out: dict[int, tuple[str, str]] = {}
+    last_gemm_start = None
+    for i in step.kernels:
+        k = kern[i]
+        if k.kind == "kernel" and classify(k.name, k.kind)[0] == "gemm":
+            if last_gemm_start is None or k.ts > last_gemm_start:
+                last_gemm_start = k.ts
+    if last_gemm_start is not None:
+        for i in step.kernels:
+            k = kern[i]
+            if k.end <= last_gemm_start and TORCH_SORT.search(k.name) and classify(k.name, k.kind)[0] == "sampling":
+                out[i] = MID_STEP_SORT
+    if serving:
+        for i in sampling_tail(trace, step):
+            b, _ = classify(kern[i].name, kern[i].kind)
+            if b != "sampling":
+                out[i] = ("sampling", f"path-{b}")
+    return out
+

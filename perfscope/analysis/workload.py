@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from perfscope.analysis.buckets import classify
+from perfscope.analysis.sampling_path import TORCH_SORT
 from perfscope.load.model import Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
@@ -55,7 +56,8 @@ def classify_workload(trace: Trace) -> dict:
             bw_us += k.dur
         if sub == "conv":
             conv_us += k.dur
-        if sub == "kv-write" or b == "sampling" or "flashinfer::" in k.name:
+        # (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and other top-k run them)
+        if sub == "kv-write" or (b == "sampling" and not TORCH_SORT.search(k.name)) or "flashinfer::" in k.name:
             llm_us += k.dur
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}
