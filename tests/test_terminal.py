@@ -173,3 +173,20 @@ def test_host_bound_range_reads_the_same_in_markdown_and_html(tmp_path):
     assert f"Predicted step after the fix: ~{rng}" in md and "bound by the host" in md
     html = (tmp_path / "d.html").read_text()
     assert f'predicted step after fix <b class="good">{rng}</b>' in html and "bound by the host" in html
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_verdict_title_is_never_cropped_mid_word(columns):
+    """The verdict's top border holds whole parts of "perfscope diagnose · GPU · N steps · median X ms";
+    what does not fit there is the panel's first line, not cut off by the border (a user on an
+    80-column terminal saw "· m─╮" for a 2-trace CPU run)."""
+    r = screen(H200 / "mla_fp8_eager.json.gz", columns=columns)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    top = lines[0]
+    assert len(top) <= columns, top
+    parts = [p.strip() for p in top.strip("╭╮─ ").split(" · ")]
+    whole = ["perfscope diagnose", "NVIDIA H200", "5 decode steps", "median 29.01 ms"]
+    assert parts == whole[:len(parts)], top
+    shown = " · ".join(p.strip("│ ") for p in lines[:2])
+    assert "median 29.01 ms" in shown, "\n".join(lines[:3])
