@@ -170,11 +170,15 @@ def command(
 
     Examples:
 
-      perfscope fix eager-decode --trace run1                              # the change; nothing written
-      perfscope fix eager-decode --host gpu-box --launch-file run.sh --trace run1   # + its diff
-      perfscope fix eager-decode --host gpu-box --launch-file run.sh --apply \
-          --restart-cmd 'systemctl restart sglang' --out fix1                # edit, restart, measure
-      perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert       # byte for byte
+      # the change; nothing written
+      perfscope fix eager-decode --trace run1
+      # + its diff
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --trace run1
+      # edit, restart, measure
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --apply \\
+          --restart-cmd 'systemctl restart sglang' --out fix1
+      # byte for byte
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert
 
     Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
     2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
