@@ -190,3 +190,21 @@ def test_verdict_title_is_never_cropped_mid_word(columns):
     assert parts == whole[:len(parts)], top
     shown = " · ".join(p.strip("│ ") for p in lines[:2])
     assert "median 29.01 ms" in shown, "\n".join(lines[:3])
+
+
+def boxed_lines_cropped(out: str) -> list[str]:
+    """Table and panel lines cut off by the screen's edge: a line that starts inside a box but has
+    lost its closing border."""
+    return [ln for ln in out.splitlines() if ln[:1] in "│┃┏┡└╭╰" and ln.rstrip()[-1:] not in "│┃┓┩┘╮╯"]
+
+
+def test_compare_tables_fit_80_columns(tmp_path):
+    """`perfscope compare` on an 80-column screen: the changed-ops table was wider than the screen
+    and rich cut its last column (n/step) and the right border off every row."""
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", H200 / "mla_pool_graph.json.gz",
+                        H200 / "mla_pages_graph.json.gz"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "Top ops that changed" in r.stdout and "n/step" in r.stdout, r.stdout
+    assert boxed_lines_cropped(r.stdout) == [], r.stdout
+    assert max(map(len, r.stdout.splitlines())) <= 80
