@@ -1,7 +1,8 @@
 """What a new user meets first, on a fresh clone, against the real SGLang 0.5.23 on CPU
-(tests/real_engines.py): a launch-flag fix checked without --launch-file and without /server_info
-(``perfscope fix ID --port P``, the README's form with --host dropped) reads the flags the running
-server was really started with, not the ones the finding would imply."""
+(tests/real_engines.py): ``perfscope fix ID --port P`` on the machine the server runs on (the
+README's form with --host dropped) checks the fix against what that server really runs: its
+/server_info (as over SSH), or, when that cannot be read, the command line of the process on the
+port; never only what the finding would imply."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import subprocess
 import sys
 
 from paths import H200, REPO
+from perfscope.fixengine import engine
+from perfscope.fixengine.host import LocalFixHost
+from perfscope.fixengine.model import Environment
+from perfscope.fixengine.registry import get
 
 
 def cli(*args) -> subprocess.CompletedProcess:
@@ -16,20 +21,36 @@ def cli(*args) -> subprocess.CompletedProcess:
                           timeout=300, cwd=REPO)
 
 
-def test_launch_fix_check_reads_the_running_servers_command_line(sglang_server):
+def test_local_fix_check_reads_the_server_on_the_port(sglang_server):
     srv = sglang_server
     assert "--disable-overlap-schedule" in srv.cmd and "--disable-cuda-graph" not in srv.cmd
-    # eager-decode, checked against an eager trace: the server on the port has no
-    # --disable-cuda-graph, so there is nothing to remove (it used to propose removing it, "assuming
-    # the launch command has --disable-cuda-graph as the finding implies", while printing the
-    # command line that shows it has not)
-    r = cli("fix", "eager-decode", "--trace", H200 / "mla_fp8_eager.json.gz", "--port", srv.port)
+    # fp8-kv-cast on a server whose KV pool is not FP8: nothing to fix (it said "the pages patch
+    # applies cleanly", having read neither kv_cache_dtype nor the backend)
+    r = cli("fix", "fp8-kv-cast", "--port", srv.port)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "remove --disable-cuda-graph" not in r.stdout, r.stdout
-    assert "already runs with what eager-decode sets" in r.stdout, r.stdout
-    assert f"read from the command line of the process on port {srv.port}" in r.stdout, r.stdout
-    # overlap-off: the flag is on that command line, so the change is to remove it
+    assert "kv_cache_dtype auto" in r.stdout and "backend torch_native" in r.stdout, r.stdout
+    assert "skipped: kv_cache_dtype is 'auto'" in r.stdout and "applies cleanly" not in r.stdout, r.stdout
+    # eager-decode from an eager H200 trace, against this CPU server: refused for what the server is
+    # (it proposed removing a --disable-cuda-graph the server was never started with)
+    r = cli("fix", "eager-decode", "--trace", H200 / "mla_fp8_eager.json.gz", "--port", srv.port)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "remove --disable-cuda-graph" not in r.stdout and "runs on cpu" in r.stderr, r.stdout + r.stderr
+    # overlap-off: the server has the flag, so the change is to drop it
     r = cli("fix", "overlap-off", "--port", srv.port)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "remove --disable-overlap-schedule" in r.stdout and "nothing changed" in r.stdout, r.stdout
     assert srv.healthy()
+
+
+def test_without_server_info_the_process_command_line_gives_the_flags(sglang_server):
+    """/server_info not read (no --url; e.g. an API key perfscope was not given): the flags come from
+    the command line of the process on --port, which the check prints anyway."""
+    srv = sglang_server
+    req = engine.FixRequest(port=srv.port, source_fix=False,
+                            facts={"findings": [{"id": "eager-decode", "ms_per_step": 22.3}]})
+    rep = engine.describe_launch(get("eager-decode"), LocalFixHost(), Environment(host="local"), req)
+    notes = "\n".join(rep.notes)
+    assert f"read from the command line of the process on port {srv.port}" in notes, notes
+    assert rep.outcome.kind == "already-applied" and "remove --disable-cuda-graph" not in (rep.diff or ""), rep
+    rep = engine.describe_launch(get("overlap-off"), LocalFixHost(), Environment(host="local"), req)
+    assert "remove --disable-overlap-schedule" in rep.diff, rep

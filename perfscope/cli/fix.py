@@ -104,6 +104,16 @@ class HELP_CLASS(_help.SubjectHelpCommand):
 EXAMPLES = _fix_examples("fp8-kv-cast") + [("perfscope fix fp8-kv-cast --help", "that fix's own document: strategies, targets, versions, requirements")]
 
 
+def _listening(addr: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((addr, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def command(
     fix_id: Optional[str] = typer.Argument(None, metavar="FIX_ID", help="Fix module id (see --list), e.g. fp8-kv-cast."),
     apply_: bool = typer.Option(False, "--apply", help="Apply the patch (default: check and show the diff only)."),
@@ -233,6 +243,10 @@ def command(
                 req.server_url = fwd.url
             except PerfscopeError as e:
                 err.print(f"note: server info not read over SSH: {e}", markup=False)
+        elif not host and not url and port and _listening("127.0.0.1", port):
+            # a local server on --port: its /server_info says what it runs (kv_cache_dtype, backend,
+            # flags), as over SSH; without it a check assumed what the finding implies
+            req.server_url = f"http://127.0.0.1:{port}"
         env = engine.probe_env(fhost, req)
         extra = {}
         if probe and not revert_:
