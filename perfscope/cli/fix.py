@@ -243,9 +243,10 @@ def command(
                 req.server_url = fwd.url
             except PerfscopeError as e:
                 err.print(f"note: server info not read over SSH: {e}", markup=False)
-        elif not host and not url and port and _listening("127.0.0.1", port):
-            # a local server on --port: its /server_info says what it runs (kv_cache_dtype, backend,
-            # flags), as over SSH; without it a check assumed what the finding implies
+        elif not (host or url or target_file or sglang_root or python) and port and _listening("127.0.0.1", port):
+            # a local server on --port, the install not named otherwise: its /server_info says what it
+            # runs (kv_cache_dtype, backend, flags), as over SSH; without it a check assumed what the
+            # finding implies
             req.server_url = f"http://127.0.0.1:{port}"
         env = engine.probe_env(fhost, req)
         extra = {}
