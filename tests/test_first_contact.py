@@ -54,3 +54,18 @@ def test_without_server_info_the_process_command_line_gives_the_flags(sglang_ser
     assert rep.outcome.kind == "already-applied" and "remove --disable-cuda-graph" not in (rep.diff or ""), rep
     rep = engine.describe_launch(get("overlap-off"), LocalFixHost(), Environment(host="local"), req)
     assert "remove --disable-overlap-schedule" in rep.diff, rep
+
+
+def test_fix_list_json_is_json():
+    """`perfscope fix --list --json`: the fix modules as JSON on stdout and nothing else (--json was
+    ignored: the text list came out)."""
+    import json
+
+    from perfscope.fixengine.registry import discover
+
+    r = cli("fix", "--list", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert [x["id"] for x in d] == sorted(discover())
+    fp8 = next(x for x in d if x["id"] == "fp8-kv-cast")
+    assert "fp8-kv-cast" in fp8["answers"] and fp8["targets"] and "pages" in fp8["strategies"]

@@ -196,6 +196,11 @@ def command(
     from perfscope.fixengine.registry import get
 
     if list_:
+        if json_out and not doc:
+            from perfscope.fixengine.registry import discover
+
+            sys.stdout.write(json.dumps([f.summary() for _, f in sorted(discover().items())], indent=2) + "\n")
+            return 0
         sys.stdout.write(list_doc(doc))
         return 0
     if not fix_id:
