@@ -69,3 +69,24 @@ def test_fix_list_json_is_json():
     assert [x["id"] for x in d] == sorted(discover())
     fp8 = next(x for x in d if x["id"] == "fp8-kv-cast")
     assert "fp8-kv-cast" in fp8["answers"] and fp8["targets"] and "pages" in fp8["strategies"]
+
+
+def test_demo_bad_options_are_one_line_exit_2_and_leave_nothing(tmp_path):
+    """`perfscope demo --device tpu` started the server anyway and failed with exit 3 ("the
+    reproduction server did not start", a torch traceback in its log) and left a run folder."""
+    def demo(*args):
+        return subprocess.run([sys.executable, "-m", "perfscope", "demo", *args], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+
+    cases = [(["--device", "tpu"], "--device tpu: expected cpu, cuda or cuda:N"),
+             (["--strategy", "bogus"], "--strategy bogus: expected auto, native or pages")]
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "sees no CUDA GPU here"))
+    for args, want in cases:
+        r = demo(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and want in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stdout + r.stderr
+    assert list(tmp_path.iterdir()) == []
