@@ -478,3 +478,44 @@ def test_per_fix_help_shows_the_modules_document(fid):
     r = cli("fix", fid, "--help")
     assert r.returncode == 0, r.stderr
     assert get(fid).title.split(" (")[0] in " ".join(r.stdout.split()) and "How to revert" in r.stdout
+
+
+def test_a_fix_read_from_a_run_uses_the_traced_servers_port_and_recorded_settings(tmp_path):
+    """`perfscope fix ID --trace RUN` without --port: the traced server's port from RUN's run.json (30123 on
+    the H200 where the real SGLang ran), not 30000, where another server of this machine may listen (seen:
+    a CPU SGLang of a test run described as "the server" of the H200 run); and, with no live /server_info,
+    the flags the server was traced with (overlap on there: nothing to change), said as such."""
+    import socket
+
+    from paths import GPU_LOOP
+
+    run = GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages"
+    recorded = json.loads((run / "run.json").read_text())["server_info"]
+    assert recorded["port"] == 30123 and recorded["disable_overlap_schedule"] is False
+    # a process listening on 30000 here, which is not the traced server (skipped if the port is taken)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 30000))
+        s.listen(1)
+    except OSError:
+        s.close()
+        s = None
+    try:
+        r = subprocess.run([sys.executable, "-m", "perfscope", "fix", "overlap-off", "--trace", str(run), "--json"],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        if s is not None:
+            s.close()
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert "--port 30123, the port recorded for the traced server" in r.stderr
+    assert d["server_command_line"] is None  # nothing on 30123 here: no other process taken for the server
+    assert d["outcome"] == "already-applied"
+    assert any("from the run record" in n for n in d["notes"])
+    # an explicit --port still wins, and 0 means: look for no server process
+    r = subprocess.run([sys.executable, "-m", "perfscope", "fix", "overlap-off", "--trace", str(run), "--port", "0",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "port recorded" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "perfscope", "fix", "overlap-off", "--port", "70000"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--port 70000" in r.stderr, r.stderr

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import pytest
 
-from paths import HTA, REPO, TRACELENS
+from paths import GPU_LOOP, HTA, REPO, TRACELENS
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.names import short_name
 from perfscope.load.reader import load_trace
@@ -79,3 +79,68 @@ def test_names_without_an_entry_point_keep_their_short_form():
     assert flash and {short_name(n) for n in flash} == {"flash_fwd_kernel"}
     a100 = [n for n in names(A100) if n.startswith("ncclKernel_SendRecv")]
     assert a100 and short_name(a100[0]) == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
+
+
+B200 = TRACELENS / "b200/eager_trace.json.gz"
+SGL_GRAPH = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.gz"))
+SGL_POOL = next((GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages/traces").glob("*-DECODE.trace.json.gz"))
+SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
+MOE_B300 = TRACELENS.parents[1] / "evals/unit_tests_nv/moe/nv_moe_06_tiny_batch_many_experts.json.gz"
+CROSS = REPO / "tests/traces/h200-cross-stream/base.json.gz"
+
+
+@pytest.mark.parametrize("path,pattern,want", [
+    # torch's and sgl-kernel's kernels in anonymous namespaces (the short name was
+    # `(anonymous namespace)::act_and_mul_kernel<__nv_bfloat16, ((a` or `at::native::(anonymous namespace)::cunn_So`)
+    (SGL_POOL, r"^void \(anonymous namespace\)::act_and_mul_kernel<", "act_and_mul_kernel"),
+    (SGL_POOL, r"^void \(anonymous namespace\)::fused_rope_kernel<", "fused_rope_kernel"),
+    (SGL_DECODE, r"^void \(anonymous namespace\)::store_kvcache<", "store_kvcache"),
+    (SGL_GRAPH, r"^void at::native::\(anonymous namespace\)::cunn_SoftMaxForwardReg<", "cunn_SoftMaxForwardReg"),
+    (SGL_GRAPH, r"^void at::native::\(anonymous namespace\)::vectorized_layer_norm_kernel<", "vectorized_layer_norm_kernel"),
+    (H100, r"^void at::native::\(anonymous namespace\)::CatArrayBatchedCopy<", "CatArrayBatchedCopy"),
+    (MOE_B300, r"^void \(anonymous namespace\)::softmax_warp_forward<", "softmax_warp_forward"),
+    (B200, r"^void \(anonymous namespace\)::multimem_all_reduce_kernel<", "multimem_all_reduce_kernel"),
+    (CROSS, r"^at::cuda::\(anonymous namespace\)::spin_kernel\(long\)$", "spin_kernel"),
+    # a template return type (`std::enable_if<(((8)>(0)))&&...>::type vllm::fused_add_rms_norm_kernel<..>`):
+    # the comparison inside the template argument closed it early and the row read `enable_if`
+    (B200, r"^std::enable_if<.*vllm::fused_add_rms_norm_kernel<", "fused_add_rms_norm_kernel"),
+], ids=["sgl-act-and-mul", "sgl-fused-rope", "sgl-store-kvcache", "torch-softmax-reg", "torch-layer-norm", "torch-cat", "torch-softmax-warp",
+        "torch-multimem-allreduce", "torch-spin", "vllm-enable-if-rmsnorm"])
+def test_anonymous_namespaces_and_return_types_are_not_the_name(path, pattern, want):
+    rx = re.compile(pattern)
+    hits = [n for n in names(path) if rx.search(n)]
+    assert hits, f"no kernel matching {pattern!r} in {path.name}: the expectation is stale"
+    for n in hits:
+        got = short_name(n)
+        assert got.split(" [")[0] == want, (n[:160], got)
+        assert "anonymous" not in got and "(" not in got.split(" [")[0], got
+
+
+def test_no_dominant_op_of_a_real_trace_reads_as_a_namespace_or_return_type():
+    for path in (SGL_POOL, SGL_GRAPH, H100, B200):
+        d = diagnose([path]).to_dict()
+        for o in d["ops"]:
+            head = o["short"].split(" [")[0]
+            assert "anonymous namespace" not in head and not head.startswith(("enable_if", "std::", "at::")), o["short"]
+
+
+@pytest.mark.parametrize("path,pattern,tag", [
+    # torch's reductions: the reduction they run, not the `ReduceOp` every one of them is
+    (REPO / "tests/traces/h200-kernel-mix/sample_argmax.json.gz", r"reduce_kernel<.*ArgMaxOps", "ArgMaxOps"),
+    (MOE_B300, r"reduce_kernel<.*func_wrapper_t<c10::BFloat16, at::native::sum_functor", "sum_functor"),
+    # torch's lambda kernels: the op they implement (`silu_kernel`, `pow_tensor_scalar_kernel_impl`)
+    (H100, r"^void at::native::vectorized_elementwise_kernel<\d+, at::native::\(anonymous namespace\)::silu_kernel\(",
+     "silu_kernel"),
+    (H100, r"^void at::native::vectorized_elementwise_kernel<\d+, at::native::\(anonymous namespace\)::"
+           r"pow_tensor_scalar_kernel_impl<", "pow_tensor_scalar_kernel_impl"),
+], ids=["argmax", "sum", "silu", "pow"])
+def test_torch_reductions_and_lambda_kernels_say_what_they_compute(path, pattern, tag):
+    """H100 Qwen1.5: silu (2.9%) and pow (4.1%) were two dominant rows both called
+    `vectorized_elementwise_kernel`; every torch reduction (argmax of greedy sampling, sum, mean)
+    read `reduce_kernel [ReduceOp]`."""
+    rx = re.compile(pattern)
+    hits = [n for n in names(path) if rx.search(n)]
+    assert hits, f"no kernel matching {pattern!r} in {path.name}: the expectation is stale"
+    for n in hits:
+        got = short_name(n)
+        assert got.endswith(f"[{tag}]"), (n[:200], got)

@@ -8,6 +8,7 @@ are not compared as ranks (no straggler); the straggler line compares like with 
 from __future__ import annotations
 
 import re
+import statistics
 import shutil
 
 from paths import HTA, TRACELENS
@@ -66,3 +67,35 @@ def test_straggler_line_compares_like_with_like():
         assert "compute" in s["line"] and f"{s['compute_ms']:.3g} ms of compute" in s["line"]
     else:
         assert f"{s['median_ms']:.3g} ms/step" in s["line"]
+
+
+def test_a_rank_late_in_every_step_is_a_straggler_when_every_step_is_noisy():
+    # the step times of a CI run that failed (tests/test_tp.py, repro server on CPU, rank 1 held back 400 ms
+    # at the tail of each step, a loaded 2-core box slowing both ranks' steps alike): the ranks' own
+    # step-to-step noise (~135 ms, 3x = 404 ms) hid a 360 ms lead that rank 1 had in EVERY step. Paired step by
+    # step, the common slowdown cancels out.
+    from types import SimpleNamespace
+
+    from perfscope.analysis.diagnose import _noise, _paired_noise, straggler
+
+    steps = {0: [671.9, 425.5, 687.7, 382.3, 778.4, 703.0, 447.0, 522.1, 896.6, 610.9],
+             1: [938.4, 813.6, 1089.7, 797.7, 1180.5, 1131.5, 848.8, 936.5, 1298.4, 1064.1]}
+
+    def rank(r):
+        xs = steps[r]
+        return SimpleNamespace(rank=r, stage="DECODE", steps={"count": len(xs), "median_ms": statistics.median(xs),
+                                                                "phase": "decode", "analysed_on": "cpu-ops"},
+                               per_step=[{"cpu_ms": x, "kernel_ms": 0.0} for x in xs], kernel_ms_per_step=0.0,
+                               buckets={})
+
+    ranks = [rank(0), rank(1)]
+    step = lambda m: m["cpu_ms"]  # noqa: E731
+    assert _paired_noise(ranks, step, ranks[1]) < _noise(ranks, step) / 3
+    s = straggler(ranks)
+    assert s["significant"] and s["rank"] == 1 and "x the other ranks' median" in s["line"], s
+    # steps that do not pair up (different counts) fall back to the ranks' own noise: not significant here
+    steps[1] = steps[1][:-1]
+    ranks = [rank(0), rank(1)]
+    assert _paired_noise(ranks, step, ranks[1]) is None
+    s = straggler(ranks)
+    assert not s["significant"] and "within the steps' noise" in s["line"], s

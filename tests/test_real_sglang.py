@@ -212,7 +212,9 @@ def test_bench_from_the_real_stream(sglang_server, tmp_path, capsys):
     d = json.loads(out)
     assert d["requests"] == 3 and d["failed"] == 0 and d["output_tokens"] == 36
     assert 0 < d["ttft_ms"] < 5000 and 0 < d["tpot_ms"] < 1000
-    assert d["stats_ms"]["itl"]["n"] == 3 * 11  # SGLang streams one frame per token: 11 gaps a request
+    # SGLang streams a frame per token, 11 gaps a request; on a loaded machine its detokenizer may send two
+    # tokens in one frame (seen in CI: 32 gaps for 36 tokens): one gap fewer, never more, tokens still all counted
+    assert 3 * 11 - 3 <= d["stats_ms"]["itl"]["n"] <= 3 * 11
     assert d["server"]["version"] == "0.5.23"
 
 

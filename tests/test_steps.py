@@ -138,3 +138,21 @@ def test_mi250_steps_and_phases_agree():
     assert row["count"] == d["steps"]["count"]
     assert row["median_ms"] == d["steps"]["median_ms"]
     assert row.get("steps_without_gpu_work") == 1  # the second ProfilerStep launched no GPU work
+
+
+def test_vllm_annotation_with_squared_token_counts_is_a_step():
+    """TraceLens's B200 vLLM trace (TP8 rank 0, eager) annotates its one forward
+    `execute_context_1(888_788544)_generation_0(0)`: the vLLM build that wrote it puts the tokens and
+    their square (888 * 888 = 788544) in the brackets. The step was not found (whole trace, phase
+    unknown); it is one prefill step, timed by the GPU work its launches gave."""
+    t = load_trace(TRACELENS / "b200/eager_trace.json.gz")
+    (ann,) = [a for a in t.annotations if not a.gpu and a.name.startswith("execute_context_")]
+    assert ann.name == "execute_context_1(888_788544)_generation_0(0)" and 888 * 888 == 788544
+    ss = find_steps(t)
+    assert ss.method == "execute-annotation"
+    (s,) = ss.steps
+    assert s.phase == "prefill" and s.label == ann.name
+    assert len(s.kernels) > 700  # 768 kernels in the trace, nearly all launched in this forward
+    d = analyze_trace(t).to_dict()
+    assert d["steps"]["phase"] == "prefill" and [p["phase"] for p in d["phases"]] == ["prefill"]
+    assert not any(f["id"] == "eager-decode" for f in d["findings"])  # a prefill, not a decode loop

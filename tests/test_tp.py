@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 # a larger pool than TINY: the per-step cast (~4x longer) dwarfs the GIL noise rank 0 gets from its HTTP threads
 TP = ["--tp-size", "2", "--mlp-size", "128", "--max-total-tokens", "16000"]
-STRAGGLER_MS = 200.0
+STRAGGLER_MS = 400.0  # above 3x the step noise of a loaded 2-core CI box (106 ms seen there at 200)
 
 
 def _cli(*argv: str, timeout: float = 300) -> str:
@@ -116,6 +116,10 @@ def test_no_straggler_without_injection(tp_run):
     d = _diagnose(*_decode_files(run))
     s = d["straggler"]
     assert s is not None and s["significant"] is False, _why(d)
+    # the line never reads "1.00x" beside two different step times: a lead inside the noise is called that
+    assert "1.00x" not in s["line"], s["line"]
+    if s["median_ms"] > s["others_median_ms"] and "x the other ranks" not in s["line"]:
+        assert "within the steps' noise" in s["line"] and "not a straggler" in s["line"], s["line"]
 
 
 def test_injected_straggler_is_found(straggler_run):

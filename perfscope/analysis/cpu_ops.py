@@ -11,7 +11,8 @@ the step (CPU ops of other threads are not that step's work, and summing overlap
 made op time exceed the step).
 
 Collective waits that the backends record as annotations on their own threads (``gloo:all_reduce``)
-stand in too, so a rank's wait for its peers shows as communication, not as idle time. The rest
+stand in too, so a rank's wait for its peers shows as communication, not as idle time; the same
+collective on several backend threads at once is counted once (the union of their intervals). The rest
 of the analysis then runs unchanged; the report says so in one line."""
 
 from __future__ import annotations
@@ -76,10 +77,17 @@ def cpu_ops_as_kernels(trace: Trace) -> list[Kernel]:
             o = ops[i]
             out.append(Kernel(o.name, s, e - s, stream, -1, uid + i, None, None, o.ext, "cpu"))
         uid += len(ops)
-    for a in trace.annotations:
-        if not a.gpu and is_collective_standin(a.name):
-            out.append(Kernel(a.name, a.ts, a.dur, thread_stream(a.tid), -1, uid, None, None, None, "cpu"))
+    # one collective is often recorded on several backend threads at once (HTA's gloo rank: the
+    # same all_reduce on two threads, 170 ms each, overlapping): the rank waits for it once, so
+    # each stand-in keeps only the time no earlier stand-in already covers
+    covered = float("-inf")
+    for a in sorted((a for a in trace.annotations if not a.gpu and is_collective_standin(a.name)),
+                    key=lambda a: (a.ts, -a.dur)):
+        start, end = max(a.ts, covered), a.ts + a.dur
+        if end > start:
+            out.append(Kernel(a.name, start, end - start, thread_stream(a.tid), -1, uid, None, None, None, "cpu"))
             uid += 1
+            covered = end
     out.sort(key=lambda k: k.ts)
     return out
 

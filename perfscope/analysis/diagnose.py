@@ -63,6 +63,30 @@ def _noise(ranks: list[RankAnalysis], value) -> float:
     return statistics.median(mads) if mads else 0.0
 
 
+def _paired_noise(ranks: list[RankAnalysis], value, cand: RankAnalysis) -> Optional[float]:
+    """The noise of ``cand``'s lead when the ranks' steps pair up (the same number of steps each, as
+    ranks of one TP group stepping in lockstep): the median absolute deviation, over the steps, of
+    ``cand``'s step minus the other ranks' median of the same step. A slow step that slows every
+    rank (a bigger batch, a busy host) cancels out; a rank late in every step stands out. None when
+    the steps do not pair up."""
+    series = {id(r): [value(m) for m in r.per_step] for r in ranks}
+    n = {len(v) for v in series.values()}
+    if len(n) != 1 or n.pop() < 3:
+        return None
+    others = [series[id(r)] for r in ranks if r is not cand]
+    diffs = [x - statistics.median(o[i] for o in others) for i, x in enumerate(series[id(cand)])]
+    med = statistics.median(diffs)
+    return statistics.median(abs(d - med) for d in diffs)
+
+
+def _lead_noise(ranks: list[RankAnalysis], value, cand: RankAnalysis) -> float:
+    """The noise a lead must stand above: the ranks' own step-to-step noise, or the paired one when the
+    steps pair up and that is smaller (see :func:`_paired_noise`)."""
+    plain = _noise(ranks, value)
+    paired = _paired_noise(ranks, value, cand)
+    return plain if paired is None else min(plain, paired)
+
+
 CPU_OPS_THRESHOLD = 1.25  # ranks of a CPU-only trace share the host's cores: their timings are noisier
 
 
@@ -74,7 +98,8 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     by the same wait, but the late rank's communication kernels wait the least). ``significant``
     when either exceeds the median of the other ranks by ``threshold`` (``CPU_OPS_THRESHOLD`` for CPU-only
     traces, whose ranks share the host's cores, and step time alone there) and by more than ``NOISE_SIGMAS`` times the
-    step-to-step noise (median absolute deviation) of the ranks.
+    step-to-step noise (median absolute deviation) of the ranks, or of the lead itself step by step
+    when the ranks' steps pair up (:func:`_paired_noise`).
     """
     groups: dict = {}
     for r in ranks:
@@ -97,8 +122,9 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     ref_step = _median_of_others(timed, step, by_step)
     ref_comp = _median_of_others(timed, comp, by_comp)
     # a difference only counts when it stands above the step-to-step noise of the ranks
-    step_noise = _noise(timed, lambda m: m.get("gpu_ms") or m.get("cpu_ms") or 0.0)
-    comp_noise = _noise(timed, lambda m: m.get("kernel_ms", 0.0) - (m.get("buckets") or {}).get("communication", 0.0))
+    step_noise = _lead_noise(timed, lambda m: m.get("gpu_ms") or m.get("cpu_ms") or 0.0, by_step)
+    comp_noise = _lead_noise(timed, lambda m: m.get("kernel_ms", 0.0) - (m.get("buckets") or {}).get("communication", 0.0),
+                             by_comp)
     step_ratio = step[id(by_step)] / ref_step if ref_step > 0 else 1.0
     comp_ratio = comp[id(by_comp)] / ref_comp if ref_comp > 0 else 1.0
     if step[id(by_step)] - ref_step <= NOISE_SIGMAS * step_noise:
@@ -114,6 +140,10 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     if use_comp:
         line = (f"rank {slow.rank}: {comp[id(slow)]:.3g} ms of compute per step, {comp_ratio:.2f}x the other ranks' "
                 f"median {ref_comp:.3g} ms (late before its collectives; its step {slow.steps['median_ms']:.3g} ms)")
+    elif step_ratio == 1.0 and step[id(slow)] > ref_step:
+        # the lead is inside the step-to-step noise: say so, not "1.00x" beside two different numbers
+        line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step against the other ranks' median {ref_step:.3g} "
+                f"ms/step: within the steps' noise (±{NOISE_SIGMAS * step_noise:.3g} ms), not a straggler")
     else:
         line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step, {step_ratio:.2f}x the other ranks' median "
                 f"{ref_step:.3g} ms/step")

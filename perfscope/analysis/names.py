@@ -13,6 +13,11 @@ from functools import lru_cache
 _LAMBDA_TYPE = re.compile(r"\{lambda\((?:c10::)?(\w+)\)#\d+\}")
 _FUNCTOR = re.compile(r"(?:native::|::)(\w*(?:Functor|_kernel_cuda|Op)\w*)")
 _MANGLED = re.compile(r"^_Z+N?")
+# torch's reductions are all `reduce_kernel<.., ReduceOp<T, Ops>>`: the Ops (ArgMaxOps, MeanOps,
+# func_wrapper_t<T, sum_functor<..>>) say what it reduces
+_REDUCE_OPS = re.compile(r"ReduceOp<[\w:]+, (?:\w+::)*(?:func_wrapper_t<[\w:]+, (?:\w+::)*)?(\w+)")
+# torch's lambda kernels: the host function the lambda is defined in (`silu_kernel(at::TensorIteratorBase&)`)
+_LAMBDA_FN = re.compile(r"(?:native::|fbgemm_gpu::)(\w+)(?:<[^<>()]*>)?\((?:at::TensorIterator|at::Tensor)")
 
 
 def _demangle_idents(name: str) -> str:
@@ -32,15 +37,27 @@ def _demangle_idents(name: str) -> str:
 
 
 def _strip_templates(name: str) -> str:
-    out, depth = [], 0
+    """``a<b<c>>::d<(x)>(y)>`` -> ``a::d``-style text: template arguments dropped. A ``<``/``>`` inside
+    parentheses within a template argument is a comparison (``enable_if<(((8)>(0)))&&...>``), not a
+    bracket."""
+    out, depth, paren = [], 0, 0
     for ch in name:
-        if ch == "<":
+        if depth and ch == "(":
+            paren += 1
+        elif depth and ch == ")":
+            paren = max(0, paren - 1)
+        elif ch == "<" and not paren:
             depth += 1
-        elif ch == ">":
+        elif ch == ">" and not paren:
             depth = max(0, depth - 1)
+            if not depth:
+                paren = 0
         elif depth == 0:
             out.append(ch)
     return "".join(out)
+
+
+_ANON_NS = "(anonymous namespace)::"
 
 
 # entry points that run the kernel type they are instantiated with: their own name says nothing
@@ -133,6 +150,8 @@ def _entry_kernel_type(name: str) -> str | None:
 
 @lru_cache(maxsize=16384)
 def short_name(name: str) -> str:
+    # torch's and sgl-kernel's kernels live in anonymous namespaces: that is no part of their name
+    name = name.replace(_ANON_NS, "")
     entry = _entry_kernel_type(name)
     if entry:
         return entry[:120]
@@ -141,6 +160,7 @@ def short_name(name: str) -> str:
     base = name[5:] if name.startswith("void ") else name
     head = _strip_templates(base.split("(", 1)[0] if "<" not in base.split("(", 1)[0] else base)
     head = head.split("(", 1)[0].strip()
+    head = head.rsplit(" ", 1)[-1]  # a return type before the function (`std::enable_if<..>::type f<..>`)
     head = head.split("::")[-1] if "::" in head else head
     if not head:
         head = base[:60]
@@ -152,7 +172,13 @@ def short_name(name: str) -> str:
         tags.append(f"cast->{t[-1]}" if t else "cast")
     elif "direct_copy_kernel" not in name:
         f = _FUNCTOR.findall(name)
-        if f:
+        r = _REDUCE_OPS.search(name) if f and f[0] == "ReduceOp" else None
+        lam = None if f else _LAMBDA_FN.search(name)
+        if r:
+            tags.append(r.group(1))
+        elif f:
             tags.append(f[0])
+        elif lam:
+            tags.append(lam.group(1))
     s = head + (f" [{' '.join(tags)}]" if tags else "")
     return s[:120]

@@ -136,7 +136,7 @@ def command(
     accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Record an unknown host key (never a changed one)."),
     url: Optional[str] = typer.Option(None, "--url", help="Server URL reachable from here, for /server_info (local servers)."),
     api_key_env: Optional[str] = _apikey.option(),
-    port: int = typer.Option(30000, "--port", help="The server's HTTP port on the host (finds its process; SSH-forwarded)."),
+    port: Optional[int] = typer.Option(None, "--port", help="The server's HTTP port on the host (finds its process; SSH-forwarded). Default: the port recorded in --trace RUN's run.json, else 30000; 0: look for no server process."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="Override: the server's kv_cache_dtype."),
     attention_backend: Optional[str] = typer.Option(None, "--attention-backend", help="Override: flashinfer, fa3, ..."),
     gpu_cc: Optional[str] = typer.Option(None, "--gpu-cc", metavar="X.Y", help="Override: the GPU's compute capability."),
@@ -232,6 +232,16 @@ def command(
         raise InputError(f"{fix.id} patches the server's source, not its launch command: --launch-file does not apply")
     facts = _trace_facts(trace) if trace is not None else {}
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if port is None:
+        # the traced server's port, not whatever else listens on 30000 here (another server's process
+        # would be described, or restarted, as this run's server)
+        rec = (facts.get("server_info") or {}).get("port")
+        port = rec if isinstance(rec, int) and not isinstance(rec, bool) and 0 < rec < 65536 else 30000
+        if port != 30000:
+            err.print(f"note: --port {port}, the port recorded for the traced server ({trace}); give --port to "
+                      "change it", markup=False)
+    elif port < 0 or port >= 65536:
+        raise InputError(f"--port {port}: expected 1-65535 (or 0: look for no server process)")
     req = engine.FixRequest(
         strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
         server_url=url, api_key=_apikey.read(api_key_env), port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
@@ -288,7 +298,9 @@ def _trace_facts(trace: Path) -> dict:
     from perfscope.analysis.diagnose import diagnose
 
     d = diagnose([trace]).to_dict()
-    return {"trace": str(trace), "findings": d.get("findings") or [], "steps": d.get("steps") or {}}
+    si = (d.get("run") or {}).get("server_info")
+    return {"trace": str(trace), "findings": d.get("findings") or [], "steps": d.get("steps") or {},
+            "server_info": si if isinstance(si, dict) else {}}
 
 
 def _refused(reason: str):

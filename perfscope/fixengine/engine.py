@@ -140,6 +140,14 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
                     setattr(env, k_env, str(info[k_info]))
                     env.sources[k_env] = "server_info"
     env.facts.update(req.facts)
+    recorded = req.facts.get("server_info") if isinstance(req.facts.get("server_info"), dict) else {}
+    if not env.server_args and recorded and req.facts.get("trace"):
+        # no live /server_info: the traced server's, as the run recorded it (a launch-flag fix then decides
+        # from the flags the server had, not from what the finding implies); said, as it may be stale
+        env.server_args = dict(recorded)
+        env.sources["server_args"] = "run record"
+        env.notes.append(f"server settings from the run record ({req.facts['trace']}: /server_info when it was "
+                         "traced), not from the live server")
     need_python = (req.source_fix and not req.target_file) or req.python
     if need_python:
         if req.python:
