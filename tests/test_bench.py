@@ -196,3 +196,23 @@ def test_bench_over_ssh_forward(sshd, repro, tmp_path, capsys, no_agent):
     assert rc == 0, err
     d = json.loads(stdout)
     assert d["requests"] == 1 and d["tpot_ms"] > 0
+
+
+def test_bench_table_reads_whole_on_80_columns(repro):
+    """On an 80-column screen the caption's figures stay with their labels: the caption used to be
+    folded at the narrow table's edge ("failed" ending one line, its count starting the next)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-m", "perfscope", "bench", "--url", repro, "--input-len", "8",
+                        "--output-len", "3", "--num-requests", "1", "--warmup", "0"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, r.stdout
+    assert any(re.search(r"output throughput [\d.]+ tok/s\s+duration [\d.]+ s\s+failed 0\s*$", ln) for ln in lines), r.stdout
+    assert any(ln.strip() == "TPOT = (latency - TTFT) / (output_tokens - 1)" for ln in lines), r.stdout
+    assert any(re.search(r"perfscope bench\s+\S+\s+in=8 out=3 conc=1 n=1/1\s*$", ln) for ln in lines), r.stdout

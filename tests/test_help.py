@@ -86,3 +86,37 @@ def test_fix_help_without_a_known_id_is_the_generic_help():
     for args in (("fix",), ("fix", "no-such-fix")):
         out = flat(helptext(*args))
         assert "--restart-cmd CMD" in out and "Requirements per strategy" not in out
+
+
+def ragged(out: str, width: int = 80) -> list[str]:
+    """Lines of help prose that stop well short of the screen's edge although their paragraph goes
+    on (the docstring's own line breaks shown on a narrower screen): in the description above the
+    panels and in the command table's description column."""
+    bad = []
+    lines = [ln.rstrip() for ln in out.splitlines()]
+    panel = [""] * len(lines)
+    for i, ln in enumerate(lines):  # which panel each line is in ("" outside panels)
+        panel[i] = ln[3:].split(" ")[0] if ln.startswith("╭─") else ("" if ln.startswith("╰") or not i else panel[i - 1])
+    for i, (a, b) in enumerate(zip(lines, lines[1:])):
+        if panel[i] == "Commands" and b.startswith("│ "):  # the commands table: "│ name      text  │"
+            ta, tb = a.strip("│").rstrip(), b.strip("│").rstrip()
+            cont = re.match(r"\s{5,}\S", tb)  # b continues a's description
+            if cont and len(ta) < width - 30 and not re.match(r"\s*[-*$]", tb):
+                bad.append(a)
+        elif not panel[i] and re.match(r" \S", a) and re.match(r" [^\s$]", b) and len(a) < width - 30:
+            bad.append(a)
+    return bad
+
+
+@pytest.mark.parametrize("name", [None, *COMMANDS])
+def test_help_prose_wraps_at_the_screen_not_at_the_source(name):
+    """At 80 columns a paragraph of help fills its lines: the docstring's hard line breaks (made for
+    ~100 columns) are not kept, which left a fragment of two or three words on every other line."""
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-m", "perfscope", *([name] if name else []), "--help"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert ragged(r.stdout) == [], r.stdout
+    # the root's own options are flags too
+    if name is None:
+        assert not re.search(r"<(bool|str|int|float|path)>", r.stdout), r.stdout

@@ -173,3 +173,38 @@ def test_host_bound_range_reads_the_same_in_markdown_and_html(tmp_path):
     assert f"Predicted step after the fix: ~{rng}" in md and "bound by the host" in md
     html = (tmp_path / "d.html").read_text()
     assert f'predicted step after fix <b class="good">{rng}</b>' in html and "bound by the host" in html
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_verdict_title_is_never_cropped_mid_word(columns):
+    """The verdict's top border holds whole parts of "perfscope diagnose · GPU · N steps · median X ms";
+    what does not fit there is the panel's first line, not cut off by the border (a user on an
+    80-column terminal saw "· m─╮" for a 2-trace CPU run)."""
+    r = screen(H200 / "mla_fp8_eager.json.gz", columns=columns)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    top = lines[0]
+    assert len(top) <= columns, top
+    parts = [p.strip() for p in top.strip("╭╮─ ").split(" · ")]
+    whole = ["perfscope diagnose", "NVIDIA H200", "5 decode steps", "median 29.01 ms"]
+    assert parts == whole[:len(parts)], top
+    shown = " · ".join(p.strip("│ ") for p in lines[:2])
+    assert "median 29.01 ms" in shown, "\n".join(lines[:3])
+
+
+def boxed_lines_cropped(out: str) -> list[str]:
+    """Table and panel lines cut off by the screen's edge: a line that starts inside a box but has
+    lost its closing border."""
+    return [ln for ln in out.splitlines() if ln[:1] in "│┃┏┡└╭╰" and ln.rstrip()[-1:] not in "│┃┓┩┘╮╯"]
+
+
+def test_compare_tables_fit_80_columns(tmp_path):
+    """`perfscope compare` on an 80-column screen: the changed-ops table was wider than the screen
+    and rich cut its last column (n/step) and the right border off every row."""
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", H200 / "mla_pool_graph.json.gz",
+                        H200 / "mla_pages_graph.json.gz"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "Top ops that changed" in r.stdout and "n/step" in r.stdout, r.stdout
+    assert boxed_lines_cropped(r.stdout) == [], r.stdout
+    assert max(map(len, r.stdout.splitlines())) <= 80

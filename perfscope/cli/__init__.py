@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from perfscope import __version__
+from perfscope.cli import _help
 from perfscope.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, PerfscopeError, redact
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
+    cls=_help.RootGroup,
 )
 
 
@@ -70,7 +72,7 @@ def _register() -> None:
     for mod in sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME)):
         # help that teaches: the module's EXAMPLES end its --help; HELP_CLASS for help of its own
         cls = _help.command_class(getattr(mod, "EXAMPLES", ()), getattr(mod, "HELP_CLASS", _help.Command))
-        app.command(mod.NAME, help=mod.command.__doc__, cls=cls)(mod.command)
+        app.command(mod.NAME, help=_help.unwrap(mod.command.__doc__), cls=cls)(mod.command)
 
 
 _register()

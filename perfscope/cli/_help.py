@@ -5,13 +5,15 @@ module's own document (generic over the fix registry: every module in fixes/ get
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Callable, Optional, Sequence
 
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 
 def _value_name(p) -> str:
@@ -46,6 +48,22 @@ def teach_params(cmd) -> None:
             p.metavar = _value_name(p)
 
 
+def unwrap(doc: Optional[str]) -> str:
+    """A docstring as help prose: the source's hard line breaks inside a paragraph joined, so the
+    terminal wraps it at its own width (typer >= 0.2x keeps them, which leaves a fragment on every
+    line of an 80-column screen). Indented blocks (examples, lists) keep their lines."""
+    if not doc:
+        return doc or ""
+    out = []
+    for para in inspect.cleandoc(doc).split("\n\n"):
+        lines = para.splitlines()
+        if any(ln[:1] in (" ", "\t") or ln[:2] in ("- ", "* ", "$ ") or ln.startswith("\b") for ln in lines):
+            out.append(para)
+        else:
+            out.append(" ".join(ln.strip() for ln in lines))
+    return "\n\n".join(out)
+
+
 def examples_panel(examples: Sequence[tuple[str, str]]) -> Panel:
     rows = []
     for cmd, what in examples:
@@ -74,6 +92,17 @@ class Command(TyperCommand):
         super().format_help(ctx, formatter)
         if self.examples:
             _console().print(examples_panel(self.examples))
+
+
+class RootGroup(TyperGroup):
+    """The ``perfscope`` group: its own options (--version, --help) show as flags too."""
+
+    def format_help(self, ctx, formatter) -> None:
+        teach_params(self)
+        ho = self.get_help_option(ctx)
+        if ho is not None:
+            ho.metavar = ""
+        super().format_help(ctx, formatter)
 
 
 def command_class(examples: Sequence[tuple[str, str]], base: type = Command) -> type:

@@ -54,16 +54,20 @@ def _fmt(v, nd=2) -> str:
 
 def _table(res, label: str) -> Table:
     w = res.workload
-    t = Table(title=f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
-                    f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}", title_justify="left")
+    title = (f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
+             f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}")
+    caption = [f"output throughput {_fmt(res.throughput_tok_s, 1)} tok/s   duration {res.duration_s:.1f} s   "
+               f"failed {res.failed}", "TPOT = (latency - TTFT) / (output_tokens - 1)"]
+    # the table is at least as wide as its title and caption lines (rich clips that to the screen),
+    # so they are not folded at the narrow table's edge ("failed" at the end of a line, "0" on the next)
+    t = Table(title=title, title_justify="left", min_width=max(len(title), *map(len, caption)))
     t.add_column("metric")
     for c in ("mean", "median", "p90", "p99"):
         t.add_column(c, justify="right")
     for name, key in (("TTFT (ms)", "ttft"), ("TPOT (ms)", "tpot"), ("ITL (ms)", "itl"), ("E2E latency (ms)", "e2e")):
         s = res.stats_ms[key]
         t.add_row(name, _fmt(s["mean"]), _fmt(s["median"]), _fmt(s["p90"]), _fmt(s["p99"]))
-    t.caption = (f"output throughput {_fmt(res.throughput_tok_s, 1)} tok/s   duration {res.duration_s:.1f} s   "
-                 f"failed {res.failed}   TPOT = (latency - TTFT) / (output_tokens - 1)")
+    t.caption = "\n".join(caption)
     t.caption_justify = "left"
     return t
 

@@ -34,10 +34,17 @@ def command(
     (CPU by default, needs the `demo` extra: torch), measure TPOT, trace it through its profiling API,
     diagnose the trace, apply the fp8-kv-cast fix to a scratch copy of its source, restart, measure
     and trace again, and write an HTML before/after comparison. Takes under a minute on 2 CPU cores (24 s measured on this project's 2-core box)."""
+    if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise InputError(f"--device {device}: expected cpu, cuda or cuda:N")
+    if strategy not in ("auto", "native", "pages"):
+        raise InputError(f"--strategy {strategy}: expected auto, native or pages")
     try:
         import torch  # noqa: F401
     except ImportError:
         raise InputError("the demo needs torch for its reproduction server: pip install 'torch==2.13.0' '.[demo]'") from None
+    if device != "cpu" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU here (the demo runs on "
+                         "CPU without --device)")
     from perfscope.demo import DemoConfig, run_demo
     from perfscope.report import jsonout
 

@@ -104,6 +104,16 @@ class HELP_CLASS(_help.SubjectHelpCommand):
 EXAMPLES = _fix_examples("fp8-kv-cast") + [("perfscope fix fp8-kv-cast --help", "that fix's own document: strategies, targets, versions, requirements")]
 
 
+def _listening(addr: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((addr, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def command(
     fix_id: Optional[str] = typer.Argument(None, metavar="FIX_ID", help="Fix module id (see --list), e.g. fp8-kv-cast."),
     apply_: bool = typer.Option(False, "--apply", help="Apply the patch (default: check and show the diff only)."),
@@ -170,11 +180,15 @@ def command(
 
     Examples:
 
-      perfscope fix eager-decode --trace run1                              # the change; nothing written
-      perfscope fix eager-decode --host gpu-box --launch-file run.sh --trace run1   # + its diff
-      perfscope fix eager-decode --host gpu-box --launch-file run.sh --apply \
-          --restart-cmd 'systemctl restart sglang' --out fix1                # edit, restart, measure
-      perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert       # byte for byte
+      # the change; nothing written
+      perfscope fix eager-decode --trace run1
+      # + its diff
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --trace run1
+      # edit, restart, measure
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --apply \\
+          --restart-cmd 'systemctl restart sglang' --out fix1
+      # byte for byte
+      perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert
 
     Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
     2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
@@ -182,6 +196,11 @@ def command(
     from perfscope.fixengine.registry import get
 
     if list_:
+        if json_out and not doc:
+            from perfscope.fixengine.registry import discover
+
+            sys.stdout.write(json.dumps([f.summary() for _, f in sorted(discover().items())], indent=2) + "\n")
+            return 0
         sys.stdout.write(list_doc(doc))
         return 0
     if not fix_id:
@@ -239,6 +258,11 @@ def command(
                 req.server_url = fwd.url
             except PerfscopeError as e:
                 err.print(f"note: server info not read over SSH: {e}", markup=False)
+        elif not (host or url or target_file or sglang_root or python) and port and _listening("127.0.0.1", port):
+            # a local server on --port, the install not named otherwise: its /server_info says what it
+            # runs (kv_cache_dtype, backend, flags), as over SSH; without it a check assumed what the
+            # finding implies
+            req.server_url = f"http://127.0.0.1:{port}"
         env = engine.probe_env(fhost, req)
         extra = {}
         if probe and not revert_:

@@ -446,8 +446,11 @@ def describe_launch(fix: FixModule, host: FixHost, env: Environment, req: FixReq
 
     rep = Report(fix=fix.id, outcome=Checked(), env=env, target="launch-command")
     rep.notes.extend(env.notes)
-    engine, d, current = fix.describe(env)
     cl = server_command_line(host, req.port) if req.port else None
+    from perfscope.fixengine.flags import command_of
+
+    from_cmd = not env.server_args and command_of(cl.argv if cl else None) is not None
+    engine, d, current = fix.describe(env, cl.argv if cl else None)
     rep.extra["flag_changes"] = [c.describe() for c in d.changes]
     rep.extra["server_flags"] = {k: v for k, v in current.items()}
     rep.extra["server_command_line"] = cl.argv if cl and cl.argv else None
@@ -457,6 +460,9 @@ def describe_launch(fix: FixModule, host: FixHost, env: Environment, req: FixReq
                           if f.key and f.key in env.server_args)
         if shown:
             rep.notes.append(f"/server_info reports {shown}")
+    elif from_cmd:
+        rep.notes.append("the server's /server_info was not read (give --url, or --host with --port): its flags "
+                         f"are read from the command line of the process on port {req.port}")
     else:
         assumed = ", ".join(f"{k} {v}" if v is not True else k for k, v in getattr(fix, "assumed", {}).items())
         rep.notes.append("the server's /server_info was not read (give --url, or --host with --port): the change "

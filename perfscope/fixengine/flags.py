@@ -171,11 +171,16 @@ class LaunchFlagFix(FixModule):
         return []
 
     # ---- without a launch file
-    def describe(self, env: Environment) -> tuple[str, Decision, dict]:
-        """(engine, decision, current) from /server_info alone (no launch file)."""
+    def describe(self, env: Environment, argv: Optional[list] = None) -> tuple[str, Decision, dict]:
+        """(engine, decision, current) without a launch file: from /server_info; else from ``argv``,
+        the command line of the process serving the port; else the flags the finding implies."""
         engine = _engine_of(env)
+        cmd = None if env.server_args else command_of(argv)
         if env.server_args:
             current = self.current_from_server(engine, env)
+        elif cmd is not None and cmd.engine in self.engines:
+            engine = cmd.engine
+            current = self.current_from_command(engine, cmd)
         else:
             current = {f.flag: self.assumed.get(f.flag) for f in self.flags.get(engine, ())}
         why = self.check_version(engine, env)
@@ -189,6 +194,19 @@ class LaunchFlagFix(FixModule):
         s["flags"] = {e: [f.flag for f in fl] for e, fl in self.flags.items()}
         s["required_server_info_keys"] = list(self.required_keys)
         return s
+
+
+def command_of(argv: Optional[list]) -> Optional[LaunchCommand]:
+    """A running server's command line (its /proc argv) read as a launch command; None if it is not
+    one perfscope reads exactly."""
+    if not argv:
+        return None
+    import shlex
+
+    try:
+        return find_command("the server's command line", (" ".join(shlex.quote(a) for a in argv) + "\n").encode())
+    except LaunchParseError:
+        return None
 
 
 def _engine_of(env: Environment) -> str:

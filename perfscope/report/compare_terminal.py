@@ -125,7 +125,7 @@ def findings_table(c: dict) -> Optional[Table]:
 
 def ops_table(c: dict, limit: int = 10) -> Table:
     t = Table(title="Top ops that changed (per step)", title_justify="left")
-    t.add_column("op", overflow="fold", min_width=24, ratio=1)
+    t.add_column("op", overflow="fold", min_width=12, ratio=1)  # 24 pushed n/step off an 80-column screen
     t.add_column("bucket")
     t.add_column("before ms", justify="right")
     t.add_column("after ms", justify="right")

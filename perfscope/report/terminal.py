@@ -57,6 +57,23 @@ def share_of(f: dict, cpu: bool = False) -> str:
     return "CPU op time" if cpu and what == "kernel time" else what
 
 
+# a panel's title sits between "╭─ " and " ─╮": what is left of the console's width for it
+_TITLE_CHROME = 6
+
+
+def _fit_title(parts: list[str], width: Optional[int]) -> tuple[str, str]:
+    """The verdict's title, "a · b · c", kept whole: the parts that do not fit in the panel's top
+    border (``width``: the console's) come back joined, for the panel's first line, rather than
+    cropped mid-word by the border."""
+    if not width:
+        return " · ".join(parts), ""
+    room = width - _TITLE_CHROME
+    n = len(parts)
+    while n > 1 and len(" · ".join(parts[:n])) > room:
+        n -= 1
+    return " · ".join(parts[:n]), " · ".join(parts[n:])
+
+
 def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     """The first screen: the top finding, what it costs, the command that fixes it and the step time
     predicted after it; or, when no rule matched, what was analysed and what the rules cover.
@@ -71,19 +88,20 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     step_ms = s.get("median_ms")
     files = f" · {_plural(len(d.ranks), 'trace')}" if len(d.ranks) > 1 else ""
     steps = _plural(s.get("count", 0), f"{s.get('phase')} step")
-    title = f"perfscope diagnose · {gpu}{files} · {steps} · median {_fmt_ms(step_ms)} ms"
+    title, rest = _fit_title(["perfscope diagnose", f"{gpu}{files}", steps, f"median {_fmt_ms(step_ms)} ms"], width)
+    head = [f"[dim]{escape(rest)}[/]"] if rest else []
     if not p.findings:
         from perfscope.analysis.rules import RULES
 
         ran = [r for r in RULES if not cpu or not r.needs_gpu_timeline]
         skipped = "" if len(ran) == len(RULES) else f"; the {len(RULES) - len(ran)} idle-time rules need a GPU timeline"
-        body = [f"[bold green]No known bottleneck matched[/] in the {steps} analysed "
+        body = head + [f"[bold green]No known bottleneck matched[/] in the {steps} analysed "
                 f"({'their CPU ops: the trace has no GPU kernels' if cpu else 'their GPU kernels'}).",
                 f"[dim]The {len(ran)} rules checked look for: {', '.join(r.id for r in ran)}{skipped} "
                 f"(what each means: perfscope rules).[/]"]
         return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
     f = p.findings[0]
-    body = [f"[bold red]{escape(f['id'])}[/]  [bold]{escape(f['title'])}[/]",
+    body = head + [f"[bold red]{escape(f['id'])}[/]  [bold]{escape(f['title'])}[/]",
             f"costs [bold]{_fmt_ms(f['ms_per_step'])} ms[/] per step ({wording.pct(f['share'])} of {share_of(f, cpu)}), "
             f"confidence {f['confidence']}"]
     cmds = fix_commands(d, f)
