@@ -90,3 +90,23 @@ def test_demo_bad_options_are_one_line_exit_2_and_leave_nothing(tmp_path):
         assert r.stderr.count("\n") == 1 and want in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stdout + r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sglang_root_names_the_version_even_with_another_server_on_the_port(sglang_server, tmp_path):
+    """--sglang-root T is the tree patched: its version decides the patch, not the sglang of whatever server
+    listens on --port here (the real 0.5.23 CPU server: before, its interpreter's 0.5.23 was taken for the
+    0.5.14 tree, and applying then reverting failed whenever a server listened on 30000)."""
+    from test_fix_fp8_kv_cast import FIX, MLA, sglang_tree
+
+    root = sglang_tree("0.5.14", tmp_path / "site")
+    original = (root / MLA).read_bytes()
+    host = LocalFixHost()
+    req = engine.FixRequest(sglang_root=str(tmp_path / "site"), state_dir=str(tmp_path / "state"),
+                            port=sglang_server.port, overrides={"kv_cache_dtype": "fp8_e4m3"})
+    env = engine.probe_env(host, req)
+    assert env.sglang_version == "0.5.14" and env.sources["sglang_version"].endswith("version.py"), env.sources
+    assert any("0.5.23" in n and "the fix reads the tree it patches" in n for n in env.notes), env.notes
+    rep = engine.apply(FIX, host, req, env)
+    assert rep.outcome.kind == "applied", rep.outcome.reason
+    assert engine.revert(FIX, host, req, env).outcome.kind == "reverted"
+    assert (root / MLA).read_bytes() == original

@@ -186,9 +186,15 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
             root = join(host, root, "sglang")
         env.sglang_root = root
         env.sources["sglang_root"] = "--sglang-root"
-        if not env.sglang_version:
-            env.sglang_version = _read_version_py(host, root)
-            if env.sglang_version:
+        # the tree named is the one patched: its version.py wins over an interpreter's (the process on
+        # --port may be another server's, with another sglang)
+        ver = _read_version_py(host, root)
+        if ver:
+            if env.sglang_version and env.sglang_version != ver and env.sources.get("sglang_version") != "server_info":
+                env.notes.append(f"sglang {ver} in --sglang-root {root}; the interpreter found ({env.python}) "
+                                 f"has sglang {env.sglang_version}: the fix reads the tree it patches")
+            if env.sources.get("sglang_version") != "server_info":
+                env.sglang_version = ver
                 env.sources["sglang_version"] = f"{root}/version.py"
     r = host.run(["nvidia-smi", "--query-gpu=compute_cap,name", "--format=csv,noheader"], timeout=30)
     if r.rc == 0 and r.stdout.strip():
