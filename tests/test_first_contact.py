@@ -110,3 +110,18 @@ def test_sglang_root_names_the_version_even_with_another_server_on_the_port(sgla
     assert rep.outcome.kind == "applied", rep.outcome.reason
     assert engine.revert(FIX, host, req, env).outcome.kind == "reverted"
     assert (root / MLA).read_bytes() == original
+
+
+def test_diagnose_refuses_a_negative_top_and_a_model_config_that_is_not_one(tmp_path):
+    trace = H200 / "mla_pool_graph.json.gz"
+    r = cli("diagnose", trace, "--top", "-1")
+    assert r.returncode == 2 and "--top" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # a run's run.json given as the model config: said, exit 2, not a silent diagnosis without a floor
+    run_json = REPO / "examples/gpu_loop/results/h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages/run.json"
+    r = cli("diagnose", trace, "--model-config", run_json)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "not a model's config.json" in r.stderr and r.stdout == ""
+    # a real model config still reads (the repro server's DeepSeek-V2-shaped config)
+    cfg = REPO / "examples/gpu_loop/sglang/config.json"
+    r = cli("diagnose", trace, "--model-config", cfg, "--json")
+    assert r.returncode == 0, r.stderr

@@ -73,7 +73,7 @@ def command(
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="IDS",
                                           help="Exit 1 when one of these finding ids (comma-separated, or 'any') "
                                                "is found: gate a CI job on it."),
-    top: int = typer.Option(10, "--top", help="How many ops to list."),
+    top: int = typer.Option(10, "--top", min=1, help="How many ops to list."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config", metavar="CONFIG_JSON",
                                                 help="The model's Hugging Face config.json: gives the floor (what a "

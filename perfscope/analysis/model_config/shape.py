@@ -172,4 +172,15 @@ def load_model_config(path: Path) -> dict:
     """Read a config.json for ``--model-config`` (one-line errors)."""
     from perfscope.util import jsonio
 
-    return jsonio.read(path, "model config: a JSON object, a Hugging Face config.json", expect=dict)
+    from perfscope.errors import InputError
+
+    cfg = jsonio.read(path, "model config: a JSON object, a Hugging Face config.json", expect=dict)
+    if not any(k in cfg for k in _MODEL_KEYS):
+        raise InputError(f"--model-config {path}: not a model's config.json (none of {', '.join(_MODEL_KEYS[:4])}, ... "
+                         "in it): give the model's Hugging Face config.json")
+    return cfg
+
+
+# a Hugging Face config.json has at least one of these (multimodal ones nest the LLM's under *_config)
+_MODEL_KEYS = ("num_hidden_layers", "hidden_size", "model_type", "architectures", "n_layer", "num_layers",
+               "text_config", "llm_config", "language_config", "weight_bytes_per_layer", "kv_lora_rank")
