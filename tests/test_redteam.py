@@ -312,12 +312,14 @@ def test_rt04_signal_while_start_profile_has_not_answered_stops_the_profiler(ser
 
 def test_rt04_start_profile_wait_is_bounded_by_timeout(server, tmp_path, capsys):
     H, port = server
-    H.start_delay = 30.0
+    H.start_delay = 60.0
     args = url_args(port, tmp_path)
     args[args.index("--timeout") + 1] = "2"
     t0 = time.monotonic()
     rc, _, err = run_cli(["trace", *args, "--out", str(tmp_path / "o")], capsys)
-    assert time.monotonic() - t0 < 20
+    # bounded: well before the server's 60 s answer (the stop that follows has its own short timeout; on a
+    # loaded 2-core CI box the whole run took 20-26 s, so the bound is not a speed claim, only "not 60 s")
+    assert time.monotonic() - t0 < 45
     assert rc == 3 and "timed out" in err
     assert "/stop_profile" in H.calls
 
