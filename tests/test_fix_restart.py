@@ -200,7 +200,7 @@ def test_restart_measures_before_and_after(site):
 @pytest.mark.parametrize("mode", ["exit", "noserve"])
 def test_unhealthy_after_patch_is_reverted_and_restarted(site, mode):
     out = site.dir / "run"
-    timeout = "60" if mode == "exit" else "8"  # noserve: the wait for /health must end at the bound
+    timeout = "60" if mode == "exit" else "20"  # noserve: the wait for /health must end at the bound (20 s: the unpatched restart after the revert needs it on a loaded CI box; 8 s failed there)
     t0 = time.monotonic()
     r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} {mode}", "--health-timeout", timeout,
              "--out", str(out), *BENCH)
@@ -216,7 +216,7 @@ def test_unhealthy_after_patch_is_reverted_and_restarted(site, mode):
     if mode == "exit":
         assert "restart command exited 3" in line and "refuses to start" in line
     else:
-        assert "within 8s" in line
+        assert f"within {timeout}s" in line
         assert took < 120  # without the bound it would wait for the sleep (600 s) or hang on its stdout
 
     # the original is back, byte for byte; the restart command ran again with it; the server serves it
