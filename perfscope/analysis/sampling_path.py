@@ -14,6 +14,7 @@ kernels never do.
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from perfscope.analysis.buckets import classify
 from perfscope.analysis.steps import Step
@@ -28,19 +29,26 @@ _SOFTMAX = re.compile(r"softmax", re.I)
 _MULTINOMIAL = re.compile(r"distribution_elementwise|exponential_|multinomial", re.I)
 
 
-def sampling_tail(trace: Trace, step: Step) -> list[int]:
-    """Kernel indices of the step's sampling path (empty when its tail holds no sampling kernel)."""
+def _last_gemm(trace: Trace, step: Step) -> Optional[tuple[float, float]]:
+    """(latest start, latest end) of the step's GEMM kernels; None when it has none."""
     kern = trace.kernels
-    if not step.kernels:
-        return []
-    last_gemm_end = None
+    start = end = None
     for i in step.kernels:
         k = kern[i]
         if k.kind == "kernel" and classify(k.name, k.kind)[0] == "gemm":
-            if last_gemm_end is None or k.end > last_gemm_end:
-                last_gemm_end = k.end
-    if last_gemm_end is None:
+            start = k.ts if start is None else max(start, k.ts)
+            end = k.end if end is None else max(end, k.end)
+    return None if start is None else (start, end)
+
+
+def sampling_tail(trace: Trace, step: Step, last_gemm: Optional[tuple[float, float]] = None) -> list[int]:
+    """Kernel indices of the step's sampling path (empty when its tail holds no sampling kernel).
+    ``last_gemm``: :func:`_last_gemm` of the step, when the caller has it."""
+    kern = trace.kernels
+    last_gemm = last_gemm or _last_gemm(trace, step)
+    if last_gemm is None:
         return []
+    last_gemm_end = last_gemm[1]
     tail = [i for i in step.kernels if kern[i].ts >= last_gemm_end - 0.5
             and classify(kern[i].name, kern[i].kind)[0] not in _NEVER]
     if not any(classify(kern[i].name, kern[i].kind)[0] == "sampling" for i in tail):
@@ -76,19 +84,15 @@ def step_overrides(trace: Trace, step: Step, serving: bool = True) -> dict[int, 
     """
     kern = trace.kernels
     out: dict[int, tuple[str, str]] = {}
-    last_gemm_start = None
+    last = _last_gemm(trace, step)
+    if last is None:
+        return out  # no GEMM: no sampling path, and no top-k a GEMM follows
     for i in step.kernels:
         k = kern[i]
-        if k.kind == "kernel" and classify(k.name, k.kind)[0] == "gemm":
-            if last_gemm_start is None or k.ts > last_gemm_start:
-                last_gemm_start = k.ts
-    if last_gemm_start is not None:
-        for i in step.kernels:
-            k = kern[i]
-            if k.end <= last_gemm_start and TORCH_SORT.search(k.name) and classify(k.name, k.kind)[0] == "sampling":
-                out[i] = MID_STEP_SORT
+        if k.end <= last[0] and TORCH_SORT.search(k.name) and classify(k.name, k.kind)[0] == "sampling":
+            out[i] = MID_STEP_SORT
     if serving:
-        for i in sampling_tail(trace, step):
+        for i in sampling_tail(trace, step, last):
             b, _ = classify(kern[i].name, kern[i].kind)
             if b != "sampling":
                 out[i] = ("sampling", f"path-{b}")
