@@ -85,23 +85,25 @@ class Command(TyperCommand):
     examples: Sequence[tuple[str, str]] = ()
 
     def format_help(self, ctx, formatter) -> None:
-        teach_params(self)
-        ho = self.get_help_option(ctx)
-        if ho is not None:
-            ho.metavar = ""
+        _flags_as_flags(self, ctx)
         super().format_help(ctx, formatter)
         if self.examples:
             _console().print(examples_panel(self.examples))
+
+
+def _flags_as_flags(cmd, ctx) -> None:
+    """Before a command's help is drawn: its options taught (:func:`teach_params`), --help shown bare."""
+    teach_params(cmd)
+    ho = cmd.get_help_option(ctx)
+    if ho is not None:
+        ho.metavar = ""
 
 
 class RootGroup(TyperGroup):
     """The ``perfscope`` group: its own options (--version, --help) show as flags too."""
 
     def format_help(self, ctx, formatter) -> None:
-        teach_params(self)
-        ho = self.get_help_option(ctx)
-        if ho is not None:
-            ho.metavar = ""
+        _flags_as_flags(self, ctx)
         super().format_help(ctx, formatter)
 
 
