@@ -107,7 +107,7 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     cmds = fix_commands(d, f)
     if cmds:
         remote = not (d.run or {}).get("host")
-        if long_fix_command(d, width) is None:
+        if _fits(cmds[0], width):
             body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
         else:
             body.append("fix:   [bold]the command under this box[/] [dim](one line, as long as it is)[/]")
