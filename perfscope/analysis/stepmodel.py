@@ -120,7 +120,8 @@ class StepReplay:
                     self.delay[i] = d
             prev_end[k.stream] = k.end
         self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
-        for i in self.dep:
+        self.graph_dep = self._graph_stream_joins(kern, launched)
+        for i in list(self.dep) + list(self.graph_dep):
             self.delay.pop(i, None)
             self.first_on_stream.pop(i, None)
         threads = {(l.pid, l.tid) for l, _ in launched.values()}
@@ -162,6 +163,38 @@ class StepReplay:
                 if j >= 0 and outer[j].ts <= l.ts <= outer[j].ts + outer[j].dur:
                     op = outer[j]
             self.op_of_event.append(op)
+
+    @staticmethod
+    def _graph_stream_joins(kern, launched) -> dict:
+        """Inside one CUDA-graph launch, kernels on a second stream (SGLang's shared experts and MoE
+        routing on an alternate stream) are ordered by the graph's event edges, which Kineto does not
+        record: a kernel waits in the replay for the kernel of the same launch, on another stream, that
+        ended last before it started (when that is later than its own stream's previous kernel ended),
+        with the recorded gap. Without this the second stream's kernels kept their recorded times, and
+        a fix that shortens the first stream's kernels saved nothing (a 10-layer MoE decode step: 10 ms
+        of casts removed, 0.04 ms saved). Returns {kernel index: (the kernel it follows, gap µs)}."""
+        import bisect
+
+        out: dict = {}
+        for l, ks in launched.values():
+            if not is_graph_launch(l.name) or len({kern[i].stream for i in ks}) < 2:
+                continue
+            order = sorted(ks, key=lambda i: kern[i].ts)
+            ends: list = []  # (end, index), sorted by end: the launch's kernels seen so far
+            prev_on: dict = {}
+            for i in order:
+                k = kern[i]
+                n = bisect.bisect_right(ends, (k.ts + 1.0, float("inf")))
+                own = prev_on.get(k.stream)
+                for m in range(n - 1, -1, -1):
+                    e, j = ends[m]
+                    if kern[j].stream != k.stream:
+                        if own is None or e > kern[own].end:
+                            out[i] = (j, max(0.0, k.ts - e))
+                        break
+                bisect.insort(ends, (k.end, i))
+                prev_on[k.stream] = i
+        return out
 
     def _cross_stream_waits(self, kern, by_corr, step, index, launched) -> dict:
         """Kernels that waited on another stream (cudaStreamWaitEvent on an event recorded there: an
@@ -303,11 +336,14 @@ class StepReplay:
                 k = kern[i]
                 d = new_d[i]
                 ready = t + self.latency_us
-                if is_graph_launch(l.name) and (id(l), k.stream) in graph_prev:
+                if is_graph_launch(l.name) and (id(l), k.stream) in graph_prev and i not in self.graph_dep:
                     o_end, n_end = graph_prev[(id(l), k.stream)]
                     ready = max(ready, n_end + max(0.0, k.ts - o_end))
                 start = max(ready, free.get(k.stream, float("-inf")) + self.delay.get(i, 0.0),
                             self.first_on_stream.get(i, float("-inf")))
+                if i in self.graph_dep:  # ordered after another stream's kernel of the same graph
+                    j, gap = self.graph_dep[i]
+                    start = max(start, new_end.get(j, kern[j].end) + gap)
                 if i in self.dep:  # it waits for another stream's kernel (as replayed, else as recorded)
                     j, gap = self.dep[i]
                     start = max(start, new_end.get(j, kern[j].end) + gap)  # gap < 0: it held the SMs

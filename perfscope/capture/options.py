@@ -22,6 +22,9 @@ class TraceOptions:
     profile_prefix: str | None = None  # SGLang 0.5.10+: names its files <prefix>-<id>-TP-<r>...
     with_stack: bool = True
     record_shapes: bool = True
+    # GPU activity only (kernels, CUDA runtime calls): the host timeline without the CPU-op profiler's
+    # per-event cost, read by diagnose for the host's own time per step (perfscope.analysis.hosttime)
+    gpu_only: bool = False
     keep_remote: bool = False
     poll_s: float = 1.0
     seed: int = 0

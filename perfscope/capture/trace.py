@@ -137,6 +137,12 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 io.chmod(remote_dir, 0o777)  # the server runs as another user and must write here
         profile = {"output_dir": remote_dir, "num_steps": opts.steps, "with_stack": opts.with_stack,
                    "record_shapes": opts.record_shapes, "activities": profile_activities(info, gpu)}
+        if opts.gpu_only:
+            if opts.engine != "sglang":
+                raise InputError("--gpu-only is for SGLang (vLLM's profiler activities are set at its launch)")
+            if not server_has_gpu(info, gpu):
+                raise InputError(f"--gpu-only: {label} reports no GPU (device {info.get('device')!r}): nothing to record")
+            profile.update(activities=["GPU"], with_stack=False, record_shapes=False)
         if opts.engine == "sglang" and not by_stage and (not version or _version_tuple(version) >= (0, 4, 10)):
             # start at the next forward step: SGLang then refuses (HTTP 500) while another profile
             # runs, where a plain /start_profile silently throws that one away and starts anew

@@ -116,6 +116,11 @@ def command(
     profile_prefix: Optional[str] = typer.Option(None, "--profile-prefix", metavar="PREFIX",
                                                  help="SGLang 0.5.10+: start the trace file names with PREFIX "
                                                       "(PREFIX-<id>-TP-<rank>...trace.json.gz)."),
+    gpu_only: bool = typer.Option(False, "--gpu-only",
+                                  help="SGLang on a GPU: record GPU activity only (kernels and CUDA runtime calls, "
+                                       "no CPU ops, stacks or shapes), so the host's timeline carries almost none of "
+                                       "the CPU profiler's per-event cost; diagnose reads such a run for the host's "
+                                       "own time per step."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Parallel request streams while profiling."),
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
     output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos); requests still streaming when the traces are complete are cut."),
@@ -191,7 +196,7 @@ def command(
         port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
-        profile_prefix=profile_prefix,
+        profile_prefix=profile_prefix, gpu_only=gpu_only,
     )
     argv = scrub_argv(_canonical_argv(ctx))
     from perfscope.errors import redact
