@@ -178,6 +178,18 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
     if tset.run_info.get("workload"):
         cfg.setdefault("workload", tset.run_info["workload"])  # batch/context for the floor model
     cfg.update(config or {})
+    # what the run measured beside the trace: the host's time without the CPU profiler (its GPU-only
+    # profile) and the TPOT without any profiler (its bench): the predictions' host side
+    from perfscope.analysis import hosttime
+
+    if tset.host_timing and "host_timing" not in cfg:
+        ht = hosttime.of_run(tset.host_timing, tset.run_info.get("workload"))
+        if ht:
+            cfg["host_timing"] = ht
+    if "bench" not in cfg:
+        b = hosttime.bench_of_run(tset.run_info)
+        if b:
+            cfg["bench"] = b
     files = tset.files
     if tset.capture:
         capture = list(capture or []) + list(tset.capture)  # a capture_traces/ subfolder: the capture map

@@ -376,6 +376,22 @@ class StepReplay:
                 "removed_cpu_us": removed_cpu}
 
 
+def _busy_us(spans: list) -> float:
+    """The union of (start, duration) intervals, µs: the GPU's busy time when kernels overlap."""
+    tot, cs, ce = 0.0, None, float("-inf")
+    for a, d in sorted(spans):
+        if d <= 0:
+            continue
+        b = a + d
+        if a > ce:
+            if cs is not None:
+                tot += ce - cs
+            cs, ce = a, b
+        else:
+            ce = max(ce, b)
+    return tot + (ce - cs if cs is not None else 0.0)
+
+
 def host_wait_us(l, copies) -> float:
     """How long runtime call ``l`` blocked the host on the GPU: a synchronize, or a copy to the host
     that returned only when its copy (``copies``: its memcpy activities) was done."""
@@ -440,6 +456,8 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     saved, low_after, kernel_saved, launch_bound = [], [], [], 0
     busy = host_busy(trace, steps, by_corr, index)
     host_left = []  # per step with a next one: the host's own time, less the CPU time of ops the fix removes
+    host_before, removed = [], []  # the same before the fix, and the CPU time of the ops it removes
+    busy_after, graph_steps = [], 0  # the GPU's busy time per step after the fix; steps mostly graph-replayed
     for s in steps:
         if not s.kernels:
             continue
@@ -453,11 +471,17 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         after = r.run(nd)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
+            host_before.append(busy[id(s)])
+            removed.append(after["removed_cpu_us"])
         ks = sum(kern[i].dur - nd(i) for i in s.kernels) - added_us_per_step
         saved.append(base["span_us"] - after["span_us"] - added_us_per_step)
         kernel_saved.append(ks)
         # the lower bound: the GPU work left, and the runtime calls alone back to back
         low = r.run(nd, timeline="launch-api")
+        busy_after.append(_busy_us([(kern[i].ts, nd(i)) for i in s.kernels]) + added_us_per_step)
+        graph_k = sum(kern[i].dur for i in s.kernels if (by_corr.get(kern[i].corr) is not None
+                                                          and is_graph_launch(by_corr[kern[i].corr].name)))
+        graph_steps += graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)
         gpu_left = s.gpu_us - ks
         low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))
         # launch-bound: the replayed step ends within a few launch latencies of its last launch
@@ -483,6 +507,13 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         "host_floor_ms": round(host, 4) if host is not None else None,
         "host_floor_applies": applies,
         "lower_bound_ms": round(lower, 4),
+        "gpu_busy_after_ms": round(statistics.median(busy_after) / 1e3, 4),
+        "graph_steps": graph_steps >= len(saved) / 2,
+        "host_busy_ms": round(statistics.median(host_before) / 1e3, 4) if host_before else None,
+        # the quickest tenth of the steps: the host least disturbed by the profiler (its buffer flushes)
+        # and by waking from long waits on a slow GPU; perfscope.analysis.hosttime scales this one
+        "host_busy_quick_ms": round(sorted(host_before)[len(host_before) // 10] / 1e3, 4) if host_before else None,
+        "removed_cpu_ms": round(statistics.median(removed) / 1e3, 4) if removed else 0.0,
         "kernel_time_saved_ms": round(ks, 4),
         "step_time_saved_ms": round(sv, 4),
         "kernel_only_prediction_ms": round(max(step_ms - ks, 0.0), 4),

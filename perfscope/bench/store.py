@@ -14,7 +14,9 @@ BENCH_FILE = "bench.json"
 
 def run_summary(res) -> dict:
     """What run.json keeps of a bench result (``timings`` or ``timings.bench``)."""
-    return {k: v for k, v in res.to_dict(per_request=False).items() if k not in ("workload", "server", "errors")}
+    d = {k: v for k, v in res.to_dict(per_request=False).items() if k not in ("workload", "server", "errors")}
+    d["concurrency"] = (res.workload or {}).get("concurrency")  # diagnose uses a bench of the traced concurrency
+    return d
 
 
 def store(out: Path, res, url: str, host: Optional[str], info: dict, argv: list[str]) -> Path:

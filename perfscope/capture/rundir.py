@@ -55,6 +55,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RUN_FILE",
     "TRACES_DIR",
+    "HOST_TIMING_DIR",
     "TraceFile",
     "RunInfo",
     "write_run",
@@ -68,6 +69,9 @@ __all__ = [
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 TRACES_DIR = "traces"
+# a run folder of its own inside a trace's: the short GPU-only profile (`trace --gpu-only`) taken with it,
+# whose host timeline carries almost none of the CPU profiler's cost (diagnose reads it for host time)
+HOST_TIMING_DIR = "host-timing"
 TRACE_GLOBS = ("*.trace.json.gz", "*.trace.json", "*.pt.trace.json.gz", "*.json.gz")
 
 # SGLang 0.5.x: [prefix-]{time}-TP-{r}[-DP-{d}][-PP-{p}][-EP-{e}][-EXTEND|-DECODE].trace.json.gz

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from perfscope.capture.rundir import FRONTEND_NOTE, RUN_FILE, parse_trace_name, read_run
+from perfscope.capture.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
 from perfscope.errors import InputError
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -40,6 +40,8 @@ class TraceSet:
     # files given more than once (the same path, or byte-identical copies): analysed once
     duplicates: list[dict] = field(default_factory=list)
     frontend: list[Path] = field(default_factory=list)  # vLLM front-end traces: not ranks, not analysed
+    # the run folder's GPU-only profile (host-timing/): read for the host's time per step, not as ranks
+    host_timing: list[TraceFile] = field(default_factory=list)
 
     @property
     def server_info(self) -> dict:
@@ -127,6 +129,7 @@ def discover(paths: list[str | Path]) -> TraceSet:
     run_info: dict = {}
     skipped: list[dict] = []
     capture: list[Path] = []
+    host_timing: list[TraceFile] = []
     if not paths:
         raise InputError("no trace given: pass a trace file (.json/.json.gz), a profile folder or a run folder")
     for raw in paths:
@@ -143,6 +146,9 @@ def discover(paths: list[str | Path]) -> TraceSet:
                 raise InputError(f"{p}: run folder lists no trace files")
             files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host, role=f.role)
                          for f in run.files)
+            if (p / HOST_TIMING_DIR / RUN_FILE).is_file():
+                host_timing = [TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host)
+                               for f in read_run(p / HOST_TIMING_DIR).files if f.role != "frontend"]
         elif p.is_dir():
             try:
                 found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
@@ -187,4 +193,4 @@ def discover(paths: list[str | Path]) -> TraceSet:
         raise InputError(f"{frontend[0].name}: {FRONTEND_NOTE}; pass the workers' rank<N>.*.pt.trace.json.gz")
     files.sort(key=lambda f: (f.host or "", f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
     return TraceSet(files=files, run_dir=run_dir, run_info=run_info, skipped=skipped, capture=capture,
-                    duplicates=duplicates, frontend=frontend)
+                    duplicates=duplicates, frontend=frontend, host_timing=host_timing)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 from perfscope.analysis.rules.chunked_prefill import ChunkedPrefillInterference
 from perfscope.analysis.rules.eager_decode import EagerDecode
@@ -29,11 +31,34 @@ def run_rules(ctx: RuleContext) -> list[Finding]:
     return found
 
 
+def _overlap(ctx: RuleContext) -> bool:
+    """Whether the server runs SGLang's overlap scheduler (a step's host work beside the previous
+    step's GPU work): its config, else the trace's scheduler loop; unknown counts as on (SGLang's
+    default on a GPU; a CUDA-graph or eager launch runs ahead of the GPU within a step anyway)."""
+    from perfscope.analysis.rules.overlap_off import scheduler_loop
+
+    off = ctx.config_value("disable_overlap_schedule")
+    if off is not None:
+        return not off
+    return scheduler_loop(ctx.trace) != "normal"
+
+
+def _bench_tpot(ctx: RuleContext) -> Optional[float]:
+    """The TPOT the run measured without the profiler at the traced concurrency (``perfscope bench``
+    or ``trace --bench``), when it came with the trace."""
+    b = ctx.config.get("bench") or {}
+    v = b.get("tpot_ms")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
 def model_prediction(ctx: RuleContext, f: Finding) -> None:
     """Replace a kernel-level prediction (step minus the kernel time saved) by the step replayed on the
-    CPU launch timeline (perfscope.analysis.stepmodel): the GPU cannot run ahead of the launches."""
+    CPU launch timeline (perfscope.analysis.stepmodel), with the host's own time as the server spends
+    it without the profiler (perfscope.analysis.hosttime): the fixed step is the larger of the GPU work
+    left and that host time (their sum without the overlap scheduler)."""
     if f.new_duration is None or not ctx.steps:
         return
+    from perfscope.analysis import hosttime
     from perfscope.analysis.stepmodel import predict_after, predict_after_serial
 
     if ctx.gpu_timeline:
@@ -44,22 +69,44 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         return
     if f.assumes:
         p["assumes"] = f.assumes
+    host = None
     if ctx.gpu_timeline:
         # the kernels the fix changes (by name): compare holds the others to the prediction's assumption
         kern = ctx.trace.kernels
         p["changed_kernels"] = sorted({kern[i].name for s in ctx.steps for i in s.kernels
                                        if f.new_duration(i) is not None})[:20]
+        host = hosttime.estimate(p.get("host_busy_quick_ms"), hosttime.profile_kind(ctx.trace), p.get("removed_cpu_ms") or 0.0,
+                                 ctx.config.get("host_timing"), _bench_tpot(ctx), ctx.step_ms)
+        overlap = _overlap(ctx)
+        # CUDA-graph steps keep the graph's own spacing (the replay's span); eager steps are launched by
+        # the host, whose profiled launch spacing is in the replay: their GPU side is the kernels back to back
+        gpu = p["gpu_prediction_ms"] if p.get("graph_steps") else p.get("gpu_busy_after_ms") or p["gpu_prediction_ms"]
+        p["gpu_work_ms"] = round(gpu, 4)
+        tail = hosttime.decode_tail_ms(ctx.config.get("bench"))
+        pt, lo, hi, bound = hosttime.cycle(gpu, host, overlap or not p.get("graph_steps"), tail)
+        if tail > 0.005:
+            p["decode_tail_ms"] = round(tail, 4)
+        p.update(predicted_step_ms=round(pt, 4), bound=bound, range_ms=[round(lo, 4), round(hi, 4)],
+                 overlap_scheduler=overlap, host=host.to_dict() if host else None,
+                 model=p["model"] + "; the host's time per step as unprofiled (perfscope.analysis.hosttime: "
+                                    "a GPU-only profile or the trace, scaled by the profiler's measured slow-down "
+                                    "of the host, or the bench's TPOT where it measured the host)")
     if f.alternatives and ctx.gpu_timeline:
         # other outcomes of the same fix (another strategy, kernels it is known to slow down), replayed alike
         alt = {}
         for name, (nd, added, why) in f.alternatives.items():
             q = predict_after(ctx.trace, ctx.steps, ctx.step_ms, nd, added)
             if q:
-                alt[name] = {"predicted_step_ms": q["predicted_step_ms"], "bound": q["bound"], "why": why}
+                qg = q["gpu_prediction_ms"] if q.get("graph_steps") else q.get("gpu_busy_after_ms") or q["gpu_prediction_ms"]
+                qp, qlo, qhi, qb = hosttime.cycle(qg, host, _overlap(ctx) or not q.get("graph_steps"),
+                                                  hosttime.decode_tail_ms(ctx.config.get("bench")))
+                alt[name] = {"predicted_step_ms": round(qp, 4), "bound": qb, "why": why,
+                             "range_ms": [round(qlo, 4), round(qhi, 4)]}
         if alt:
             p["alternatives"] = alt
-            xs = [p["predicted_step_ms"]] + [a["predicted_step_ms"] for a in alt.values()]
-            p["range_ms"] = [round(min(xs), 4), round(max(xs), 4)]
+            lo = min([p["range_ms"][0]] + [a["range_ms"][0] for a in alt.values()])
+            hi = max([p["range_ms"][1]] + [a["range_ms"][1] for a in alt.values()])
+            p["range_ms"] = [round(lo, 4), round(hi, 4)]
     f.evidence["prediction"] = p
     before = f.predicted_step_ms_after_fix
     f.predicted_step_ms_after_fix = p["predicted_step_ms"]
@@ -70,19 +117,18 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
             if old in f.summary:
                 f.summary = f.summary.replace(old, old[0] * (old[0] == "~") + f"{p['predicted_step_ms']:.1f} ms")
                 break
-    lo, pr = p.get("lower_bound_ms"), p["predicted_step_ms"]
     if p.get("alternatives") and f.summary:
         for name, a in p["alternatives"].items():
             f.summary += f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})."
-    if p.get("bound") == "host" and f.summary:
-        f.summary += (f" Fixed, the step is bound by the host, not the GPU: its GPU work would take ~{p['gpu_prediction_ms']:.1f} ms, "
-                      f"but the launching thread is busy {p['host_floor_ms']:.1f} ms per step outside its GPU waits "
-                      f"(scheduling, input preparation, launches, result processing) at this profiled run's host speed; "
-                      f"unprofiled the host is faster (and its speed varies between runs), so expect between "
-                      f"{p['gpu_prediction_ms']:.1f} and {p['host_floor_ms']:.1f} ms.")
-    elif lo is not None and pr > 1.3 * lo and f.summary:
-        f.summary += (f" The fixed step waits on kernel launches: ~{pr:.1f} ms at this trace's launch rate "
-                      f"(a profiled run's), at least {lo:.1f} ms with launches at the runtime's own cost.")
+    if host is not None and f.summary and p.get("bound") == "host":
+        f.summary += (f" Fixed, the host bounds the step: its GPU work would take ~{p['gpu_work_ms']:.1f} ms, the "
+                      f"host's own work ~{host.point:.2f} ms per step without the profiler ({host.how}); expect "
+                      f"{p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
+    elif host is not None and f.summary and host.source != "bench" and host.profiled_ms \
+            and host.profiled_ms > p["predicted_step_ms"]:
+        f.summary += (f" The profiled host looks busier ({host.profiled_ms:.2f} ms per step) than the fixed GPU work, but "
+                      f"the profiler slows the host: without it, ~{host.point:.2f} ms ({host.how}), so the GPU "
+                      f"bounds the step; expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
 
 
 def rule_ids() -> list[str]:

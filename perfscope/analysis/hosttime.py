@@ -1,0 +1,197 @@
+"""The host's own time per decode step as the server spends it without the profiler.
+
+A fix that removes GPU work leaves the host's work (scheduling, input preparation, launches, result
+processing): the fixed step takes the larger of the GPU work left and that host time when SGLang's
+overlap scheduler runs the two side by side, their sum when it does not. The host time read off a
+profiled trace is the profiled host's: the torch profiler records every op and Python call, and CUPTI
+intercepts every CUDA runtime call, so the same loop runs several times slower while traced. Measured
+on the H200 (real SGLang 0.5.13.post1, DeepSeek-V2-shaped MLA models, FP8 KV pool, CUDA graphs,
+overlap scheduler; ``examples/gpu_loop/results/h200-2026-12-01-predict``), the launching thread's
+busy time per decode step (step start to the next step's start, less its waits on the GPU) against
+the TPOT the same server measured without the profiler once its GPU work was fixed (host-bound):
+
+=================================  =======================  ===========================
+the trace                          busy time per step       unprofiled / profiled
+=================================  =======================  ===========================
+full (CPU ops, stacks, shapes)     3.99-6.81 ms             0.28-0.43 (median 0.32)
+GPU only (``trace --gpu-only``)    2.59-4.98 ms             0.40-0.61 (median 0.50)
+=================================  =======================  ===========================
+
+(four host-bound pairs: two pools x concurrency 1 and 16; the servers were restarted by the fix, and
+a process's host speed varies between starts by up to 1.7x here: that is the spread). So the host
+time after a fix is estimated from the least-profiled trace the run has, scaled by that ratio, with
+the ratio's measured range as the estimate's range; and it is reconciled with what was measured
+without the profiler: a bench TPOT above the trace's GPU work is the host's own time (measured, it
+replaces the estimate), a bench TPOT at the GPU work bounds the host time from above.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from perfscope.load.model import Trace
+
+
+@dataclass(frozen=True)
+class HostScale:
+    """Unprofiled host time / profiled host time for one kind of trace: point estimate and range."""
+
+    point: float
+    lo: float
+    hi: float
+
+
+SCALE = {"gpu-only": HostScale(0.52, 0.45, 0.65), "full": HostScale(0.38, 0.29, 0.45)}
+GPU_WORK_ERROR = 0.08  # the replay's GPU work after a fix against the fixed trace's, measured: +8-9%
+BENCH_NOISE = 0.05  # a bench TPOT within 5% of the GPU work is GPU-bound: it says nothing of the host
+
+
+def profile_kind(trace: Trace) -> str:
+    """"gpu-only" when the trace recorded CUDA runtime calls and no CPU ops (``trace --gpu-only``),
+    else "full"."""
+    return "gpu-only" if trace.launches and not trace.cpu_ops else "full"
+
+
+@dataclass
+class HostEstimate:
+    """The host's own time per step without the profiler, in ms: ``point`` and its range."""
+
+    point: float
+    lo: float
+    hi: float
+    source: str  # "bench" (measured), "gpu-only" / "full" (a trace, scaled)
+    profiled_ms: Optional[float]  # what the trace said before scaling
+    how: str
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def host_timing(trace: Trace, steps) -> Optional[dict]:
+    """The launching thread's busy time per step of a trace (``stepmodel.host_busy``), as a run
+    folder's host-timing profile gives it to every rank's analysis."""
+    from perfscope.analysis.stepmodel import host_busy
+
+    busy = sorted(host_busy(trace, [s for s in steps if s.kernels]).values())
+    if not busy:
+        return None
+    g = [s.gpu_us for s in steps if s.kernels]
+    return {"kind": profile_kind(trace), "host_ms": round(busy[len(busy) // 10] / 1e3, 4),
+            "host_median_ms": round(statistics.median(busy) / 1e3, 4),
+            "steps": len(busy), "gpu_ms": round(statistics.median(g) / 1e3, 4) if g else None}
+
+
+def estimate(full_ms: Optional[float], trace_kind: str = "full", removed_ms: float = 0.0,
+             host_timing_run: Optional[dict] = None,
+             bench_tpot_ms: Optional[float] = None, gpu_ms: Optional[float] = None) -> Optional[HostEstimate]:
+    """The unprofiled host time per step after a fix.
+
+    ``full_ms``: the analysed trace's host busy time per step before the fix (``trace_kind``: its
+    ``profile_kind``); ``removed_ms``: the
+    profiled CPU time per step of the torch ops whose kernels the fix removes (their host time goes
+    too); ``host_timing_run``: the run's GPU-only profile (``host_timing``), preferred over the full
+    trace; ``bench_tpot_ms``: the TPOT the run measured without the profiler, before it was traced;
+    ``gpu_ms``: the trace's GPU work per step before the fix."""
+    cut = removed_ms * SCALE["full"].point  # the removed ops' time, as profiled in the full trace
+    est = None
+    if host_timing_run and host_timing_run.get("host_ms"):
+        kind, base = "gpu-only", float(host_timing_run["host_ms"])
+    elif full_ms is not None:
+        kind, base = trace_kind, full_ms
+    else:
+        kind, base = "", None
+    if base is not None:
+        sc = SCALE[kind]
+        est = HostEstimate(max(base * sc.point - cut, 0.0), max(base * sc.lo - cut, 0.0),
+                           max(base * sc.hi - cut, 0.0), kind, round(base, 4),
+                           f"the {'GPU-only profile' if kind == 'gpu-only' else 'trace'}'s {base:.2f} ms of host work "
+                           f"per step x {sc.point:.2f} (the profiler's measured slow-down of the host, range "
+                           f"{sc.lo:.2f}-{sc.hi:.2f})" + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""))
+    if bench_tpot_ms and gpu_ms:
+        if bench_tpot_ms > gpu_ms * (1 + BENCH_NOISE):
+            # the host held the step back before the fix: the bench measured its time, unprofiled
+            pt = max(bench_tpot_ms - cut, 0.0)
+            return HostEstimate(pt, pt * (1 - BENCH_NOISE), pt * (1 + BENCH_NOISE), "bench",
+                                est.profiled_ms if est else None,
+                                f"the bench's {bench_tpot_ms:.2f} ms TPOT without the profiler, above the "
+                                f"{gpu_ms:.2f} ms of GPU work per step: the host's own time"
+                                + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""))
+        cap = bench_tpot_ms * (1 + BENCH_NOISE)
+        if est is not None and est.hi > cap:
+            # GPU-bound without the profiler: the host took no longer than the measured step
+            est = HostEstimate(min(est.point, cap), min(est.lo, cap), cap, est.source, est.profiled_ms,
+                               est.how + f"; at most the bench's {bench_tpot_ms:.2f} ms TPOT (GPU-bound)")
+    return est
+
+
+def decode_tail_ms(bench: Optional[dict]) -> float:
+    """What a request's TPOT holds beyond its decode steps, as the bench measured it: its median TPOT
+    minus its median inter-token latency (prefill chunks of other requests interrupting decode, at
+    concurrency > 1). A GPU-side fix leaves it; 0 without a bench."""
+    if not bench or not bench.get("itl_p50_ms") or not bench.get("tpot_ms"):
+        return 0.0
+    return max(0.0, float(bench["tpot_ms"]) - float(bench["itl_p50_ms"]))
+
+
+def cycle(gpu_ms: float, host: Optional[HostEstimate], overlap: bool,
+          tail_ms: float = 0.0) -> tuple[float, float, float, str]:
+    """(point, lo, hi, bound) of the TPOT from the GPU work and the host time per step: the larger of
+    the two with the overlap scheduler, their sum without it, plus ``tail_ms`` (``decode_tail_ms``;
+    not in the low end: the fix may shorten the prefill chunks too)."""
+    g_lo, g_hi = gpu_ms * (1 - GPU_WORK_ERROR), gpu_ms * (1 + GPU_WORK_ERROR)
+    if host is None:
+        return gpu_ms + tail_ms, g_lo, g_hi + tail_ms, "gpu"
+    if overlap:
+        pt = max(gpu_ms, host.point)
+        lo, hi = max(g_lo, host.lo), max(g_hi, host.hi)
+    else:
+        pt, lo, hi = gpu_ms + host.point, g_lo + host.lo, g_hi + host.hi
+    return pt + tail_ms, lo, hi + tail_ms, "host" if host.point > gpu_ms else "gpu"
+
+
+def of_run(paths: list, workload: Optional[dict] = None) -> Optional[dict]:
+    """The host timing of a run folder's GPU-only profile (``host-timing/``): each decode file's
+    ``host_timing``, the median over its ranks. A file that does not parse is left out (the profile
+    is an extra: the diagnosis stands without it)."""
+    from perfscope.analysis.steps import find_steps
+    from perfscope.errors import PerfscopeError
+    from perfscope.load.reader import load_trace
+
+    got = []
+    for p in paths:
+        if getattr(p, "stage", None) not in (None, "DECODE"):
+            continue
+        try:
+            t = load_trace(p.path if hasattr(p, "path") else p)
+        except PerfscopeError:
+            continue
+        ss = find_steps(t)
+        h = host_timing(t, [s for s in ss.steps if s.phase == "decode"])
+        if h:
+            got.append(h)
+    if not got:
+        return None
+    out = dict(got[len(got) // 2] if len(got) % 2 else got[0])
+    out["host_ms"] = round(statistics.median(g["host_ms"] for g in got), 4)
+    out["files"] = len(got)
+    if workload:
+        out["concurrency"] = workload.get("concurrency")
+    return out
+
+
+def bench_of_run(run_info: dict) -> Optional[dict]:
+    """The run's unprofiled TPOT (``timings.bench``) when it was measured at the traced concurrency."""
+    t = (run_info or {}).get("timings") or {}
+    b = t.get("bench")
+    if not isinstance(b, dict) or not isinstance(b.get("tpot_ms"), (int, float)):
+        return None
+    traced = ((run_info.get("workload") or {}).get("concurrency"))
+    benched = ((b.get("workload") or {}).get("concurrency")) if isinstance(b.get("workload"), dict) else b.get("concurrency")
+    if traced and benched and int(traced) != int(benched):
+        return None
+    itl = b.get("itl_p50_ms")
+    return {"tpot_ms": float(b["tpot_ms"]), "concurrency": benched or traced,
+            "itl_p50_ms": float(itl) if isinstance(itl, (int, float)) else None,
+            "taken": b.get("taken") or ("after the trace" if t.get("bench_after_trace") else None)}
