@@ -38,9 +38,10 @@ def test_pool_trace_finds_the_fp8_cast(mode):
     assert f["evidence"]["casts_per_step"] == MEASURED["layers"] == 60
     if mode == "graph":
         assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["graph"]["fp8"]["median_ms"], rel=0.1)
-    else:  # the launch timeline holds the eager step up (tests/test_stepmodel.py)
+    else:  # launch-bound: the host's unprofiled launches hold the eager step up (tests/test_stepmodel.py)
         p = f["evidence"]["prediction"]
-        assert p["lower_bound_ms"] <= MEASURED["eager"]["fp8"]["median_ms"] <= f["predicted_step_ms_after_fix"]
+        assert p["bound"] == "host" and p["lower_bound_ms"] <= MEASURED["eager"]["fp8"]["median_ms"]
+        assert f["predicted_step_ms_after_fix"] == pytest.approx(MEASURED["eager"]["fp8"]["median_ms"], rel=0.15)
     assert f["fix"] == "fp8-kv-cast"
     # eager traces show the FP8 dtype; graph traces only the kernel (no config given here)
     assert f["confidence"] == ("high" if mode == "eager" else "medium")

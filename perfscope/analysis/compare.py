@@ -185,9 +185,13 @@ def _unchanged_check(ob: list[dict], oa: list[dict], changed: list[str]) -> Opti
 
 def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], step_after: Optional[float],
                  tpot_before: Optional[float], tpot_after: Optional[float],
-                 ops: Optional[tuple] = None, host: Optional[tuple] = None) -> list[dict]:
+                 ops: Optional[tuple] = None, host: Optional[tuple] = None, after_unprofiled: bool = False,
+                 gpu_after: Optional[float] = None) -> list[dict]:
     """Predictions held to account: what BEFORE said the step would take once each of its findings
-    was fixed, against what AFTER measured (for the findings AFTER no longer has)."""
+    was fixed, against what AFTER measured (for the findings AFTER no longer has). A prediction with
+    the host's unprofiled time in it (``prediction.host``, perfscope.analysis.hosttime) is of the TPOT
+    without the profiler: it is held to AFTER's bench when AFTER has one (``error_pct``), else to the
+    profiled step, said as such (``measured_under_profiler``), with its GPU work held to AFTER's."""
     after_ids = {f["id"] for f in fa}
     out = []
     for f in fb:
@@ -205,25 +209,32 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
         model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
         if model.get("bound"):
             row["bound"] = model["bound"]
-        if tpot_before and tpot_after and step_before:
+        if "host" in model:  # a prediction of the unprofiled TPOT
+            if model.get("gpu_work_ms") and gpu_after:
+                row.update({"predicted_gpu_work_ms": _r(model["gpu_work_ms"]), "measured_gpu_work_ms": _r(gpu_after),
+                            "gpu_work_error_pct": round((model["gpu_work_ms"] - gpu_after) / gpu_after * 100, 1)})
+            lo, hi = model.get("range_ms") or (pred, pred)
+            if tpot_after and after_unprofiled:
+                row.update({"predicted_tpot_ms": _r(pred), "measured_tpot_ms": _r(tpot_after),
+                            "error_pct": round((pred - tpot_after) / tpot_after * 100, 1),
+                            "tpot_error_pct": round((pred - tpot_after) / tpot_after * 100, 1),
+                            "predicted_tpot_range_ms": [_r(lo), _r(hi)], "tpot_within_range": lo <= tpot_after <= hi})
+            else:
+                row["measured_under_profiler"] = True
+        elif tpot_before and tpot_after and step_before:
             ptpot = tpot_before * pred / step_before  # the step's saving, carried to the client's TPOT
             row.update({"predicted_tpot_ms": _r(ptpot), "measured_tpot_ms": _r(tpot_after),
                         "tpot_error_pct": round((ptpot - tpot_after) / tpot_after * 100, 1)})
-            if model.get("bound") == "host" and model.get("gpu_prediction_ms") is not None:
-                # host-bound: the floor was measured at the profiled host's speed; unprofiled, the TPOT
-                # lies between the GPU work's and the profiled host's
-                lo = tpot_before * model["gpu_prediction_ms"] / step_before
-                row.update({"predicted_tpot_range_ms": [_r(lo), _r(ptpot)],
-                            "tpot_within_range": lo * 0.95 <= tpot_after <= ptpot * 1.05})
+        meas = tpot_after if ("host" in model and tpot_after and after_unprofiled) else step_after
         if model.get("kernel_only_prediction_ms") is not None:  # the kernel-only answer it replaced
             ko = model["kernel_only_prediction_ms"]
-            row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - step_after) / step_after * 100, 1)})
+            row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - meas) / meas * 100, 1)})
         if model.get("lower_bound_ms") is not None:
             row["lower_bound_ms"] = _r(model["lower_bound_ms"])
         if model.get("range_ms"):
             lo, hi = model["range_ms"]
             row.update({"predicted_range_ms": [_r(lo), _r(hi)],
-                        "within_range": lo * 0.95 <= step_after <= hi * 1.05,
+                        "within_range": lo * 0.95 <= meas <= hi * 1.05,
                         "alternatives": {k: _r(v["predicted_step_ms"]) for k, v in (model.get("alternatives") or {}).items()}})
         if model.get("assumes"):
             row["assumes"] = model["assumes"]
@@ -343,7 +354,9 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
         "buckets": buckets,
         "findings": findings,
         "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops),
-                                    (pb.steps.get("cpu_median_ms"), pa.steps.get("cpu_median_ms"))),
+                                    (pb.steps.get("cpu_median_ms"), pa.steps.get("cpu_median_ms")),
+                                    after_unprofiled=sa.get("tpot_source") == "bench",
+                                    gpu_after=pa.kernel_ms_per_step),
         "ops": _ops(pb.ops, pa.ops, top_ops),
         "setup": setup,
         "verdict": _verdict(step, buckets, findings, setup),

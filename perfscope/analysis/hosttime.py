@@ -1,8 +1,8 @@
 """The host's own time per decode step as the server spends it without the profiler.
 
 A fix that removes GPU work leaves the host's work (scheduling, input preparation, launches, result
-processing): the fixed step takes the larger of the GPU work left and that host time when SGLang's
-overlap scheduler runs the two side by side, their sum when it does not. The host time read off a
+processing): the fixed step takes the larger of the GPU work left and that host time (SGLang's
+overlap scheduler runs the two side by side; without it the replayed step holds the host's work). The host time read off a
 profiled trace is the profiled host's: the torch profiler records every op and Python call, and CUPTI
 intercepts every CUDA runtime call, so the same loop runs several times slower while traced. Measured
 on the H200 (real SGLang 0.5.13.post1, DeepSeek-V2-shaped MLA models, FP8 KV pool, CUDA graphs,
@@ -10,15 +10,23 @@ overlap scheduler; ``examples/gpu_loop/results/h200-2026-12-01-predict``), the l
 busy time per decode step (step start to the next step's start, less its waits on the GPU) against
 the TPOT the same server measured without the profiler once its GPU work was fixed (host-bound):
 
-=================================  =======================  ===========================
-the trace                          busy time per step       unprofiled / profiled
-=================================  =======================  ===========================
-full (CPU ops, stacks, shapes)     3.99-6.81 ms             0.28-0.43 (median 0.32)
-GPU only (``trace --gpu-only``)    2.59-4.98 ms             0.40-0.61 (median 0.50)
-=================================  =======================  ===========================
+=================================  =========================  ===============================
+the trace                          busy per step (quickest    unprofiled / profiled
+                                   tenth of the steps)
+=================================  =========================  ===============================
+full (CPU ops, stacks, shapes)     2.6-24.7 ms                0.25-0.45 (median 0.38)
+GPU only (``trace --gpu-only``)    2.3-4.0 ms                 0.45-0.65 (median 0.52)
+=================================  =========================  ===============================
 
-(four host-bound pairs: two pools x concurrency 1 and 16; the servers were restarted by the fix, and
-a process's host speed varies between starts by up to 1.7x here: that is the spread). So the host
+(the dense model's four host-bound pairs: two pools x concurrency 1 and 16, the TPOT at 16 less the
+bench's own TPOT - ITL tail; for the full trace also the two fix loops of
+``results/h200-2026-12-01-sglang``, 0.26 and 0.30, and the eager stepbench pair of
+``../shared/traces/h200-mla-fp8-kv``, 0.40). The servers were restarted by the fix, and a
+process's host speed varies between starts by up to 1.7x here: that is the spread, and why a GPU-only
+profile, whose host is 2x rather than 3x slowed, predicts better: median error 3.8% against 8.4% over
+the eight runs of ``examples/gpu_loop/sglang/predict_table.py``). The quickest steps are used because
+a host that waited milliseconds on a slow GPU runs slower after each wait (the same Python took 2x
+longer per step in the 3M-token pool's bug trace than in the 495k one's). So the host
 time after a fix is estimated from the least-profiled trace the run has, scaled by that ratio, with
 the ratio's measured range as the estimate's range; and it is reconciled with what was measured
 without the profiler: a bench TPOT above the trace's GPU work is the host's own time (measured, it
@@ -43,15 +51,16 @@ class HostScale:
     hi: float
 
 
-SCALE = {"gpu-only": HostScale(0.52, 0.45, 0.65), "full": HostScale(0.38, 0.29, 0.45)}
+SCALE = {"gpu-only": HostScale(0.52, 0.45, 0.65), "full": HostScale(0.38, 0.25, 0.45)}
 GPU_WORK_ERROR = 0.08  # the replay's GPU work after a fix against the fixed trace's, measured: +8-9%
 BENCH_NOISE = 0.05  # a bench TPOT within 5% of the GPU work is GPU-bound: it says nothing of the host
 
 
 def profile_kind(trace: Trace) -> str:
-    """"gpu-only" when the trace recorded CUDA runtime calls and no CPU ops (``trace --gpu-only``),
-    else "full"."""
-    return "gpu-only" if trace.launches and not trace.cpu_ops else "full"
+    """"gpu-only" when the trace recorded CUDA runtime calls and nothing of the CPU side (no CPU ops,
+    Python frames or CPU annotations: ``trace --gpu-only``), else "full"."""
+    cpu = trace.cpu_ops or trace.frames or any(not a.gpu for a in trace.annotations)
+    return "gpu-only" if trace.launches and not cpu else "full"
 
 
 @dataclass
@@ -109,6 +118,12 @@ def estimate(full_ms: Optional[float], trace_kind: str = "full", removed_ms: flo
                            f"the {'GPU-only profile' if kind == 'gpu-only' else 'trace'}'s {base:.2f} ms of host work "
                            f"per step x {sc.point:.2f} (the profiler's measured slow-down of the host, range "
                            f"{sc.lo:.2f}-{sc.hi:.2f})" + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""))
+    if est is not None and gpu_ms and est.profiled_ms is not None and est.profiled_ms >= 0.98 * gpu_ms \
+            and not bench_tpot_ms and kind == "full":
+        # the profiled host already took the whole step or more: its time per step holds host-only work
+        # between steps (input pipeline, other ranks) that the trace's GPU-timed step leaves out, not
+        # the time a GPU-side fix hands back to the host
+        return None
     if bench_tpot_ms and gpu_ms:
         if bench_tpot_ms > gpu_ms * (1 + BENCH_NOISE):
             # the host held the step back before the fix: the bench measured its time, unprofiled
@@ -126,6 +141,18 @@ def estimate(full_ms: Optional[float], trace_kind: str = "full", removed_ms: flo
     return est
 
 
+def gpu_work_ms(replay: dict) -> float:
+    """The GPU side of a fixed step from ``stepmodel.predict_after``: the replay's span (CUDA-graph
+    steps keep the graph's own spacing; GPU-bound eager steps their waits), except for eager steps the
+    replay finds launch-bound: those wait on the profiled host's launches, so their GPU side is the
+    kernels back to back and the host's unprofiled time bounds the rest."""
+    lb = str(replay.get("launch_bound_steps") or "0/1").split("/")
+    launch_bound = len(lb) == 2 and lb[1] != "0" and int(lb[0]) * 2 > int(lb[1])
+    if replay.get("graph_steps") or not launch_bound:
+        return replay["gpu_prediction_ms"]
+    return replay.get("gpu_busy_after_ms") or replay["gpu_prediction_ms"]
+
+
 def decode_tail_ms(bench: Optional[dict]) -> float:
     """What a request's TPOT holds beyond its decode steps, as the bench measured it: its median TPOT
     minus its median inter-token latency (prefill chunks of other requests interrupting decode, at
@@ -135,19 +162,18 @@ def decode_tail_ms(bench: Optional[dict]) -> float:
     return max(0.0, float(bench["tpot_ms"]) - float(bench["itl_p50_ms"]))
 
 
-def cycle(gpu_ms: float, host: Optional[HostEstimate], overlap: bool,
-          tail_ms: float = 0.0) -> tuple[float, float, float, str]:
+def cycle(gpu_ms: float, host: Optional[HostEstimate], tail_ms: float = 0.0) -> tuple[float, float, float, str]:
     """(point, lo, hi, bound) of the TPOT from the GPU work and the host time per step: the larger of
-    the two with the overlap scheduler, their sum without it, plus ``tail_ms`` (``decode_tail_ms``;
-    not in the low end: the fix may shorten the prefill chunks too)."""
+    the two, plus ``tail_ms`` (``decode_tail_ms``; not in the low end: the fix may shorten the prefill
+    chunks too)."""
     g_lo, g_hi = gpu_ms * (1 - GPU_WORK_ERROR), gpu_ms * (1 + GPU_WORK_ERROR)
     if host is None:
         return gpu_ms + tail_ms, g_lo, g_hi + tail_ms, "gpu"
-    if overlap:
-        pt = max(gpu_ms, host.point)
-        lo, hi = max(g_lo, host.lo), max(g_hi, host.hi)
-    else:
-        pt, lo, hi = gpu_ms + host.point, g_lo + host.lo, g_hi + host.hi
+    # with the overlap scheduler the host prepares a step while the GPU runs the previous one; without
+    # it the replayed step already holds the host's launches and waits inside it (the repro server's
+    # serial loop on the H200: replay 10.50 ms, measured 9.53-10.15 ms): the larger of the two either way
+    pt = max(gpu_ms, host.point)
+    lo, hi = max(g_lo, host.lo), max(g_hi, host.hi)
     return pt + tail_ms, lo, hi + tail_ms, "host" if host.point > gpu_ms else "gpu"
 
 
@@ -195,3 +221,26 @@ def bench_of_run(run_info: dict) -> Optional[dict]:
     return {"tpot_ms": float(b["tpot_ms"]), "concurrency": benched or traced,
             "itl_p50_ms": float(itl) if isinstance(itl, (int, float)) else None,
             "taken": b.get("taken") or ("after the trace" if t.get("bench_after_trace") else None)}
+
+
+def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Optional[dict]:
+    """The step cycle without the profiler, for the idle findings: the bench's median inter-token
+    latency (TPOT when it has none) when the run has a bench at the traced concurrency, else the
+    larger of the GPU work and the host's time estimated as for a prediction (``estimate``). Returns
+    {cycle_ms, idle_ms (cycle - GPU work), source, how} or None when nothing tells."""
+    b = config.get("bench") or {}
+    if b.get("tpot_ms"):
+        c = float(b.get("itl_p50_ms") or b["tpot_ms"])
+        return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": "bench",
+                "how": f"the bench's {'median inter-token latency' if b.get('itl_p50_ms') else 'TPOT'} without the "
+                       f"profiler, {c:.2f} ms, against {gpu_ms:.2f} ms of GPU work per step"}
+    from perfscope.analysis.stepmodel import host_busy
+
+    busy = sorted(host_busy(trace, [s for s in steps if s.kernels]).values())
+    h = estimate(busy[len(busy) // 10] / 1e3 if busy else None, profile_kind(trace), 0.0,
+                 config.get("host_timing"))
+    if h is None:
+        return None
+    c = max(gpu_ms, h.point)
+    return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": h.source,
+            "how": f"{h.how}, against {gpu_ms:.2f} ms of GPU work per step"}

@@ -376,20 +376,13 @@ class StepReplay:
                 "removed_cpu_us": removed_cpu}
 
 
-def _busy_us(spans: list) -> float:
-    """The union of (start, duration) intervals, µs: the GPU's busy time when kernels overlap."""
-    tot, cs, ce = 0.0, None, float("-inf")
-    for a, d in sorted(spans):
-        if d <= 0:
-            continue
-        b = a + d
-        if a > ce:
-            if cs is not None:
-                tot += ce - cs
-            cs, ce = a, b
-        else:
-            ce = max(ce, b)
-    return tot + (ce - cs if cs is not None else 0.0)
+def _back_to_back_us(kern, idx, duration) -> float:
+    """The GPU work of kernels ``idx`` with ``duration(i)`` µs each, back to back: each stream's kernels
+    one after another, streams side by side (the busiest stream's total)."""
+    per: dict = {}
+    for i in idx:
+        per[kern[i].stream] = per.get(kern[i].stream, 0.0) + max(0.0, float(duration(i)))
+    return max(per.values(), default=0.0)
 
 
 def host_wait_us(l, copies) -> float:
@@ -478,7 +471,7 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         kernel_saved.append(ks)
         # the lower bound: the GPU work left, and the runtime calls alone back to back
         low = r.run(nd, timeline="launch-api")
-        busy_after.append(_busy_us([(kern[i].ts, nd(i)) for i in s.kernels]) + added_us_per_step)
+        busy_after.append(_back_to_back_us(kern, s.kernels, nd) + added_us_per_step)
         graph_k = sum(kern[i].dur for i in s.kernels if (by_corr.get(kern[i].corr) is not None
                                                           and is_graph_launch(by_corr[kern[i].corr].name)))
         graph_steps += graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)

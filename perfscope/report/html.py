@@ -28,7 +28,7 @@ from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.terminal import _fmt_ms, op_where
-from perfscope.report.wording import evidence_pairs, gpu_arch, graph_word, ms_range, predicted_range
+from perfscope.report.wording import evidence_pairs, gpu_arch, graph_word, ms_range, predicted_range, prediction_basis
 from perfscope.util.files import atomic_write_text, resource_dir
 
 # One colour per bucket (the hues of the terminal's BUCKET_STYLE), and the idle gaps.
@@ -266,7 +266,7 @@ def _env():
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value)
-    env.globals.update(predicted_range=predicted_range, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
+    env.globals.update(predicted_range=predicted_range, prediction_basis=prediction_basis, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
                        bucket_order=BUCKETS)
     return env
 

@@ -42,11 +42,11 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             line += f" Remedy: {f['remedy']}"
         rng = wording.predicted_range(f)
         if rng and s.get("median_ms"):
-            lo, hi = s["median_ms"] / rng[1], s["median_ms"] / rng[0]
-            speed = f"{lo:.1f}x" if rng[0] == rng[1] else f"{lo:.1f}-{hi:.1f}x"
-            line += (f" Predicted step after the fix: ~{wording.ms_range(rng)} ms ({speed} faster"
-                     + ("; bound by the host: the top end is the profiled host's own work per step" if rng[0] < rng[1]
-                        else "") + ").")
+            pred = f["predicted_step_ms_after_fix"]
+            basis = wording.prediction_basis(f)
+            line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms"
+                     + (f" (range {wording.ms_range(rng)})" if rng[0] < rng[1] else "")
+                     + f", {s['median_ms'] / pred:.1f}x faster" + (f"; {basis}" if basis else "") + ".")
         out += [line, ""]
     else:
         out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "

@@ -121,17 +121,13 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
         body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
     elif pred is not None and step_ms:
         lo, hi = wording.predicted_range(f)
-        fast = step_ms / hi >= 1.05
-        if lo < hi:
-            # host-bound after the fix: the profiled host's busy time is the top of the range, not a point
-            # (unprofiled hosts are faster and vary between runs): show both ends and what each is
-            speed = f" ({step_ms / hi:.1f}-{step_ms / lo:.1f}x faster)" if fast else ""
-            body.append(f"after: [bold green]~{wording.ms_range((lo, hi))} ms[/] per step predicted, "
-                        f"from {_fmt_ms(step_ms)} ms{speed}")
-            body.append(f"[dim]       (GPU work ~{_fmt_ms(lo)} ms; the host's own work, profiled: {_fmt_ms(hi)} ms)[/]")
-        else:
-            speed = f" ({step_ms / hi:.1f}x faster)" if fast else ""
-            body.append(f"after: [bold green]~{_fmt_ms(hi)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
+        fast = step_ms / pred >= 1.05
+        speed = f" ({step_ms / pred:.1f}x faster)" if fast else ""
+        rng = f" ({wording.ms_range((lo, hi))})" if lo < hi else ""
+        body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted{rng}, from {_fmt_ms(step_ms)} ms{speed}")
+        basis = wording.prediction_basis(f)
+        if basis and ((f.get("evidence") or {}).get("prediction") or {}).get("bound") == "host":
+            body.append(f"[dim]       ({basis})[/]")  # host-bound: what the point is made of
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
@@ -289,7 +285,7 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
             fl = (f.get("evidence") or {}).get("floor_step_ms")
             model = (f.get("evidence") or {}).get("prediction") or {}
             rng = model.get("range_ms")
-            rng = f"; {_fmt_ms(rng[0])}-{_fmt_ms(rng[1])} ms over the fix's outcomes" if rng and rng[0] != rng[1] else ""
+            rng = f"; range {_fmt_ms(rng[0])}-{_fmt_ms(rng[1])} ms" if rng and rng[0] != rng[1] else ""
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
                               + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(
                                   model.get("bound"), "")

@@ -18,17 +18,31 @@ _DTYPES = {
 
 
 def predicted_range(f: dict) -> Optional[tuple[float, float]]:
-    """A finding's predicted step after its fix as (low, high) ms: a point (low == high), or, when the
-    fixed step is bound by the host, the GPU work up to the profiled host's own work per step (the
-    top end is what the profiled run's host needs; unprofiled hosts are faster). None: no prediction."""
+    """A finding's predicted step after its fix as (low, high) ms: the step model's range (its measured
+    uncertainty: the host's unprofiled time and the GPU work's error, perfscope.analysis.hosttime), or a
+    point (low == high) where the prediction has none. None: no prediction."""
     pred = f.get("predicted_step_ms_after_fix")
     if not isinstance(pred, (int, float)) or pred <= 0:
         return None
     model = (f.get("evidence") or {}).get("prediction") or {}
-    gpu = model.get("gpu_prediction_ms")
-    if model.get("bound") == "host" and isinstance(gpu, (int, float)) and 0 < gpu < pred:
-        return float(gpu), float(pred)
+    rng = model.get("range_ms")
+    if isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(x, (int, float)) for x in rng) \
+            and rng[0] <= pred <= rng[1] and rng[0] < rng[1]:
+        return float(rng[0]), float(rng[1])
     return float(pred), float(pred)
+
+
+def prediction_basis(f: dict) -> Optional[str]:
+    """What a prediction is made of, in a line: the GPU work left and the host's own time per step
+    without the profiler (and where that came from). None without the step model's host side."""
+    model = (f.get("evidence") or {}).get("prediction") or {}
+    host, gpu = model.get("host"), model.get("gpu_work_ms")
+    if not isinstance(host, dict) or not isinstance(gpu, (int, float)):
+        return None
+    src = {"bench": "measured by the bench", "gpu-only": "from the GPU-only profile, unprofiled",
+           "full": "from the trace, unprofiled"}.get(host.get("source"), "unprofiled")
+    bound = "the host bounds it" if model.get("bound") == "host" else "the GPU bounds it"
+    return f"GPU work ~{ms(gpu)} ms; the host's own work ~{ms(host.get('point'))} ms per step ({src}): {bound}"
 
 
 def ms_range(r: tuple[float, float]) -> str:

@@ -31,18 +31,6 @@ def run_rules(ctx: RuleContext) -> list[Finding]:
     return found
 
 
-def _overlap(ctx: RuleContext) -> bool:
-    """Whether the server runs SGLang's overlap scheduler (a step's host work beside the previous
-    step's GPU work): its config, else the trace's scheduler loop; unknown counts as on (SGLang's
-    default on a GPU; a CUDA-graph or eager launch runs ahead of the GPU within a step anyway)."""
-    from perfscope.analysis.rules.overlap_off import scheduler_loop
-
-    off = ctx.config_value("disable_overlap_schedule")
-    if off is not None:
-        return not off
-    return scheduler_loop(ctx.trace) != "normal"
-
-
 def _bench_tpot(ctx: RuleContext) -> Optional[float]:
     """The TPOT the run measured without the profiler at the traced concurrency (``perfscope bench``
     or ``trace --bench``), when it came with the trace."""
@@ -55,7 +43,7 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
     """Replace a kernel-level prediction (step minus the kernel time saved) by the step replayed on the
     CPU launch timeline (perfscope.analysis.stepmodel), with the host's own time as the server spends
     it without the profiler (perfscope.analysis.hosttime): the fixed step is the larger of the GPU work
-    left and that host time (their sum without the overlap scheduler)."""
+    left and that host time."""
     if f.new_duration is None or not ctx.steps:
         return
     from perfscope.analysis import hosttime
@@ -69,7 +57,7 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         return
     if f.assumes:
         p["assumes"] = f.assumes
-    host = None
+    host, tail = None, hosttime.decode_tail_ms(ctx.config.get("bench"))
     if ctx.gpu_timeline:
         # the kernels the fix changes (by name): compare holds the others to the prediction's assumption
         kern = ctx.trace.kernels
@@ -77,17 +65,13 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
                                        if f.new_duration(i) is not None})[:20]
         host = hosttime.estimate(p.get("host_busy_quick_ms"), hosttime.profile_kind(ctx.trace), p.get("removed_cpu_ms") or 0.0,
                                  ctx.config.get("host_timing"), _bench_tpot(ctx), ctx.step_ms)
-        overlap = _overlap(ctx)
-        # CUDA-graph steps keep the graph's own spacing (the replay's span); eager steps are launched by
-        # the host, whose profiled launch spacing is in the replay: their GPU side is the kernels back to back
-        gpu = p["gpu_prediction_ms"] if p.get("graph_steps") else p.get("gpu_busy_after_ms") or p["gpu_prediction_ms"]
+        gpu = hosttime.gpu_work_ms(p)
         p["gpu_work_ms"] = round(gpu, 4)
-        tail = hosttime.decode_tail_ms(ctx.config.get("bench"))
-        pt, lo, hi, bound = hosttime.cycle(gpu, host, overlap or not p.get("graph_steps"), tail)
+        pt, lo, hi, bound = hosttime.cycle(gpu, host, tail)
         if tail > 0.005:
             p["decode_tail_ms"] = round(tail, 4)
         p.update(predicted_step_ms=round(pt, 4), bound=bound, range_ms=[round(lo, 4), round(hi, 4)],
-                 overlap_scheduler=overlap, host=host.to_dict() if host else None,
+                 host=host.to_dict() if host else None,
                  model=p["model"] + "; the host's time per step as unprofiled (perfscope.analysis.hosttime: "
                                     "a GPU-only profile or the trace, scaled by the profiler's measured slow-down "
                                     "of the host, or the bench's TPOT where it measured the host)")
@@ -97,9 +81,7 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         for name, (nd, added, why) in f.alternatives.items():
             q = predict_after(ctx.trace, ctx.steps, ctx.step_ms, nd, added)
             if q:
-                qg = q["gpu_prediction_ms"] if q.get("graph_steps") else q.get("gpu_busy_after_ms") or q["gpu_prediction_ms"]
-                qp, qlo, qhi, qb = hosttime.cycle(qg, host, _overlap(ctx) or not q.get("graph_steps"),
-                                                  hosttime.decode_tail_ms(ctx.config.get("bench")))
+                qp, qlo, qhi, qb = hosttime.cycle(hosttime.gpu_work_ms(q), host, tail)
                 alt[name] = {"predicted_step_ms": round(qp, 4), "bound": qb, "why": why,
                              "range_ms": [round(qlo, 4), round(qhi, 4)]}
         if alt:
