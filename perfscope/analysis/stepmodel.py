@@ -392,6 +392,36 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
     return out
 
 
+def _indexes(trace: Trace) -> tuple[dict, TraceIndex]:
+    """The trace's launches by correlation id and its :class:`TraceIndex`, built once per trace (every
+    finding and alternative of one analysis replays the same steps)."""
+    m = trace.memo.get("stepmodel")
+    if m is None:
+        m = trace.memo["stepmodel"] = {"by_corr": {l.corr: l for l in trace.launches if l.corr is not None},
+                                       "index": TraceIndex(trace), "replay": {}, "busy": {}}
+    return m["by_corr"], m["index"]
+
+
+def _host_busy_once(trace: Trace, steps: list[Step], by_corr: dict, index: TraceIndex) -> dict:
+    """:func:`host_busy` of these steps, computed once per trace (read only)."""
+    memo = trace.memo["stepmodel"]["busy"]
+    key = tuple(map(id, steps))
+    hit = memo.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], steps)):
+        hit = memo[key] = (list(steps), host_busy(trace, steps, by_corr, index))  # the steps held: ids stay theirs
+    return hit[1]
+
+
+def _replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> tuple[StepReplay, dict]:
+    """The step's :class:`StepReplay` and its replay with the recorded durations, built once per trace."""
+    memo = trace.memo["stepmodel"]["replay"]
+    hit = memo.get(id(step))
+    if hit is None or hit[0] is not step:
+        r = StepReplay(trace, step, by_corr, index)
+        hit = memo[id(step)] = (step, r, r.run(lambda i: trace.kernels[i].dur))
+    return hit[1], hit[2]
+
+
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
                   added_us_per_step: float = 0.0) -> dict:
     """The step after a fix that changes kernel durations (``new_duration(i)``: µs, or None = unchanged).
@@ -399,21 +429,19 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     ``added_us_per_step``: GPU time of kernels the fix adds (e.g. one fused sampling kernel), put
     at the step's end. Returns the prediction and how it was bound."""
     kern = trace.kernels
-    by_corr = {l.corr: l for l in trace.launches if l.corr is not None}
-    index = TraceIndex(trace)
+    by_corr, index = _indexes(trace)
     saved, low_after, kernel_saved, launch_bound = [], [], [], 0
-    busy = host_busy(trace, steps, by_corr, index)
+    busy = _host_busy_once(trace, steps, by_corr, index)
     host_left = []  # per step with a next one: the host's own time, less the CPU time of ops the fix removes
     for s in steps:
         if not s.kernels:
             continue
-        r = StepReplay(trace, s, by_corr, index)
+        r, base = _replay_once(trace, s, by_corr, index)
 
         def nd(i):
             v = new_duration(i)
             return kern[i].dur if v is None else v
 
-        base = r.run(lambda i: kern[i].dur)
         after = r.run(nd)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
