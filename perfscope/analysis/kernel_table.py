@@ -47,3 +47,13 @@ def kernel_table(trace: Trace) -> KernelTable:
     if t is None or len(t.pair) != len(trace.kernels):
         t = trace.memo["kernel_table"] = KernelTable(trace)
     return t
+
+
+def launches_by_corr(trace: Trace) -> dict:
+    """The trace's runtime calls by correlation id (the later of two with one id wins), built once per
+    trace and shared (the attributor, the step model): read only."""
+    m = trace.memo.get("launches_by_corr")
+    if m is None or m[0] != len(trace.launches):
+        m = trace.memo["launches_by_corr"] = (len(trace.launches),
+                                              {l.corr: l for l in trace.launches if l.corr is not None})
+    return m[1]

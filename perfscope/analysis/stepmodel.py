@@ -42,6 +42,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Optional
 
+from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Trace
 
@@ -162,6 +163,8 @@ class StepReplay:
                 if j >= 0 and outer[j].ts <= l.ts <= outer[j].ts + outer[j].dur:
                     op = outer[j]
             self.op_of_event.append(op)
+        # per event, read by every run: (a graph launch, a kernel launch)
+        self.kinds = [(is_graph_launch(l.name), is_kernel_launch(l.name)) for l, _, _ in self.events]
 
     def _cross_stream_waits(self, kern, by_corr, step, index, launched) -> dict:
         """Kernels that waited on another stream (cudaStreamWaitEvent on an event recorded there: an
@@ -283,7 +286,9 @@ class StepReplay:
         orig_done = new_done = float("-inf")
         first, last_end, last_launch = None, float("-inf"), float("-inf")
         new_end: dict = {}  # kernel -> its end in the replay
+        delay, first_on_stream, dep, latency = self.delay, self.first_on_stream, self.dep, self.latency_us
         for n, (l, ks, wait) in enumerate(self.events):
+            graph, launch = self.kinds[n]
             th = (l.pid, l.tid)
             if timeline == "launch-api":
                 t = max(clock.get(th, l.ts), l.ts - 1e12)
@@ -297,19 +302,19 @@ class StepReplay:
                     shift[th] = shift.get(th, 0.0) - o.dur  # the op's whole CPU time goes
                     t = l.ts + shift[th]
             end = t + cost
-            if ks and is_kernel_launch(l.name):
+            if ks and launch:
                 last_launch = max(last_launch, t)
             for i in ks:
                 k = kern[i]
                 d = new_d[i]
-                ready = t + self.latency_us
-                if is_graph_launch(l.name) and (id(l), k.stream) in graph_prev:
+                ready = t + latency
+                if graph and (id(l), k.stream) in graph_prev:
                     o_end, n_end = graph_prev[(id(l), k.stream)]
                     ready = max(ready, n_end + max(0.0, k.ts - o_end))
-                start = max(ready, free.get(k.stream, float("-inf")) + self.delay.get(i, 0.0),
-                            self.first_on_stream.get(i, float("-inf")))
-                if i in self.dep:  # it waits for another stream's kernel (as replayed, else as recorded)
-                    j, gap = self.dep[i]
+                start = max(ready, free.get(k.stream, float("-inf")) + delay.get(i, 0.0),
+                            first_on_stream.get(i, float("-inf")))
+                if i in dep:  # it waits for another stream's kernel (as replayed, else as recorded)
+                    j, gap = dep[i]
                     start = max(start, new_end.get(j, kern[j].end) + gap)  # gap < 0: it held the SMs
                 graph_prev[(id(l), k.stream)] = (k.end, start + d)
                 new_end[i] = start + d
@@ -397,8 +402,8 @@ def _indexes(trace: Trace) -> tuple[dict, TraceIndex]:
     finding and alternative of one analysis replays the same steps)."""
     m = trace.memo.get("stepmodel")
     if m is None:
-        m = trace.memo["stepmodel"] = {"by_corr": {l.corr: l for l in trace.launches if l.corr is not None},
-                                       "index": TraceIndex(trace), "replay": {}, "busy": {}}
+        m = trace.memo["stepmodel"] = {"by_corr": launches_by_corr(trace), "index": TraceIndex(trace),
+                                       "replay": {}, "busy": {}}
     return m["by_corr"], m["index"]
 
 

@@ -173,6 +173,7 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
     no_args = Args()
     gpu_cats = _GPU_CATS
     rt_cats = _RUNTIME_CATS
+    new = tuple.__new__  # the event tuples built without their NamedTuple's Python-level __new__
 
     for raw in top.traceEvents:
         try:
@@ -189,10 +190,11 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
         cat = e.cat
         a = e.args or no_args
         if cat == "python_function":
-            frames.append(PyFrame(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.python_id, a.python_parent))
+            frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.python_id,
+                                        a.python_parent)))
         elif cat == "cpu_op":
-            cpu_ops.append(CpuOp(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.external_id,
-                                 a.input_type, a.input_dims, a.concrete))
+            cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.external_id,
+                                       a.input_type, a.input_dims, a.concrete)))
         elif cat in gpu_cats:
             g = a.grid
             if g is not None:
@@ -202,15 +204,16 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
             if b is not None:
                 b = tuple(b)
                 b = geo.setdefault(b, b)
-            kernels.append(Kernel(intern(e.name, e.name), e.ts, e.dur,
-                                  a.stream if a.stream is not None else (e.tid if isinstance(e.tid, int) else 0),
-                                  a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else 0),
-                                  a.correlation if a.correlation is not None else -1,
-                                  g, b, a.external_id, gpu_cats[cat]))
+            kernels.append(new(Kernel, (intern(e.name, e.name), e.ts, e.dur,
+                                        a.stream if a.stream is not None else (e.tid if isinstance(e.tid, int) else 0),
+                                        a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else 0),
+                                        a.correlation if a.correlation is not None else -1,
+                                        g, b, a.external_id, gpu_cats[cat])))
         elif cat in rt_cats:
-            launches.append(Launch(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.correlation, a.external_id))
+            launches.append(new(Launch, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.correlation,
+                                         a.external_id)))
         elif cat in _ANNOT_CATS:
-            annots.append(Annotation(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, _ANNOT_CATS[cat]))
+            annots.append(new(Annotation, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, _ANNOT_CATS[cat])))
 
     if meta.platform != "rocm" and any(l.name.startswith("hip") for l in launches[:200]):
         meta.platform = "rocm"
