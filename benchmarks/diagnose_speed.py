@@ -258,11 +258,14 @@ def rank_lines(trace: Path, n: int, rounds: int) -> list[str]:
         many = Path(d) / "ranks"
         many.mkdir()
         files = rank_files(trace, n, many)
-        one = min(measure("perfscope", [str(files[0])])["wall"] for _ in range(rounds))
-        all_ = min(measure("perfscope", [str(many)])["wall"] for _ in range(rounds))
+        ones = [measure("perfscope", [str(files[0])]) for _ in range(rounds)]
+        alls = [measure("perfscope", [str(many)]) for _ in range(rounds)]
+    one, all_ = min(r["wall"] for r in ones), min(r["wall"] for r in alls)
     ideal = math.ceil(n / cores) * one
+    cpu = min(r["cpu"] for r in alls) / (n * min(r["cpu"] for r in ones))
     print(f"ranks  {n} distinct rank files on {cores} cores: {all_:.2f} s wall, one rank {one:.2f} s; "
-          f"{all_ / ideal:.2f}x ceil(N/C) x one rank (target <= 1.1)", flush=True)
+          f"{all_ / ideal:.2f}x ceil(N/C) x one rank (target <= 1.1); CPU time {cpu:.2f}x N x one rank's "
+          f"(what running them side by side adds); largest process peak RSS {max(r['rss_mb'] for r in alls):.0f} MB", flush=True)
     return [LINE_FORMATS["ranks"].format(n=n, cores=cores, wall=all_, ratio=all_ / ideal, one=one)]
 
 
