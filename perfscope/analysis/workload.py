@@ -48,10 +48,12 @@ def classify_workload(trace: Trace) -> dict:
     model: "diffusion" | "cnn" (non-LLM inference only)}.
 
     ``serving_rules``: whether perfscope's rules (all about LLM serving) run on the trace."""
-    bw_op: dict = {}  # per distinct op name: one regex search each
-    bw_ops = sum(1 for o in trace.cpu_ops if _memo_search(bw_op, _BACKWARD_OP, o.name))
+    op_names: dict = {}  # distinct op name -> how many ops: each name's regexes searched once
+    for o in trace.cpu_ops:
+        op_names[o.name] = op_names.get(o.name, 0) + 1
+    bw_ops = sum(n for name, n in op_names.items() if _BACKWARD_OP.search(name))
     optim = sum(1 for a in trace.annotations if _OPTIMIZER.match(a.name)) + \
-        sum(1 for o in trace.cpu_ops if _OPTIMIZER.match(o.name))
+        sum(n for name, n in op_names.items() if _OPTIMIZER.match(name))
     serving = sum(1 for a in trace.annotations if _SERVING_STEP.match(a.name))
     total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
     bw_us = conv_us = llm_us = 0.0
