@@ -182,7 +182,7 @@ def build_graph_trace(src: Path, target_mb: float, out: Path) -> int:
     top_id = 1 + max([abs(int(v)) for e in events for k, v in (e.get("args") or {}).items()
                       if k in id_keys and isinstance(v, int)] +
                      [abs(int(e["id"])) for e in events if isinstance(e.get("id"), int)] + [0])
-    copies = max(1, math.ceil(target_mb * 1e6 / len(raw)))
+    copies = max(1, math.ceil(target_mb * 1e6 / len(orjson.dumps(top))))  # written as orjson writes it
     out_events = []
     for c in range(copies):
         for e in events:
@@ -238,7 +238,7 @@ def trace_lines(kind: str, path: Path, rounds: int, mb: float) -> tuple[list[str
           f"{res['rss']:.2f}x the JSON (target <= 1.5)", flush=True)
     for peer, module in (("HTA", "hta"), ("TraceLens", "TraceLens")):
         if not installed(module):
-            print(f"{kind:6s} {peer}: not installed (pip install {'HolisticTraceAnalysis' if peer == 'HTA' else peer})")
+            print(f"{kind:6s} {peer}: not installed (its module `{module}` does not import here)")
             continue
         try:
             theirs = best(peer.lower(), [str(path)], 1)
