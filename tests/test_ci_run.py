@@ -37,9 +37,18 @@ def test_ci_run_extracts_exactly_the_readme_commands():
     assert main[-1].rstrip().endswith("perfscope demo") and "tests/install.sh" in tests[0]
 
 
-def _repo(tmp_path: Path, readme: str) -> Path:
+# the speed gate's benchmark, standing in for benchmarks/diagnose_speed.py (the real one needs the 210 MB
+# trace and minutes): it says where it ran and with what, and exits with the code it is given
+FAKE_GATE = ('import os, sys\n'
+             'print("gate", os.getcwd(), os.environ.get("VIRTUAL_ENV"), *sys.argv[1:], file=sys.stderr)\n'
+             'sys.exit({rc})\n')
+
+
+def _repo(tmp_path: Path, readme: str, gate_rc: int = 0) -> Path:
     root = tmp_path / "proj"
     (root / ".ci").mkdir(parents=True)
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "diagnose_speed.py").write_text(FAKE_GATE.format(rc=gate_rc))
     shutil.copy(CI_RUN, root / ".ci" / "run")
     (root / "README.md").write_text(readme, newline="")
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -86,6 +95,12 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     assert main_dir != test_dir and str(root) not in (main_dir, test_dir)
     assert main_venv == main_dir + "/.venv" and test_venv == test_dir + "/.venv" and ci == "CI=true"
     assert not (root / ".venv").exists() and not list(root.glob("perfscope-demo-*"))
+    # the speed gate ran after the tests, in the test clone with its venv, on the 210 MB trace, checking
+    gate = next(ln.split() for ln in r.stderr.splitlines() if ln.startswith("gate "))
+    assert gate[1] == gate[2][:-len("/.venv")] and gate[1].endswith("/test/p")
+    assert gate[3].endswith("shared/traces/h200-mla-fp8-kv/mla_pool_eager_120steps.json.gz")
+    assert "--check" in gate and gate[gate.index("--gate") + 1] == "1.5"
+    assert r.stderr.index("gate ") > r.stderr.index("tests ")
 
     # a failing main command fails CI (and the test command is not reached)
     r = _ci(_repo(tmp_path / "a", readme.replace(FAKE_DEMO, "false")))
@@ -95,4 +110,7 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     assert r.returncode == 1 and "perfscope-demo-" in r.stderr
     # a failing test command fails CI
     r = _ci(_repo(tmp_path / "c", readme.replace("test -f .venv/bin/python", "exit 5")))
-    assert r.returncode == 1 and "test command failed" in r.stderr
+    assert r.returncode == 1 and "test command failed" in r.stderr and "gate " not in r.stderr
+    # a failing speed gate fails CI
+    r = _ci(_repo(tmp_path / "d", readme, gate_rc=1))
+    assert r.returncode == 1 and "speed gate failed" in r.stderr

@@ -255,3 +255,23 @@ def test_writers_temporary_files_are_not_traces(sshd, tmp_path):
     with connect(sshd.target()) as s:
         assert [f.name for f in SSHHost(s).list_traces(str(folder))] == [SGL_NAME]
     assert [f.name for f in LocalHost().list_traces(str(folder))] == [SGL_NAME]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_versions_probe_reads_torchs_cuda_without_importing_torch(engine):
+    """The versions probe runs with the server's interpreter: torch's CUDA/HIP versions come from its
+    version.py, the same strings `import torch` gives, without the import (0.7 GB with SGLang's torch)."""
+    import subprocess
+
+    from real_engines import engine_python
+
+    from perfscope.capture.hostio import _VERSIONS_PY, LocalHost
+
+    py = str(engine_python(engine))
+    v = LocalHost().python_versions([py], want="torch")
+    real = subprocess.run([py, "-c", "import json, torch; print(json.dumps([torch.version.cuda, "
+                           "getattr(torch.version, 'hip', None)]))"], capture_output=True, text=True, timeout=300)
+    assert [v["cuda"], v["hip"]] == json.loads(real.stdout) and v["torch"] and v["interpreter"] == py
+    probe = subprocess.run([py, "-c", _VERSIONS_PY + "\nimport sys; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split()[-1] == "False"

@@ -242,8 +242,15 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
                   stage: Optional[str] = None, capture=None) -> RankAnalysis:
     st = State(trace=trace, config=dict(config or {}), file=trace.meta.path, rank=rank, stage=stage,
                capture=capture)
-    for p in PASSES:
-        p(st)
+    trace.memo.clear()  # what the passes memoise (perfscope.analysis.kernel_table, the step model) is this analysis'
+    try:
+        for p in PASSES:
+            p(st)
+    finally:
+        # and goes with it: the step model's replays refer back to the trace, a cycle that would keep
+        # the whole trace alive until the garbage collector finds it (a worker's next rank on top)
+        trace.memo.clear()
+        st.trace.memo.clear()
     kernel_total = sum(k.dur for k in trace.kernels if k.kind == "kernel") / 1e3
     gpu_total = sum(k.dur for k in trace.kernels) / 1e3
     idle = st.out["steps"].get("idle_median_ms") or 0.0

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import msgspec
 
+from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import is_graph_launch
 from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace
 
@@ -74,7 +75,7 @@ class Attributor:
     def __init__(self, trace: Trace, capture=None):
         self.trace = trace
         self.capture = capture  # capture_map.ReplayMap: graph-replayed kernels -> capture-time launches
-        self.by_corr: dict[int, Launch] = {l.corr: l for l in trace.launches if l.corr is not None}
+        self.by_corr: dict[int, Launch] = launches_by_corr(trace)  # shared with the step model: read only
         self._ops_by_ext: Optional[dict[int, CpuOp]] = None
         self._ops_by_tid: Optional[dict[Any, tuple[list[CpuOp], list[float]]]] = None
         self._frames_by_tid: Optional[dict[Any, tuple[list[PyFrame], list[float]]]] = None

@@ -16,26 +16,26 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from perfscope.analysis.buckets import classify
+from perfscope.analysis.kernel_table import TORCH_SORT, kernel_table
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
 _NEVER = ("gemm", "attention", "communication", "moe")
-# torch-native sort/topk kernels (not FlashInfer's fused sampling)
-TORCH_SORT = re.compile(r"RadixSort|radix_sort|radixSort|bitonicSort|segmented_sort|sort_kernel|SortOnesweep|"
-                        r"mbtopk::|sbtopk|gatherTopK|sort_postprocess", re.I)
 _SCAN = re.compile(r"scan_innermost|scan_outer|DeviceScan|cumsum", re.I)
 _SOFTMAX = re.compile(r"softmax", re.I)
 _MULTINOMIAL = re.compile(r"distribution_elementwise|exponential_|multinomial", re.I)
+
+__all__ = ["TORCH_SORT", "MID_STEP_SORT", "kind_of", "sampling_tail", "step_overrides"]
 
 
 def _last_gemm(trace: Trace, step: Step) -> Optional[tuple[float, float]]:
     """(latest start, latest end) of the step's GEMM kernels; None when it has none."""
     kern = trace.kernels
+    gemm = kernel_table(trace).gemm
     start = end = None
     for i in step.kernels:
-        k = kern[i]
-        if k.kind == "kernel" and classify(k.name, k.kind)[0] == "gemm":
+        if gemm[i]:
+            k = kern[i]
             start = k.ts if start is None else max(start, k.ts)
             end = k.end if end is None else max(end, k.end)
     return None if start is None else (start, end)
@@ -45,13 +45,13 @@ def sampling_tail(trace: Trace, step: Step, last_gemm: Optional[tuple[float, flo
     """Kernel indices of the step's sampling path (empty when its tail holds no sampling kernel).
     ``last_gemm``: :func:`_last_gemm` of the step, when the caller has it."""
     kern = trace.kernels
+    bucket = kernel_table(trace).bucket
     last_gemm = last_gemm or _last_gemm(trace, step)
     if last_gemm is None:
         return []
-    last_gemm_end = last_gemm[1]
-    tail = [i for i in step.kernels if kern[i].ts >= last_gemm_end - 0.5
-            and classify(kern[i].name, kern[i].kind)[0] not in _NEVER]
-    if not any(classify(kern[i].name, kern[i].kind)[0] == "sampling" for i in tail):
+    lo = last_gemm[1] - 0.5
+    tail = [i for i in step.kernels if kern[i].ts >= lo and bucket[i] not in _NEVER]
+    if not any(bucket[i] == "sampling" for i in tail):
         return []
     return tail
 
@@ -81,20 +81,31 @@ def step_overrides(trace: Trace, step: Step, serving: bool = True) -> dict[int, 
     * torch sort / top-k kernels that a GEMM of the step follows -> ``MID_STEP_SORT``: MoE expert routing
       (torch-native MoE: router GEMM, top-k, sort, gather, expert GEMMs) or another mid-model top-k. Sampling
       runs on the logits, after the step's last GEMM (the LM head), so these are not sampling.
-    """
+
+    Computed once per step and trace (the passes that read it share the answer: do not modify it)."""
+    memo = trace.memo.setdefault("step_overrides", {})
+    hit = memo.get((id(step), serving))
+    if hit is not None and hit[0] is step:
+        return hit[1]
+    out = _step_overrides(trace, step, serving)
+    memo[(id(step), serving)] = (step, out)  # the step held: its id is not reused while the memo lives
+    return out
+
+
+def _step_overrides(trace: Trace, step: Step, serving: bool) -> dict[int, tuple[str, str]]:
     kern = trace.kernels
+    table = kernel_table(trace)
+    bucket, sort = table.bucket, table.torch_sort
     out: dict[int, tuple[str, str]] = {}
     last = _last_gemm(trace, step)
     if last is None:
         return out  # no GEMM: no sampling path, and no top-k a GEMM follows
     for i in step.kernels:
-        k = kern[i]
-        if k.end <= last[0] and TORCH_SORT.search(k.name) and classify(k.name, k.kind)[0] == "sampling":
+        if sort[i] and bucket[i] == "sampling" and kern[i].end <= last[0]:
             out[i] = MID_STEP_SORT
     if serving:
         for i in sampling_tail(trace, step, last):
-            b, _ = classify(kern[i].name, kern[i].kind)
+            b = bucket[i]
             if b != "sampling":
                 out[i] = ("sampling", f"path-{b}")
     return out
-

@@ -14,18 +14,14 @@ replayed here:
   when the GPU work it waited for ends earlier, and every later launch of that thread moves with it;
 - the predicted step is the measured step minus what the replay saves (model with the new
   durations vs the model with the recorded ones), so the model's own error cancels;
-- the host floor: a step cannot take less than the host's own work for it. From one step's start
-  to the next, the launching thread's time not spent blocked on the GPU (synchronizes, copies to
-  the host that waited for their data) is the scheduler, input preparation, launches and result
-  processing, which a GPU-side fix does not remove (less the CPU time of torch ops whose kernels
-  all go). With CUDA graphs and the overlap scheduler the CPU runs ahead of a slow GPU, so the
-  replay alone sees no host cost (SGLang, 495k-token FP8 pool on the H200: 1.02 ms predicted, 3.06
-  ms measured in the fixed run's trace; the host floor says 2.79 ms). The prediction is the larger
-  of the two and says which bound it (``bound``: "gpu" or "host"); a step the host already held up
-  before the fix (host time >= the step) keeps the replay's answer (``host_floor_applies``: false:
-  the step is timed by its GPU span, which leaves host-only time out). The host floor is measured at
-  the profiled run's host speed: the profiler slows the host (every op and Python call recorded),
-  so an unprofiled host-bound step lies between ``gpu_prediction_ms`` and ``host_floor_ms``.
+- the host: from one step's start to the next, the launching thread's time not spent blocked on the
+  GPU (synchronizes, copies to the host that waited for their data) is the scheduler, input
+  preparation, launches and result processing, which a GPU-side fix does not remove (less the CPU
+  time of torch ops whose kernels all go): ``host_floor_ms`` (median), ``host_busy_quick_ms`` (the
+  quickest tenth of the steps). Both are the profiled host's; ``perfscope.analysis.hosttime`` turns
+  them into the unprofiled host's time, and the prediction is the larger of the GPU side and that
+  (``rules.model_prediction``). With CUDA graphs and the overlap scheduler the CPU runs ahead of a
+  slow GPU, so the replay alone sees no host cost.
 
 Cross-stream waits (cudaStreamWaitEvent) are followed: a kernel that started later than its launch
 and its stream allow waits in the replay for the kernel its event marked, paired on the CPU (the
@@ -42,6 +38,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Optional
 
+from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Trace
 
@@ -163,6 +160,8 @@ class StepReplay:
                 if j >= 0 and outer[j].ts <= l.ts <= outer[j].ts + outer[j].dur:
                     op = outer[j]
             self.op_of_event.append(op)
+        # per event, read by every run: (a graph launch, a kernel launch)
+        self.kinds = [(is_graph_launch(l.name), is_kernel_launch(l.name)) for l, _, _ in self.events]
 
     @staticmethod
     def _graph_stream_joins(kern, launched) -> dict:
@@ -316,7 +315,10 @@ class StepReplay:
         orig_done = new_done = float("-inf")
         first, last_end, last_launch = None, float("-inf"), float("-inf")
         new_end: dict = {}  # kernel -> its end in the replay
+        delay, first_on_stream, dep, latency = self.delay, self.first_on_stream, self.dep, self.latency_us
+        graph_dep = self.graph_dep
         for n, (l, ks, wait) in enumerate(self.events):
+            graph, launch = self.kinds[n]
             th = (l.pid, l.tid)
             if timeline == "launch-api":
                 t = max(clock.get(th, l.ts), l.ts - 1e12)
@@ -330,22 +332,22 @@ class StepReplay:
                     shift[th] = shift.get(th, 0.0) - o.dur  # the op's whole CPU time goes
                     t = l.ts + shift[th]
             end = t + cost
-            if ks and is_kernel_launch(l.name):
+            if ks and launch:
                 last_launch = max(last_launch, t)
             for i in ks:
                 k = kern[i]
                 d = new_d[i]
-                ready = t + self.latency_us
-                if is_graph_launch(l.name) and (id(l), k.stream) in graph_prev and i not in self.graph_dep:
+                ready = t + latency
+                if graph and (id(l), k.stream) in graph_prev and i not in graph_dep:
                     o_end, n_end = graph_prev[(id(l), k.stream)]
                     ready = max(ready, n_end + max(0.0, k.ts - o_end))
-                start = max(ready, free.get(k.stream, float("-inf")) + self.delay.get(i, 0.0),
-                            self.first_on_stream.get(i, float("-inf")))
-                if i in self.graph_dep:  # ordered after another stream's kernel of the same graph
-                    j, gap = self.graph_dep[i]
+                start = max(ready, free.get(k.stream, float("-inf")) + delay.get(i, 0.0),
+                            first_on_stream.get(i, float("-inf")))
+                if i in graph_dep:  # ordered after another stream's kernel of the same graph
+                    j, gap = graph_dep[i]
                     start = max(start, new_end.get(j, kern[j].end) + gap)
-                if i in self.dep:  # it waits for another stream's kernel (as replayed, else as recorded)
-                    j, gap = self.dep[i]
+                if i in dep:  # it waits for another stream's kernel (as replayed, else as recorded)
+                    j, gap = dep[i]
                     start = max(start, new_end.get(j, kern[j].end) + gap)  # gap < 0: it held the SMs
                 graph_prev[(id(l), k.stream)] = (k.end, start + d)
                 new_end[i] = start + d
@@ -437,6 +439,36 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
     return out
 
 
+def _indexes(trace: Trace) -> tuple[dict, TraceIndex]:
+    """The trace's launches by correlation id and its :class:`TraceIndex`, built once per trace (every
+    finding and alternative of one analysis replays the same steps)."""
+    m = trace.memo.get("stepmodel")
+    if m is None:
+        m = trace.memo["stepmodel"] = {"by_corr": launches_by_corr(trace), "index": TraceIndex(trace),
+                                       "replay": {}, "busy": {}}
+    return m["by_corr"], m["index"]
+
+
+def _host_busy_once(trace: Trace, steps: list[Step], by_corr: dict, index: TraceIndex) -> dict:
+    """:func:`host_busy` of these steps, computed once per trace (read only)."""
+    memo = trace.memo["stepmodel"]["busy"]
+    key = tuple(map(id, steps))
+    hit = memo.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], steps)):
+        hit = memo[key] = (list(steps), host_busy(trace, steps, by_corr, index))  # the steps held: ids stay theirs
+    return hit[1]
+
+
+def _replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> tuple[StepReplay, dict]:
+    """The step's :class:`StepReplay` and its replay with the recorded durations, built once per trace."""
+    memo = trace.memo["stepmodel"]["replay"]
+    hit = memo.get(id(step))
+    if hit is None or hit[0] is not step:
+        r = StepReplay(trace, step, by_corr, index)
+        hit = memo[id(step)] = (step, r, r.run(lambda i: trace.kernels[i].dur))
+    return hit[1], hit[2]
+
+
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
                   added_us_per_step: float = 0.0) -> dict:
     """The step after a fix that changes kernel durations (``new_duration(i)``: µs, or None = unchanged).
@@ -444,23 +476,21 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     ``added_us_per_step``: GPU time of kernels the fix adds (e.g. one fused sampling kernel), put
     at the step's end. Returns the prediction and how it was bound."""
     kern = trace.kernels
-    by_corr = {l.corr: l for l in trace.launches if l.corr is not None}
-    index = TraceIndex(trace)
+    by_corr, index = _indexes(trace)
     saved, low_after, kernel_saved, launch_bound = [], [], [], 0
-    busy = host_busy(trace, steps, by_corr, index)
+    busy = _host_busy_once(trace, steps, by_corr, index)
     host_left = []  # per step with a next one: the host's own time, less the CPU time of ops the fix removes
     host_before, removed = [], []  # the same before the fix, and the CPU time of the ops it removes
     busy_after, graph_steps = [], 0  # the GPU's busy time per step after the fix; steps mostly graph-replayed
     for s in steps:
         if not s.kernels:
             continue
-        r = StepReplay(trace, s, by_corr, index)
+        r, base = _replay_once(trace, s, by_corr, index)
 
         def nd(i):
             v = new_duration(i)
             return kern[i].dur if v is None else v
 
-        base = r.run(lambda i: kern[i].dur)
         after = r.run(nd)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
@@ -486,19 +516,13 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     ks = statistics.median(kernel_saved) / 1e3
     gpu_pred = max(step_ms - sv, 0.0)
     host = statistics.median(host_left) / 1e3 if host_left else None
-    # the floor is on the step cycle; it bounds the measured step (the GPU work's span) only where the
-    # GPU was the bottleneck before the fix (the host had slack). A step the host already held up is
-    # timed by its GPU span, which leaves out host-only time: the replay covers its launches instead
-    applies = host is not None and host < 0.98 * step_ms
-    bound = "host" if applies and host > gpu_pred else "gpu"
-    pred = max(gpu_pred, host) if applies else gpu_pred
-    lower = min(statistics.median(low_after) / 1e3, pred)
+    lower = min(statistics.median(low_after) / 1e3, gpu_pred)
     return {
-        "predicted_step_ms": round(pred, 4),
-        "bound": bound,
+        # the GPU side only: perfscope.analysis.hosttime adds the host's unprofiled time (rules.model_prediction)
+        "predicted_step_ms": round(gpu_pred, 4),
+        "bound": "gpu",
         "gpu_prediction_ms": round(gpu_pred, 4),
-        "host_floor_ms": round(host, 4) if host is not None else None,
-        "host_floor_applies": applies,
+        "host_floor_ms": round(host, 4) if host is not None else None,  # profiled: the host's busy time left
         "lower_bound_ms": round(lower, 4),
         "gpu_busy_after_ms": round(statistics.median(busy_after) / 1e3, 4),
         "graph_steps": graph_steps >= len(saved) / 2,
@@ -511,10 +535,9 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         "step_time_saved_ms": round(sv, 4),
         "kernel_only_prediction_ms": round(max(step_ms - ks, 0.0), 4),
         "launch_bound_steps": f"{launch_bound}/{len(saved)}",
-        "model": "CPU launch timeline replay (perfscope.analysis.stepmodel): predicted on this trace's "
-                 "recorded launch times, floored by the host's own busy time per step (host_floor_ms, "
-                 "bound='host' when it decides); lower_bound_ms with only the runtime calls' own CPU time "
-                 "(what an unprofiled run cannot beat)",
+        "model": "CPU launch timeline replay (perfscope.analysis.stepmodel): the GPU work on this trace's "
+                 "recorded launch times; host_floor_ms the profiled host's busy time per step left after the "
+                 "fix; lower_bound_ms with only the runtime calls' own CPU time",
     }
 
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import re
 
-from perfscope.analysis.buckets import classify
-from perfscope.analysis.sampling_path import TORCH_SORT
+from perfscope.analysis.kernel_table import kernel_table
 from perfscope.load.model import Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
@@ -37,27 +36,39 @@ BACKWARD_KERNEL_SHARE = 0.10
 CONV_SHARE = 0.20
 
 
+def _memo_search(memo: dict, rx: re.Pattern, name: str) -> bool:
+    hit = memo.get(name)
+    if hit is None:
+        hit = memo[name] = rx.search(name) is not None
+    return hit
+
+
 def classify_workload(trace: Trace) -> dict:
     """{kind: "llm-inference" | "training" | "inference", serving_rules: bool, evidence: {...}, how: str,
     model: "diffusion" | "cnn" (non-LLM inference only)}.
 
     ``serving_rules``: whether perfscope's rules (all about LLM serving) run on the trace."""
-    bw_ops = sum(1 for o in trace.cpu_ops if _BACKWARD_OP.search(o.name))
+    op_names: dict = {}  # distinct op name -> how many ops: each name's regexes searched once
+    for o in trace.cpu_ops:
+        op_names[o.name] = op_names.get(o.name, 0) + 1
+    bw_ops = sum(n for name, n in op_names.items() if _BACKWARD_OP.search(name))
     optim = sum(1 for a in trace.annotations if _OPTIMIZER.match(a.name)) + \
-        sum(1 for o in trace.cpu_ops if _OPTIMIZER.match(o.name))
+        sum(n for name, n in op_names.items() if _OPTIMIZER.match(name))
     serving = sum(1 for a in trace.annotations if _SERVING_STEP.match(a.name))
     total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
     bw_us = conv_us = llm_us = 0.0
-    for k in trace.kernels:
+    table = kernel_table(trace)
+    bw_kernel: dict = {}
+    for i, k in enumerate(trace.kernels):
         if k.kind != "kernel":
             continue
-        b, sub = classify(k.name, k.kind)
-        if _BACKWARD_KERNEL.search(k.name):
+        b, sub = table.pair[i]
+        if _memo_search(bw_kernel, _BACKWARD_KERNEL, k.name):
             bw_us += k.dur
         if sub == "conv":
             conv_us += k.dur
         # (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and other top-k run them)
-        if sub == "kv-write" or (b == "sampling" and not TORCH_SORT.search(k.name)) or "flashinfer::" in k.name:
+        if sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name:
             llm_us += k.dur
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}

@@ -50,10 +50,17 @@ for key, dists in (("sglang", ["sglang"]), ("vllm", ["vllm"]),
             break
         except Exception:
             pass
+# torch's CUDA / HIP versions read from its version.py, not by importing torch (an import holds
+# hundreds of MB, 0.7 GB with SGLang's torch, for two strings)
 try:
-    import torch
-    out["cuda"] = torch.version.cuda
-    out["hip"] = getattr(torch.version, "hip", None)
+    import ast, importlib.util, os, re
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
+            text = f.read(1 << 16)
+        for key in ("cuda", "hip"):
+            m = re.search(r"^" + key + r"\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.M)
+            out[key] = ast.literal_eval(m.group(1)) if m else None
 except Exception:
     pass
 print(json.dumps(out))

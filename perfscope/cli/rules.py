@@ -22,11 +22,15 @@ do not edit by hand. Every finding carries: `id`, `evidence` (numbers), `ms_per_
 kernel-time finding: of the analysed steps' GPU kernel time; an idle-time finding: of the step, or of
 the step cycle for gaps between steps; never above 100%), `confidence` (low / medium / high), `fix` (the id of the fix module
 that addresses it, `perfscope fix ID --apply`; none when no module exists, then `remedy` says what to
-do) and `predicted_step_ms_after_fix` (the step replayed on the trace's CPU launch timeline without
-what the fix removes, cross-stream waits followed, and floored by the host's own busy time per step:
-`evidence.prediction` gives it, `bound` (gpu / host), `gpu_prediction_ms`, `host_floor_ms`, the
-kernel-only answer, a lower bound, what it `assumes` of the kernels it leaves alone, and where the fix
-has other outcomes (fp8-kv-cast's native strategy) their predictions and the `range_ms` they span).
+do) and `predicted_step_ms_after_fix`: the TPOT the server should measure without the profiler once
+fixed, the larger of the GPU work left (the step replayed on the trace's CPU launch timeline without
+what the fix removes, cross-stream and in-graph waits followed: `gpu_work_ms`) and the host's own
+work per step as unprofiled (`host`: the run's GPU-only profile or the trace, scaled by the profiler's
+slow-down of the host measured on the H200, `perfscope.analysis.hosttime`; or the bench's TPOT where it
+measured the host), plus the bench's TPOT-ITL tail. `evidence.prediction` gives its parts: `bound`
+(gpu / host), `range_ms` (the model's measured uncertainty, and the fix's other outcomes, e.g.
+fp8-kv-cast's native strategy), the kernel-only answer, a lower bound and what it `assumes` of the
+kernels it leaves alone.
 The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps), a
 diffusion pipeline (xDiT / diffusers) or a convolution-heavy non-LLM one none of them runs, and
 `steps.workload` (`steps.workload_model`) says what the trace is.

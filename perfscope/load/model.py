@@ -106,3 +106,6 @@ class Trace:
     cpu_ops: list[CpuOp] = field(default_factory=list)
     frames: list[PyFrame] = field(default_factory=list)
     annotations: list[Annotation] = field(default_factory=list)
+    # what the analysis derives from the events once and shares between its passes (the kernel
+    # classification table, the step model's indexes); never copied by dataclasses.replace
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -30,7 +30,11 @@ class WarmupInWindow(Rule):
         lo = min(s.cpu_start for s in ctx.steps)
         hi = max(max(s.cpu_end, s.gpu_end or 0) for s in ctx.steps)
         loads = [l for l in ctx.trace.launches if l.name.startswith(_WARMUP_CALLS) and lo <= l.ts <= hi]
-        jit = [o for o in ctx.trace.cpu_ops if lo <= o.ts <= hi and any(w in o.name for w in _WARMUP_OPS)]
+        is_jit: dict = {}  # per distinct op name
+        for o in ctx.trace.cpu_ops:
+            if o.name not in is_jit:
+                is_jit[o.name] = any(w in o.name for w in _WARMUP_OPS)
+        jit = [o for o in ctx.trace.cpu_ops if lo <= o.ts <= hi and is_jit[o.name]]
         gpu = [m.gpu_ms for m in ctx.metrics if m.gpu_ms > 0]
         slow_ms = 0.0
         slow_steps = []
