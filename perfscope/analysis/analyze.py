@@ -161,8 +161,11 @@ def pass_ops(st: State) -> None:
 def pass_findings(st: State) -> None:
     ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
                       step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
-                      ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only)
-    st.findings = run_rules(ctx) if st.trace.kernels and st.workload.get("serving_rules", True) else []
+                      ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only,
+                      server=st.workload.get("model") != "transformers")
+    # model forwards outside a server (transformers): the rules that hold for forwards (launch-bound steps)
+    rules_apply = st.workload.get("serving_rules", True) or not ctx.server
+    st.findings = run_rules(ctx) if st.trace.kernels and rules_apply else []
     top = st.ops[0] if st.ops else None
     if (st.cpu_only and not st.findings and top is not None and top.bucket == "copy" and top.share >= 0.3
             and not top.attribution.input_types):
