@@ -106,3 +106,28 @@ def test_public_traces_get_serving_findings_only_where_they_can_apply(path):
     # the diffusion and training traces among them are told apart (none of them is read as decode)
     if "xdit" in str(path) or path in TRAINING:
         assert st["phase"] != "decode"
+
+
+OPTIMIZER_TRACES = [HTA / "df_index_resolver/df_index_resolver.json.gz",
+                    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+                    HTA / "trace_filter/sampled_rank-0.json.gz", HTA / "trace_diff/control/control.json.gz"]
+
+
+@pytest.mark.parametrize("path", OPTIMIZER_TRACES, ids=[p.parent.name for p in OPTIMIZER_TRACES])
+def test_optimizer_steps_count_each_iteration_once(path):
+    # counted from the raw JSON: each ProfilerStep (a training iteration) steps each of its optimizers
+    # once; zero_grad (df_index_resolver: 5 + 5 read as 10), the GPU-side copy of the range
+    # (ns_resolution: 10) and a second optimizer of the same iteration (sampled_rank: Shampoo then an
+    # EMA, 4) are not more iterations
+    import gzip
+    import json
+    from collections import Counter
+
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    steps = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    opt = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
+    for s in steps:
+        inside = Counter(e["name"] for e in opt if s["ts"] <= e["ts"] <= s["ts"] + s["dur"])
+        assert set(inside.values()) == {1}, inside
+    assert diag(path)["steps"]["workload_evidence"]["optimizer_steps"] == len(steps)

@@ -119,12 +119,15 @@ def classify_workload(trace: Trace) -> dict:
 
 
 def optimizer_steps(trace: Trace) -> list[tuple]:
-    """The (thread, start) of each ``Optimizer.step#...`` range: one per training iteration. A range is
-    recorded as a CPU annotation, often again as a GPU-side one and as a CPU op of the same name: each
-    iteration counts once (the CPU ones; zero_grad, another range of the same iteration, not at all)."""
-    seen = {(o.tid, o.ts) for o in trace.cpu_ops if _OPTIMIZER.match(o.name)}
-    seen |= {(a.tid, a.ts) for a in trace.annotations if not a.gpu and _OPTIMIZER.match(a.name)}
-    return sorted(seen, key=lambda x: x[1])
+    """The (thread, start, end) of the ``Optimizer.step#...`` ranges, one per training iteration. A range
+    is recorded as a CPU annotation, often again as a GPU-side one or a CPU op of the same name; a loop
+    may step two optimizers per iteration (Shampoo, then an EMA): the iterations are the ranges of the
+    optimizer stepped most often, each once (zero_grad, another range of the same iteration, not at all)."""
+    by: dict[str, set] = {}
+    for x in list(trace.cpu_ops) + [a for a in trace.annotations if not a.gpu]:
+        if _OPTIMIZER.match(x.name):
+            by.setdefault(x.name, set()).add((x.tid, x.ts, x.ts + x.dur))
+    return sorted(max(by.values(), key=len), key=lambda r: r[1]) if by else []
 
 
 def hf_forwards(frame_names) -> "list[str] | None":
