@@ -156,3 +156,34 @@ def test_vllm_annotation_with_squared_token_counts_is_a_step():
     d = analyze_trace(t).to_dict()
     assert d["steps"]["phase"] == "prefill" and [p["phase"] for p in d["phases"]] == ["prefill"]
     assert not any(f["id"] == "eager-decode" for f in d["findings"])  # a prefill, not a decode loop
+
+
+def test_old_kineto_format_profiler_steps_are_steps():
+    # Kineto's 2021 format (pytorch/kineto's ResNet-50 sample): every CPU range is `cat: "Operator"`,
+    # the 6 ProfilerStep#N too; GPU work `Kernel`/`Memcpy`/`Memset`, launches `Runtime`. Read as "no step
+    # markers", one 928 ms window; recounted from the raw JSON by name: 6 steps of 112-122 ms GPU span
+    import gzip
+
+    from paths import REPO
+
+    path = REPO / "tests/traces/kineto-2021/resnet50_worker0.pt.trace.json.gz"
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    marks = sorted((e for e in ev if e.get("cat") == "Operator" and e["name"].startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    gpu = {}
+    for e in ev:
+        if e.get("cat") in ("Kernel", "Memcpy", "Memset"):
+            gpu.setdefault(e["args"]["correlation"], []).append(e)
+    spans = []
+    for m in marks:
+        mine = [g for e in ev if e.get("cat") == "Runtime" and m["ts"] <= e["ts"] <= m["ts"] + m["dur"]
+                for g in gpu.get(e["args"]["correlation"], [])]
+        spans.append((max(g["ts"] + g["dur"] for g in mine) - min(g["ts"] for g in mine)) / 1e3)
+    assert len(marks) == 6 and all(110 < s < 125 for s in spans), spans
+
+    ss = find_steps(load_trace(path))
+    assert ss.method == "ProfilerStep" and [s.label for s in ss.steps] == [m["name"] for m in marks]
+    assert [s.gpu_us / 1e3 for s in ss.steps] == pytest.approx(spans, abs=1e-6)
+    a = analyze_trace(load_trace(path))
+    assert a.steps["count"] == 6 and a.steps["workload"] == "training" and a.steps["phase"] == "train"
