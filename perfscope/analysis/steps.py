@@ -4,9 +4,15 @@ How steps are found, first that applies:
   1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]``, vLLM's
      ``execute_context_N(tokens)_generation_M(tokens)`` and the ``execute_N_context_C(..)_generation_G(..)``
      markers TraceLens-instrumented servers write;
-  2. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
-  3. CUDA/HIP graph launches, one step each;
-  4. the whole trace as one window.
+  2. vLLM's model-runner calls in the Python frames (``with_stack``): each outermost
+     ``vllm/.../gpu_model_runner.py(N): execute_model`` is one step. Under piecewise CUDA graphs (vLLM
+     V1's default) a step replays one graph piece per layer with eager attention between them: the
+     step holds all of them. The frames do not say the phase: where some steps replay graphs and
+     others do not, the eager ones are prefills (batches beyond the captured sizes) and the rest
+     decode; where every step replays graphs, decode; otherwise (a lone step, all eager) unknown;
+  3. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
+  4. CUDA/HIP graph launches, one step each (full-graph decode: one launch is one step);
+  5. the whole trace as one window.
 A CPU annotation covers the launches, not the GPU work: SGLang does not wait for the GPU, so a
 step's kernels run on after the annotation closes. SGLang's annotation also closes before the sampler
 runs: launches just after it (before the next step's) are the step's sampling and join it. A step is therefore timed by the GPU work it
@@ -31,6 +37,7 @@ _EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
 _VLLM_EXECUTE = re.compile(r"^execute_context_(\d+)\((\d+)(?:_\d+)*\)_generation_(\d+)\((\d+)(?:_\d+)*\)")
 TAIL_US = 2000.0  # how far after a step annotation its sampler's launches may come (see find_steps)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_VLLM_RUNNER_FRAME = re.compile(r"(^|/)vllm/(v1/)?worker/(gpu_)?model_runner\.py\(\d+\): execute_model$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
              "IDLE": "idle", "TARGET_VERIFY": "decode", "DRAFT_EXTEND": "prefill"}
@@ -74,7 +81,7 @@ class Step:
 
 @dataclass
 class StepSet:
-    method: str  # "sglang-annotation" | "execute-annotation" | "ProfilerStep" | "graph-replay" | "whole-trace"
+    method: str  # "sglang-annotation" | "execute-annotation" | "model-runner-frames" | "ProfilerStep" | "graph-replay" | "whole-trace"
     steps: list[Step]
     note: str = ""
 
@@ -113,6 +120,10 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
+    fr = [Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid) for f in trace.frames
+          if _VLLM_RUNNER_FRAME.search(f.name)]
+    if fr:
+        return "model-runner-frames", fr, "vLLM model-runner execute_model calls (Python frames)"
     ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
           if _PROFILER_STEP.match(a.name)]
     if ps:
@@ -204,4 +215,22 @@ def find_steps(trace: Trace) -> StepSet:
         if s.kernels:
             s.gpu_start = min(kern[i].ts for i in s.kernels)
             s.gpu_end = max(kern[i].ts + kern[i].dur for i in s.kernels)
+    if method == "model-runner-frames":
+        note = _runner_phases(steps, note)
     return StepSet(method, steps, note)
+
+
+def _runner_phases(steps: list[Step], note: str) -> str:
+    """Phases of steps found from vLLM's execute_model frames, which do not record them (see the module
+    doc): graph replays against eager steps. Returns the step set's note, saying how."""
+    work = [s for s in steps if s.kernels]
+    graphed = [s for s in work if s.graph_launches]
+    if graphed and len(graphed) < len(work):
+        for s in work:
+            s.phase = "decode" if s.graph_launches else "prefill"
+        return note + "; eager steps taken as prefill (beyond the captured graph sizes), graph replays as decode"
+    if len(graphed) >= 2:
+        for s in graphed:
+            s.phase = "decode"
+        return note + "; every step replays CUDA graphs: taken as decode"
+    return note + "; the phase of a step is not recorded"
