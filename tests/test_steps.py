@@ -236,3 +236,37 @@ def test_vllm_cpu_model_runner_frames_match_its_annotations():
     assert fr.method == "model-runner-frames" and len(fr.steps) == len(ann) == 11
     for a, s in zip(ann, fr.steps):
         assert a.cpu_start <= s.cpu_start and s.cpu_end <= a.cpu_end
+
+
+def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
+    # the MI300X piecewise trace with neither its step annotation nor its Python frames (a vLLM build that
+    # writes no annotation, profiled without stacks): its 25 graph launches are the pieces of one forward
+    # (the first and the last replay other kernels than the 23 identical middle ones), with vLLM's eager
+    # attention (reshape_and_cache + unified attention) between them. Read as 25 one-launch "decode steps"
+    # holding none of the attention. Recounted from the raw JSON by name and correlation.
+    import gzip
+
+    with gzip.open(VLLM_PIECE) as f:
+        ev = json.load(f)["traceEvents"]
+    launches = sorted((e for e in ev if e.get("cat") == "cuda_runtime" and "Launch" in e["name"]), key=lambda e: e["ts"])
+    graphs = [e for e in launches if "GraphLaunch" in e["name"]]
+    by_corr = {}
+    for e in ev:
+        if e.get("cat") == "kernel":
+            by_corr.setdefault(e["args"]["correlation"], []).append(e["name"])
+    sigs = [tuple(by_corr.get(g["args"]["correlation"], ())) for g in graphs]
+    assert len(graphs) == 25 and len(set(sigs[1:-1])) == 1 and sigs[0] != sigs[1] and sigs[-1] != sigs[1]
+    between = [n for e in launches if graphs[0]["ts"] < e["ts"] < graphs[-1]["ts"] and "GraphLaunch" not in e["name"]
+               for n in by_corr.get(e["args"]["correlation"], ())]
+    attn = [n for n in between if "attention" in n.lower() or "reshape_and_cache" in n]
+    assert len(attn) >= 2 * 24  # a cache write and an attention kernel between each two pieces
+
+    t = replace(load_trace(VLLM_PIECE), annotations=[], frames=[])
+    ss = find_steps(t)
+    assert ss.method == "graph-pieces" and len(ss.steps) == 1
+    (s,) = ss.steps
+    assert s.graph_launches == 25 and s.phase == "unknown"  # a lone step (its annotation said mixed)
+    names = [t.kernels[i].name for i in s.kernels]
+    assert sum(1 for n in names if "attention" in n.lower() or "reshape_and_cache" in n) == len(attn)
+    r = analyze_trace(t)
+    assert r.steps["count"] == 1 and r.buckets["attention"]["ms_per_step"] > 0

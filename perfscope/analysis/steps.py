@@ -11,7 +11,11 @@ How steps are found, first that applies:
      others do not, the eager ones are prefills (batches beyond the captured sizes) and the rest
      decode; where every step replays graphs, decode; otherwise (a lone step, all eager) unknown;
   3. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
-  4. CUDA/HIP graph launches, one step each (full-graph decode: one launch is one step);
+  4. CUDA/HIP graph launches: where consecutive launches replay the same kernels (piecewise graphs:
+     one piece per layer, the first and last pieces differ), a run of pieces from a first piece to a
+     last one is one step, with the eager launches between and just after them (attention, the
+     logits and the sampler, up to TAIL_US after the last piece or the next step's first), its phase
+     read as for the frames (a lone step: unknown); else (full-graph decode) one launch is one step;
   5. the whole trace as one window.
 A CPU annotation covers the launches, not the GPU work: SGLang does not wait for the GPU, so a
 step's kernels run on after the annotation closes. SGLang's annotation also closes before the sampler
@@ -128,6 +132,9 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
           if _PROFILER_STEP.match(a.name)]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
+    pieces = _graph_piece_steps(trace)
+    if pieces:
+        return "graph-pieces", pieces, "runs of piecewise CUDA-graph replays, one per forward (no step annotations in the trace)"
     gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
     if len(gl) >= 2:
         return "graph-replay", gl, "one CUDA-graph launch per step (no step annotations in the trace)"
@@ -143,6 +150,37 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
         t1 = max(o.ts + o.dur for o in trace.cpu_ops)
         return "whole-trace", [Step(0, "unknown", "whole trace", t0, t1)], "no step markers and no GPU kernels"
     return "whole-trace", [], "empty trace"
+
+
+def _graph_piece_steps(trace: Trace) -> list[Step]:
+    """Steps of piecewise CUDA-graph replay (see the module doc); [] when the graph launches are not
+    pieces (each replays the same kernels as its neighbours throughout, or there is no run of them)."""
+    gl = sorted((l for l in trace.launches if is_graph_launch(l.name)), key=lambda l: l.ts)
+    if len(gl) < 3:
+        return []
+    names: dict[int, list[str]] = {}
+    for k in trace.kernels:
+        names.setdefault(k.corr, []).append(k.name)
+    sig = [tuple(names.get(l.corr, ())) for l in gl]
+    common = max(set(sig), key=sig.count)
+    if all(s == common for s in sig) or not any(a == b == common for a, b in zip(sig, sig[1:])):
+        return []  # full graphs (one per step), or no run of identical middle pieces
+    groups: list[list[int]] = [[0]]
+    for i in range(1, len(gl)):
+        g = groups[-1]
+        # the launch before was a last piece: not the middle one, and the middle one came before it
+        if sig[i - 1] != common and len(g) >= 2 and sig[g[-2]] == common:
+            groups.append([i])
+        else:
+            g.append(i)
+    steps = []
+    for i, g in enumerate(groups):
+        first, last = gl[g[0]], gl[g[-1]]
+        end = last.ts + last.dur + TAIL_US
+        if i + 1 < len(groups):
+            end = min(end, gl[groups[i + 1][0]].ts - 1e-3)
+        steps.append(Step(0, "unknown", f"graph pieces x{len(g)}", first.ts, end, first.pid, tid=first.tid))
+    return steps
 
 
 def find_steps(trace: Trace) -> StepSet:
@@ -215,14 +253,14 @@ def find_steps(trace: Trace) -> StepSet:
         if s.kernels:
             s.gpu_start = min(kern[i].ts for i in s.kernels)
             s.gpu_end = max(kern[i].ts + kern[i].dur for i in s.kernels)
-    if method == "model-runner-frames":
+    if method in ("model-runner-frames", "graph-pieces"):
         note = _runner_phases(steps, note)
     return StepSet(method, steps, note)
 
 
 def _runner_phases(steps: list[Step], note: str) -> str:
-    """Phases of steps found from vLLM's execute_model frames, which do not record them (see the module
-    doc): graph replays against eager steps. Returns the step set's note, saying how."""
+    """Phases of steps found from vLLM's execute_model frames or graph pieces, which do not record them
+    (see the module doc): graph replays against eager steps. Returns the step set's note, saying how."""
     work = [s for s in steps if s.kernels]
     graphed = [s for s in work if s.graph_launches]
     if graphed and len(graphed) < len(work):
