@@ -138,6 +138,10 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
     if len(gl) >= 2:
         return "graph-replay", gl, "one CUDA-graph launch per step (no step annotations in the trace)"
+    return _whole_trace(trace)
+
+
+def _whole_trace(trace: Trace) -> tuple[str, list[Step], str]:
     if trace.kernels:
         t0 = min(k.ts for k in trace.kernels)
         t1 = max(k.end for k in trace.kernels)
@@ -183,8 +187,9 @@ def _graph_piece_steps(trace: Trace) -> list[Step]:
     return steps
 
 
-def find_steps(trace: Trace) -> StepSet:
-    method, steps, note = _windows(trace)
+def find_steps(trace: Trace, whole: bool = False) -> StepSet:
+    """``whole``: the whole trace as one window, whatever markers it has."""
+    method, steps, note = _whole_trace(trace) if whole else _windows(trace)
     steps.sort(key=lambda s: s.cpu_start)
     # drop windows nested in an earlier one (e.g. a step annotation re-entered)
     flat: list[Step] = []
