@@ -131,3 +131,35 @@ def test_optimizer_steps_count_each_iteration_once(path):
         inside = Counter(e["name"] for e in opt if s["ts"] <= e["ts"] <= s["ts"] + s["dur"])
         assert set(inside.values()) == {1}, inside
     assert diag(path)["steps"]["workload_evidence"]["optimizer_steps"] == len(steps)
+
+
+NO_PROFILER_STEP = [HTA / "df_index_resolver/df_index_resolver.json.gz",
+                    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+                    REPO / "tests/traces/kineto-2021/resnet50_worker0.pt.trace.json.gz"]
+
+
+@pytest.mark.parametrize("path", NO_PROFILER_STEP, ids=[p.parent.name for p in NO_PROFILER_STEP])
+def test_training_iterations_from_optimizer_steps_without_profiler_steps(path):
+    # a training loop profiled without torch.profiler's schedule has no ProfilerStep#N: its iterations end
+    # with their Optimizer.step (was: the whole trace, one "step"). With the ProfilerSteps of these real
+    # traces dropped, the iterations found are the same GPU work; their count recounted from the raw JSON.
+    import gzip
+    import json
+    from dataclasses import replace
+
+    from perfscope.analysis.analyze import analyze_trace
+    from perfscope.analysis.steps import find_steps
+    from perfscope.load.reader import load_trace
+
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    opt = [e for e in ev if e.get("cat") in ("user_annotation", "Operator") and e["name"].startswith("Optimizer.step#")]
+    t = load_trace(path)
+    marked = find_steps(t)
+    assert marked.method == "ProfilerStep" and len(marked.steps) == len(opt)
+    bare = replace(t, annotations=[a for a in t.annotations if not a.name.startswith("ProfilerStep#")])
+    it = find_steps(bare)
+    assert it.method == "optimizer-steps" and len(it.steps) == len(opt)
+    assert [s.kernels for s in it.steps] == [s.kernels for s in marked.steps]
+    r = analyze_trace(bare)
+    assert r.steps["workload"] == "training" and r.steps["phase"] == "train" and r.steps["count"] == len(opt)

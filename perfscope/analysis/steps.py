@@ -11,6 +11,8 @@ How steps are found, first that applies:
      others do not, the eager ones are prefills (batches beyond the captured sizes) and the rest
      decode; where every step replays graphs, decode; otherwise (a lone step, all eager) unknown;
   3. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
+     without them, a training loop's ``Optimizer.step#`` ranges: an iteration ends with its optimizer
+     step and begins where the previous one ended (the first, at the thread's first recorded op);
   4. CUDA/HIP graph launches: where consecutive launches replay the same kernels (piecewise graphs:
      one piece per layer, the first and last pieces differ), a run of pieces from a first piece to a
      last one is one step, with the eager launches between and just after them (attention, the
@@ -132,6 +134,9 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
           if _PROFILER_STEP.match(a.name)]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
+    it = _optimizer_iterations(trace)
+    if it:
+        return "optimizer-steps", it, "training iterations, each ending with its Optimizer.step"
     pieces = _graph_piece_steps(trace)
     if pieces:
         return "graph-pieces", pieces, "runs of piecewise CUDA-graph replays, one per forward (no step annotations in the trace)"
@@ -154,6 +159,23 @@ def _whole_trace(trace: Trace) -> tuple[str, list[Step], str]:
         t1 = max(o.ts + o.dur for o in trace.cpu_ops)
         return "whole-trace", [Step(0, "unknown", "whole trace", t0, t1)], "no step markers and no GPU kernels"
     return "whole-trace", [], "empty trace"
+
+
+def _optimizer_iterations(trace: Trace) -> list[Step]:
+    from perfscope.analysis.workload import optimizer_steps
+
+    opt = optimizer_steps(trace)
+    if not opt:
+        return []
+    tid = opt[0][0]
+    starts = [o.ts for o in trace.cpu_ops if o.tid == tid] + [a.ts for a in trace.annotations if a.tid == tid and not a.gpu]
+    prev = min(starts + [opt[0][1]])
+    pid = next((o.pid for o in trace.cpu_ops if o.tid == tid), None)
+    steps = []
+    for i, (t, _, end) in enumerate(o for o in opt if o[0] == tid):
+        steps.append(Step(0, "unknown", f"iteration {i} (Optimizer.step)", prev, end, pid, tid=t))
+        prev = end
+    return steps
 
 
 def _graph_piece_steps(trace: Trace) -> list[Step]:
