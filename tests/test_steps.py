@@ -312,3 +312,17 @@ def test_the_analysed_window_is_said_when_the_steps_hold_the_work():
     assert 0.5 < share < 0.9
     assert r.steps["window"]["analysed"] == "steps" and r.steps["window"]["steps_gpu_share"] == pytest.approx(share, abs=1e-4)
     assert r.steps["method"] == "ProfilerStep"
+
+
+def test_full_graph_decode_without_annotations_stays_one_launch_per_step():
+    # the H200 SGLang-like decode loop (examples/gpu_loop): one full CUDA graph per decode step. With its
+    # step annotations dropped, each launch is still one step (the pieces rule needs a run of identical
+    # middle pieces between different ends, the same number per step)
+    from paths import GPU_LOOP
+
+    path = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.gz"))
+    t = load_trace(path)
+    marked = find_steps(t)
+    ss = find_steps(replace(t, annotations=[], frames=[]))
+    assert ss.method == "graph-replay" and len(ss.steps) == len(marked.steps) == 10
+    assert all(s.graph_launches == 1 for s in ss.steps)

@@ -15,7 +15,7 @@ How steps are found, first that applies:
      step and begins where the previous one ended (the first, at the thread's first recorded op);
   4. CUDA/HIP graph launches: where consecutive launches replay the same kernels (piecewise graphs:
      one piece per layer, the first and last pieces differ), a run of pieces from a first piece to a
-     last one is one step, with the eager launches between and just after them (attention, the
+     last one is one step (every run the same number of pieces, the runs the profiler cut aside), with the eager launches between and just after them (attention, the
      logits and the sampler, up to TAIL_US after the last piece or the next step's first), its phase
      read as for the frames (a lone step: unknown); else (full-graph decode) one launch is one step;
   5. the whole trace as one window.
@@ -199,6 +199,11 @@ def _graph_piece_steps(trace: Trace) -> list[Step]:
             groups.append([i])
         else:
             g.append(i)
+    # the repeating pattern: every step has the same number of pieces (the layers, and the ends), at least 3;
+    # the first and last runs may be cut by the profiler's window
+    core = [len(g) for g in (groups[1:-1] if len(groups) >= 3 else groups)]
+    if min(core) < 3 or len(set(core)) != 1:
+        return []  # not pieces: e.g. full graphs of varying batch sizes, each replaying other kernels
     steps = []
     for i, g in enumerate(groups):
         first, last = gl[g[0]], gl[g[-1]]
