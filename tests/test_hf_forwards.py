@@ -110,7 +110,10 @@ def test_host_work_under_a_heavy_profiler_is_not_launch_cost():
     # the launches (HTA: host_wait), not launch cost: no eager-decode (it predicted the kernel-only time)
     r = recount(OWLV2)
     assert r["idle_us"] / r["launches"] > 100 and r["idle_us"] / r["span_us"] > 0.4
-    assert not any(f["id"] == "eager-decode" for f in diag(OWLV2)["findings"])
+    d = diag(OWLV2)
+    assert not any(f["id"] == "eager-decode" for f in d["findings"])
+    note = next(n for n in d["notes"] if "us per kernel launch: host work between the launches" in n)
+    assert f"{r['idle_us'] / r['launches']:.0f} us per kernel launch" in note
 
 
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_eager.json.gz", H200 / "mla_pages_eager.json.gz",

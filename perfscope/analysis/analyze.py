@@ -21,6 +21,7 @@ from perfscope.analysis.ops import Op, top_ops
 from perfscope.analysis.result import RankAnalysis
 from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
+from perfscope.analysis.rules.eager_decode import EagerDecode
 from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
@@ -197,6 +198,11 @@ def pass_findings(st: State) -> None:
     # model forwards outside a server (transformers): the rules that hold for forwards (launch-bound steps)
     rules_apply = st.workload.get("serving_rules", True) or not ctx.server
     st.findings = run_rules(ctx) if st.trace.kernels and rules_apply else []
+    if st.trace.kernels and rules_apply and not st.cpu_only and not any(f.id == "eager-decode" for f in st.findings):
+        forward = not ctx.server and ctx.phase == "inference"
+        note = EagerDecode.host_work_note(ctx) if (ctx.phase == "decode" or forward) else None
+        if note:
+            st.notes.append(note)
     top = st.ops[0] if st.ops else None
     if (st.cpu_only and not st.findings and top is not None and top.bucket == "copy" and top.share >= 0.3
             and not top.attribution.input_types):

@@ -44,13 +44,10 @@ class EagerDecode(Rule):
         forward = not ctx.server and ctx.phase == "inference"
         if not ctx.metrics or (ctx.phase != "decode" and not forward):
             return None
-        launches = statistics.median(m.launches for m in ctx.metrics)
-        graphs = statistics.median(m.graph_launches for m in ctx.metrics)
-        idle = statistics.median(m.idle_ms for m in ctx.metrics)
-        if graphs > 0 or launches < 1 or ctx.step_ms <= 0:
+        m = _launch_idle(ctx)
+        if m is None:
             return None
-        idle_share = idle / ctx.step_ms
-        idle_per_launch_us = idle * 1e3 / launches
+        launches, graphs, idle, idle_share, idle_per_launch_us = m
         if idle_share < self.MIN_IDLE_SHARE or idle_per_launch_us > self.LAUNCH_IDLE_MAX_US:
             return None
         kern = ctx.trace.kernels
@@ -76,3 +73,28 @@ class EagerDecode(Rule):
                       "median_kernel_us": round(med_us, 2), "decode_batch_sizes": sizes,
                       "disable_cuda_graph": ctx.config_value("disable_cuda_graph"),
                       "cuda_graph_max_bs": ctx.config_value("cuda_graph_max_bs")})
+
+    @classmethod
+    def host_work_note(cls, ctx: RuleContext) -> Optional[str]:
+        """What the idle is when it is too much per launch to be launch cost (no finding then)."""
+        m = _launch_idle(ctx) if ctx.metrics else None
+        if m is None:
+            return None
+        _, _, idle, share, per_launch = m
+        if share < cls.MIN_IDLE_SHARE or per_launch <= cls.LAUNCH_IDLE_MAX_US:
+            return None
+        return (f"the GPU idles {idle:.1f} of {ctx.step_ms:.1f} ms per step ({share:.0%}), "
+                f"{per_launch:.0f} us per kernel launch: host work between the launches (Python, pre- and "
+                "post-processing, a profiler recording stacks, shapes or memory), not launch cost; CUDA graphs "
+                f"would not remove it (eager-decode fires up to {cls.LAUNCH_IDLE_MAX_US:.0f} us per launch)")
+
+
+def _launch_idle(ctx: RuleContext):
+    """(launches, graph launches, idle ms, idle share of the step, idle us per launch) per step, medians;
+    None for graph-replay steps or steps without launches."""
+    launches = statistics.median(m.launches for m in ctx.metrics)
+    graphs = statistics.median(m.graph_launches for m in ctx.metrics)
+    idle = statistics.median(m.idle_ms for m in ctx.metrics)
+    if graphs > 0 or launches < 1 or ctx.step_ms <= 0:
+        return None
+    return launches, graphs, idle, idle / ctx.step_ms, idle * 1e3 / launches
