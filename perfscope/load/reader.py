@@ -192,7 +192,11 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
         if cat == "python_function":
             frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.python_id,
                                         a.python_parent)))
-        elif cat == "cpu_op":
+        elif cat == "cpu_op" or cat == "Operator":
+            if cat == "Operator" and e.name.startswith("ProfilerStep#"):
+                # the 2021 Kineto format wrote every CPU range as an `Operator`, the profiler's steps too
+                annots.append(Annotation(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, False))
+                continue
             cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.external_id,
                                        a.input_type, a.input_dims, a.concrete)))
         elif cat in gpu_cats:

@@ -23,7 +23,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def run_rules(ctx: RuleContext) -> list[Finding]:
-    rules = [r for r in RULES if ctx.gpu_timeline or not r.needs_gpu_timeline]
+    rules = [r for r in RULES if (ctx.gpu_timeline or not r.needs_gpu_timeline) and (ctx.server or r.forwards)]
     found = [f for f in (r.check(ctx) for r in rules) if f is not None]
     for f in found:
         model_prediction(ctx, f)

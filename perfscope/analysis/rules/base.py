@@ -70,6 +70,9 @@ class RuleContext:
     attributor: "Attributor"
     config: dict = field(default_factory=dict)  # the server's config (server_info) when known
     gpu_timeline: bool = True  # False when a CPU-only trace is analysed on its CPU ops
+    # False when the trace is of model forwards outside a serving engine (Hugging Face transformers):
+    # a server's launch flags fix nothing there, and only the rules with ``forwards`` set run
+    server: bool = True
 
     @property
     def n_steps(self) -> int:
@@ -112,6 +115,8 @@ class Rule:
     # rules that read GPU idle time: meaningless on a CPU-only trace analysed on its CPU ops
     needs_gpu_timeline: ClassVar[bool] = False
     share_of: ClassVar[str] = "kernel time"  # idle-time rules: "the step" or "the step cycle"
+    # rules that also hold for model forwards outside a serving engine (phase `inference`, RuleContext.server False)
+    forwards: ClassVar[bool] = False
 
     def check(self, ctx: RuleContext) -> Optional[Finding]:  # pragma: no cover - interface
         raise NotImplementedError
