@@ -223,11 +223,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="auto", help="auto: cuda when torch sees a GPU, else cpu")
     ap.add_argument("--max-candidates", type=int, default=0, help="0: all of the pruned space")
     ap.add_argument("--out")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
+    if a.device == "auto":
+        import torch
+
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
     batches = sorted({int(b) for b in a.batches.split(",") if b.strip()})
     if not batches or min(batches) < 1:
         print(json.dumps({"ok": False, "reason": "--batches: positive integers"}))
