@@ -455,3 +455,25 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
     assert scheduler_loop(trace(REPO / "tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz")) == "normal"
     assert scheduler_loop(t) == "overlap"
     assert scheduler_loop(trace(H200 / "mla_fp8_graph.json.gz")) is None  # no scheduler: no evidence
+
+
+def test_diagnose_server_log_option(tmp_path):
+    # --server-log: a missing file is one line, exit 2; a log is read (its tail) into the rule's facts
+    import subprocess
+    import sys
+
+    from paths import KERNEL_MIX
+    t = KERNEL_MIX / "sample_argmax.json.gz"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log",
+                        str(tmp_path / "nope.log")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no such file" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a regular file" in r.stderr and "Traceback" not in r.stderr
+    log = tmp_path / "server.log"
+    log.write_text("x" * 100 + "\nUsing MoE kernel config from /a/E=1,N=2,device_name=X.json.\n")
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log", str(log)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from perfscope.analysis.moe_config import read_log
+    assert read_log(log).endswith("device_name=X.json.\n")

@@ -64,6 +64,30 @@ _LOG = (
 )
 
 
+LOG_TAIL_BYTES = 32 << 20  # a server log is read from its last 32 MiB
+
+
+def read_log(path) -> str:
+    """The tail of a server log as text (bounded); one-line InputError when it cannot be read."""
+    import os
+
+    from perfscope.errors import InputError
+
+    try:
+        with open(path, "rb") as f:
+            if not os.path.isfile(path):
+                raise InputError(f"--server-log {path}: not a regular file")
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            return f.read(LOG_TAIL_BYTES).decode("utf-8", "replace")
+    except FileNotFoundError:
+        raise InputError(f"--server-log {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"--server-log {path}: not a regular file") from None
+    except OSError as e:
+        raise InputError(f"--server-log {path}: cannot read ({e.strerror or e})") from None
+
+
 @dataclass
 class LogLine:
     kind: str  # "default" | "fallback" | "exact"

@@ -24,7 +24,7 @@ class UntunedFusedMoe(Rule):
            "kernel runs well below memory bandwidth.")
     evidence = ("fused_moe_kernel ms and calls per step and its share of kernel time; with the model's config and the "
                 "batch: its achieved TFLOP/s against the GPU's peak; the config file SGLang looks for; with the server "
-                "log (`server_log` in the server config) SGLang's own line saying it was not found. What could not be "
+                "log (`diagnose --server-log`) SGLang's own line saying it was not found. What could not be "
                 "checked on a trace alone is listed.")
     remedy = ("`perfscope fix untuned-fused-moe` (checks the server's install for the file, then tunes SGLang's own "
               "kernel for the served batch sizes and installs the file where SGLang reads it); or SGLang's "
@@ -58,7 +58,7 @@ class UntunedFusedMoe(Rule):
                 return None  # SGLang says it loaded a tuned config for this shape
             confidence = "high"
         else:
-            unchecked.append("the server log ('Using default MoE kernel config' line): not given")
+            unchecked.append("the server log ('Using default MoE kernel config' line): give --server-log")
         unchecked.append("the server's install (configs folder): `perfscope fix untuned-fused-moe` checks it")
         ev["could_not_check"] = unchecked
         missing = f" SGLang looks for {name}." if name else ""
