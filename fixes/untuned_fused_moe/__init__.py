@@ -91,8 +91,9 @@ class UntunedFusedMoeFix(FixModule):
                 if s:
                     shape = {"E": s.experts, "N": s.intermediate, "hidden": s.hidden, "topk": s.top_k}
         if shape is None:
-            info["could_not_read"].append("the model's MoE shape (give --url to a server whose model_path has a "
-                                          "config.json, or --trace of a run diagnosed with --model-config)")
+            info["could_not_read"].append("the model's MoE shape: give --url (the server's /server_info names its "
+                                          "model_path; its config.json is read on the host) or --trace RUN recorded "
+                                          "from the server")
             return
         info["shape"] = shape
         if env.gpu_name and env.triton_version:

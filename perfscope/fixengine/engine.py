@@ -277,6 +277,8 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
         names = ", ".join(t.name for t in fix.targets)
         raise InputError(f"--target {req.target}: unknown (this fix knows {names})") from None
     if not spec.relpath:
+        if spec.creates and spec.description:  # a file the fix names from facts it could not read
+            raise InputError(f"{fix.id}: cannot name the file to write: {spec.description}")
         raise InputError(f"target {spec.name} has no place in an sglang install: give --target-file")
     if not env.sglang_root:
         where = f" with {env.python}" if env.python else ""
