@@ -151,3 +151,34 @@ def test_tuner_dry_run_plans_the_served_sizes_only():
     res = json.loads(r.stdout)
     assert r.returncode == 0 and res["dry_run"] and res["batches"] == [1, 16, 64]
     assert all(0 < n <= 60 for n in res["candidates"].values())  # pruned: SGLang's own sweep is 1,920 per size
+
+
+def test_gather_reads_the_model_config_from_model_path(install_copy, tmp_path):
+    # the server's model_path (from /server_info or the run record) -> its config.json on the host: the shape
+    # per rank (TP 2 halves N), the file's name, and what SGLang loads now from the install
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.model import Environment
+    from perfscope.fixengine.registry import get
+
+    _, root = install_copy
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 27,
+        "first_k_dense_replace": 1, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+        "moe_intermediate_size": 1408}))
+    fix = get("untuned-fused-moe")
+    env = Environment(sglang_root=str(root), triton_version="3.8.0", gpu_name="NVIDIA H200",
+                      facts={"server_info": {"model_path": str(model), "tp_size": 2, "cuda_graph_max_bs": 48}})
+    fix.gather(LocalFixHost(), env)
+    m = env.facts["moe"]
+    assert m["shape"] == {"E": 64, "N": 704, "hidden": 2048, "topk": 6}
+    assert m["name"] == "E=64,N=704,device_name=NVIDIA_H200.json" and m["version_dir"] == "triton_3_8_0"
+    assert m["loads_now"] == {"kind": "default", "folder": None} and m["batches"] == [1, 48]
+    spec = fix.target_for(env, None)
+    assert spec.creates and spec.relpath.endswith("configs/triton_3_8_0/E=64,N=704,device_name=NVIDIA_H200.json")
+    env2 = Environment(sglang_root=str(root), triton_version="3.8.0", gpu_name="NVIDIA H200",
+                       facts={"server_info": {"model_path": str(tmp_path / "none")}})
+    fix.gather(LocalFixHost(), env2)
+    assert fix.target_for(env2, None).relpath is None
+    assert any("config.json" in x for x in env2.facts["moe"]["could_not_read"])
