@@ -319,6 +319,9 @@ def test_untuned_fused_moe_names_the_missing_file_and_reads_the_log():
     assert f["confidence"] == "high" and f["evidence"]["server_log"][0]["kind"] == "default"
     found = f"[x] Using MoE kernel config from /x/configs/triton_3_6_0/{want}.\n"
     assert "untuned-fused-moe" not in findings(t, {"model_config": V2_LITE, "server_log": found})
+    other = found.replace("E=64,N=1408", "E=8,N=7168")  # a tuned config of another shape decides nothing
+    f = findings(t, {"model_config": V2_LITE, "server_log": other})["untuned-fused-moe"]
+    assert f["confidence"] == "medium" and any("none for" in x for x in f["evidence"]["could_not_check"])
     # TP 2 halves N: the file SGLang wants then is N=704
     f = findings(t, {"model_config": V2_LITE, "tp_size": 2})["untuned-fused-moe"]
     assert f["evidence"]["config_file"].startswith("E=64,N=704,")

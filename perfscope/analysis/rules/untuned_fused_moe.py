@@ -50,19 +50,23 @@ class UntunedFusedMoe(Rule):
         name = self._file_and_flops(ctx, ms, ev, unchecked)
         log = ctx.config.get("server_log")
         lines = scan_log(log) if isinstance(log, str) else []
-        mine = [x for x in lines if not name or x.path.endswith("/" + name)] or lines
+        mine = [x for x in lines if not name or x.path.endswith("/" + name)]
         confidence = "medium"
-        if lines:
+        saw = ""
+        if mine:
             ev["server_log"] = [{"kind": x.kind, "path": x.path, "used": x.used} for x in mine]
             if all(x.kind == "exact" for x in mine):
                 return None  # SGLang says it loaded a tuned config for this shape
             confidence = "high"
+            saw = (" The server log says it ran its default config." if any(x.kind == "default" for x in mine) else
+                   " The server log says it loaded another Triton version's config.")
+        elif lines:
+            unchecked.append(f"the server log: it has SGLang MoE config lines, none for {name}")
         else:
             unchecked.append("the server log ('Using default MoE kernel config' line): give --server-log")
         unchecked.append("the server's install (configs folder): `perfscope fix untuned-fused-moe` checks it")
         ev["could_not_check"] = unchecked
         missing = f" SGLang looks for {name}." if name else ""
-        saw = " The server log says it ran the default config." if confidence == "high" else ""
         summary = (f"The Triton fused MoE kernel takes {ms:.2f} ms per step ({share:.0%} of kernel time, "
                    f"{calls:.0f} calls).{saw}{missing} Tune it for the served batch sizes.")
         saved = ms * (1 - 1 / TUNED_SPEEDUP)
