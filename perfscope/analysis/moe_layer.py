@@ -24,15 +24,17 @@ MOE_RANGE = re.compile(r"(^|[^a-z])moe([^a-z]|$)|expert", re.I)
 MOE_ROUTING = ("moe", "routing")
 TOPK_ELSEWHERE = ("other", "topk-mid-step")
 _KEEP = ("moe", "communication")  # already the MoE layer's, or its dispatch/combine collectives
-_cache: dict[int, tuple[object, list[float], list[float]]] = {}
+_cache: dict[int, tuple[object, object, list[float], list[float], bool]] = {}
 
 
-def moe_ranges(trace: Trace) -> tuple[list[float], list[float]]:
-    """(starts, ends) of the trace's GPU-side MoE ranges, merged and sorted."""
+def moe_ranges(trace: Trace) -> tuple[list[float], list[float], bool]:
+    """(starts, ends) of the trace's GPU-side MoE ranges, merged and sorted, and whether any kernel's
+    name is the MoE layer's (once per trace: a trace with neither costs the steps nothing more)."""
     key = id(trace)
     hit = _cache.get(key)
-    if hit is not None and hit[0] is trace.annotations:
-        return hit[1], hit[2]
+    if hit is not None and hit[0] is trace.kernels and hit[1] is trace.annotations:
+        return hit[2], hit[3], hit[4]
+    named = any(classify(n, kd)[0] == "moe" for n, kd in {(k.name, k.kind) for k in trace.kernels})
     spans = sorted((a.ts, a.ts + a.dur) for a in trace.annotations if a.gpu and MOE_RANGE.search(a.name))
     starts: list[float] = []
     ends: list[float] = []
@@ -43,8 +45,8 @@ def moe_ranges(trace: Trace) -> tuple[list[float], list[float]]:
             starts.append(s)
             ends.append(e)
     _cache.clear()
-    _cache[key] = (trace.annotations, starts, ends)
-    return starts, ends
+    _cache[key] = (trace.kernels, trace.annotations, starts, ends, named)
+    return starts, ends, named
 
 
 def _inside(starts: list[float], ends: list[float], ts: float, end: float) -> bool:
@@ -55,8 +57,10 @@ def _inside(starts: list[float], ends: list[float], ts: float, end: float) -> bo
 def moe_overrides(trace: Trace, step: Step) -> tuple[bool, dict[int, tuple[str, str]]]:
     """(whether the step runs an MoE layer, {kernel index: (bucket, sub)} of the kernels inside MoE ranges)."""
     kern = trace.kernels
-    starts, ends = moe_ranges(trace)
+    starts, ends, named = moe_ranges(trace)
     out: dict[int, tuple[str, str]] = {}
+    if not starts and not named:
+        return False, out
     has = False
     for i in step.kernels:
         k = kern[i]
