@@ -182,3 +182,33 @@ def test_gather_reads_the_model_config_from_model_path(install_copy, tmp_path):
     fix.gather(LocalFixHost(), env2)
     assert fix.target_for(env2, None).relpath is None
     assert any("config.json" in x for x in env2.facts["moe"]["could_not_read"])
+
+
+def test_apply_makes_the_triton_folder_and_revert_removes_it(install_copy, tmp_path, monkeypatch):
+    # a Triton version with no configs folder in the install yet: apply makes it, revert removes file and folder.
+    # The tuning step is replaced by fixed winners here (the tuner itself runs in the test above).
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.host import LocalFixHost
+    from perfscope.fixengine.registry import get
+
+    py, root = install_copy
+    fix = get("untuned-fused-moe")
+    won = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+                 "num_stages": 3}}
+
+    def prepare(host, env, target, path, det):
+        det.facts["tuned"] = (json.dumps(won, indent=4) + "\n").encode()
+
+    monkeypatch.setattr(fix, "prepare", prepare)
+    finding = {"id": "untuned-fused-moe", "evidence": {"moe_shape": {"E": 64, "N": 1408, "top_k": 6, "hidden": 2048}}}
+    req = engine.FixRequest(sglang_root=str(root), python=str(py), state_dir=str(tmp_path / "state"),
+                            overrides={"gpu_name": "NVIDIA H200", "triton_version": "3.99.0"},
+                            facts={"findings": [finding]})
+    before = _tree(root)
+    rep = engine.apply(fix, LocalFixHost(), req)
+    assert rep.outcome.kind == "applied", rep.outcome.reason
+    made = root / LOADER_RELDIR / "configs" / "triton_3_99_0"
+    assert json.loads((made / "E=64,N=1408,device_name=NVIDIA_H200.json").read_text()) == won
+    assert json.loads(Path(rep.manifest).read_text())["created_dir"] == str(made)
+    rep = engine.revert(fix, LocalFixHost(), req)
+    assert rep.outcome.kind == "reverted" and not made.exists() and _tree(root) == before
