@@ -113,6 +113,7 @@ def test_check_apply_revert_on_a_copy_of_the_install(install_copy, tmp_path, mon
     assert rep.path == str(want) and not want.exists()
     assert det.variant == "default" and det.facts["batches"] == [1, 4]
     assert any("tune_script.py" in n for n in rep.notes) and _tree(root) == before
+    assert any("runs its default config" in n for n in rep.notes) and "bounded at 240 s" in rep.strategy_reason
 
     rep = engine.apply(fix, host, req)
     assert rep.outcome.kind == "applied", rep.outcome.reason

@@ -134,6 +134,10 @@ class UntunedFusedMoeFix(FixModule):
         variant = now.get("kind") or "default"
         if variant == "fallback":
             facts["notes"] = [f"SGLang loads this shape's config from {now.get('folder')} (another Triton version)"]
+        elif now:
+            facts["notes"] = ["SGLang has no tuned config for this shape in its install: it runs its default config"]
+        else:
+            facts["notes"] = ["what SGLang loads now was not read (its install's configs folder is unknown)"]
         return Detection(target.name, variant, "original", f"no config for this Triton version ({variant})", facts=facts)
 
     def choose_strategy(self, target, det, env, requested="auto") -> StrategyChoice:
