@@ -99,8 +99,8 @@ EXPECT = [
     (XDIT, r"kernel_grouped_conv_fwd", "gemm/conv"),
     (XDIT, r"^Im2d2Col", "gemm/gemm"),
     # MoE: expert GEMMs, routing and combine
-    (VLLM_FULL, r"^_matmul_ogs_", "gemm/moe"),
-    (B200, r"^bmm_MxE4m3_MxE2m1.*dynBatch", "gemm/moe"),
+    (VLLM_FULL, r"^_matmul_ogs_", "moe/gemm"),
+    (B200, r"^bmm_MxE4m3_MxE2m1.*dynBatch", "moe/gemm"),
     (VLLM_FULL, r"^_topk_forward$", "moe/routing"),
     (VLLM_FULL, r"^_combined_routing_compute$", "moe/routing"),
     (B200, r"moe::dev::routing::routingIndicesHistogramKernel", "moe/routing"),
@@ -189,7 +189,7 @@ EXPECT = [
     (DEEPSEEK_TRAIN, r"dpsk::ep::internode::combine<", "communication/ep"),
     (DEEPSEEK_TRAIN, r"dpsk::ep::internode::notify_dispatch<", "communication/ep"),
     (DEEPSEEK_TRAIN, r"dpsk::ep::internode::cached_notify<", "communication/ep"),
-    (DEEPSEEK_TRAIN, r"cutlass::device_kernel<dpsk::grouped_gemm::", "gemm/moe"),
+    (DEEPSEEK_TRAIN, r"cutlass::device_kernel<dpsk::grouped_gemm::", "moe/gemm"),
     (DEEPSEEK_TRAIN, r"cutlass::device_kernel<flash::FlashAttnBwd", "attention"),
     (DEEPSEEK_TRAIN, r"cuda::per_channel_cast_and_transpose", "elementwise/quant"),
     (DEEPSEEK_TRAIN, r"cuda::expand_to_fused_with_scales_impl", "moe/routing"),
@@ -235,7 +235,7 @@ def test_every_real_name_gets_a_known_bucket():
     # the GPU rows of the table that real traces exercise (rows for kernels no shared trace has,
     # e.g. DeepGEMM or Triton block-FP8, are covered by the rule tests' derived fixtures)
     for must in ("copy/cast", "copy/copy", "copy/memcpy", "copy/kv-write", "copy/gather", "copy/fill",
-                 "attention/attention", "gemm/gemm", "gemm/moe", "communication/nccl",
+                 "attention/attention", "gemm/gemm", "moe/gemm", "communication/nccl",
                  "communication/custom", "moe/routing", "moe/combine", "sampling/sampling",
                  "elementwise/norm", "elementwise/activation", "elementwise/rope", "elementwise/quant",
                  "elementwise/inductor", "elementwise/elementwise", "elementwise/metadata"):
@@ -361,7 +361,7 @@ def test_moe_router_topk_is_not_sampling(name):
     assert d["buckets"]["sampling"]["ms_per_step"] == 0
     n = max(d["steps"]["count"], 1)
     want = sum(k.dur for k in sorts) / 1e3 / n
-    assert d["sub_buckets"]["other/topk-mid-step"]["ms_per_step"] == pytest.approx(want, rel=1e-3, abs=1e-4)
+    assert d["sub_buckets"]["moe/routing"]["ms_per_step"] == pytest.approx(want, rel=1e-3, abs=1e-4)
     assert d["steps"]["workload"] != "llm-inference" and not d["findings"]
     assert all(o["bucket"] != "sampling" for o in d["ops"])
 
@@ -376,5 +376,63 @@ def test_sampling_topk_after_the_lm_head_stays_sampling(name):
     sort_us = sum(k.dur for k in t.kernels if re.search(r"gatherTopK|bitonicSort|RadixSort|radixSort|mbtopk", k.name))
     assert sort_us > 0
     d = diagnose([KERNEL_MIX / f"{name}.json.gz"]).to_dict()
-    assert "other/topk-mid-step" not in d["sub_buckets"]
+    assert "moe/routing" not in d["sub_buckets"]
     assert d["buckets"]["sampling"]["ms_per_step"] * d["steps"]["count"] * 1e3 >= 0.999 * sort_us
+
+
+def _in_ranges(t, rx):
+    spans = [(a.ts, a.ts + a.dur) for a in t.annotations if a.gpu and re.search(rx, a.name)]
+    return [k for k in t.kernels if any(s <= k.ts and k.ts + k.dur <= e + 0.5 for s, e in spans)]
+
+
+@pytest.mark.parametrize("name", ["nv_moe_01_many_experts_few_tokens", "nv_moe_02_few_experts_many_tokens",
+                                  "nv_moe_05_large_capacity"])
+def test_torch_native_moe_layer_is_the_moe_bucket(name):
+    # real B300 torch-native MoE layers, each inside a GPU range `MoE[experts=.., topk=..]`: by name their
+    # kernels are GEMMs (nvjet), gathers, top-k and elementwise work; by place they are the MoE layer, its
+    # GEMMs `moe/gemm` and the rest `moe/other` / `moe/routing` (the top-k)
+    from perfscope.analysis.diagnose import diagnose
+
+    path = MOE_B300 / f"{name}.json.gz"
+    t = load_trace(path)
+    inside = _in_ranges(t, r"^MoE\[")
+    assert inside and {classify(k.name, k.kind)[0] for k in inside} >= {"gemm", "copy"}  # by name alone
+    d = diagnose([path]).to_dict()
+    n = max(d["steps"]["count"], 1)
+    gemm_us = sum(k.dur for k in inside if classify(k.name, k.kind)[0] == "gemm")
+    assert d["sub_buckets"]["moe/gemm"]["ms_per_step"] == pytest.approx(gemm_us / 1e3 / n, rel=1e-3, abs=1e-4)
+    moe_ms = d["buckets"]["moe"]["ms_per_step"]
+    assert moe_ms * n * 1e3 >= 0.999 * sum(k.dur for k in inside)
+    subs = sum(v["ms_per_step"] for k, v in d["sub_buckets"].items() if k.startswith("moe/"))
+    assert subs == pytest.approx(moe_ms, abs=1e-3)
+    assert d["buckets"]["gemm"]["ms_per_step"] == 0 and d["buckets"]["sampling"]["ms_per_step"] == 0
+
+
+@pytest.mark.parametrize("path,sub", [(VLLM_FULL, r"^_matmul_ogs_"), (B200, r"dynBatch"),
+                                      (DEEPSEEK_TRAIN, r"dpsk::grouped_gemm::")])
+def test_expert_gemms_are_moe_not_gemm(path, sub):
+    # vLLM gpt-oss decode (Triton-kernels matmul_ogs), the B200 TRT-LLM-gen MoE, DeepSeek's H800 training
+    # trace: the expert GEMMs are the moe bucket's `moe/gemm`, the dense GEMMs stay `gemm`
+    from perfscope.analysis.diagnose import diagnose
+
+    t = load_trace(path)
+    experts = sum(k.dur for k in t.kernels if re.search(sub, k.name))
+    dense = sum(k.dur for k in t.kernels if classify(k.name, k.kind)[0] == "gemm")
+    assert experts > 0 and dense > 0
+    d = diagnose([path]).to_dict()
+    assert d["sub_buckets"]["moe/gemm"]["ms_per_step"] > 0
+    assert d["buckets"]["moe"]["ms_per_step"] > d["sub_buckets"]["moe/gemm"]["ms_per_step"]  # routing, combine
+    assert d["buckets"]["moe"]["share"] > d["buckets"]["gemm"]["share"] > 0
+
+
+def test_mid_step_topk_without_moe_layer_stays_other():
+    # a recommendation model's training rank (HTA sampled_rank-0: no MoE kernel, no MoE range): its torch
+    # top-k mid-step is no expert routing
+    from perfscope.analysis.diagnose import diagnose
+
+    path = HTA / "trace_filter/sampled_rank-0.json.gz"
+    t = load_trace(path)
+    assert not any(classify(k.name, k.kind)[0] == "moe" for k in t.kernels) and not _in_ranges(t, r"(?i)moe|expert")
+    d = diagnose([path]).to_dict()
+    assert d["sub_buckets"]["other/topk-mid-step"]["ms_per_step"] > 0
+    assert d["buckets"]["moe"]["ms_per_step"] == 0

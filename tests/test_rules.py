@@ -300,6 +300,43 @@ def test_untuned_fused_moe_fires():
     assert f["share"] > 0.5
 
 
+# DeepSeek-V2-Lite's MoE shape (its config.json's keys): 64 routed experts top-6, 2 shared, 1408 wide
+V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+           "num_hidden_layers": 27, "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_routed_experts": 64,
+           "n_shared_experts": 2, "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "intermediate_size": 10944}
+
+
+def test_untuned_fused_moe_names_the_missing_file_and_reads_the_log():
+    # DERIVED as above, with SGLang's step labels; the log line in SGLang 0.5.13.post1's own wording
+    from perfscope.analysis.moe_config import config_file_name
+
+    t = renamed(trace(VLLM_FULL), r"^_matmul_ogs_", "fused_moe_kernel")
+    t = replace(t, meta=replace(t.meta, device_name="NVIDIA H200"))  # the trace has no device name
+    dev = t.meta.device_name
+    want = config_file_name(64, 1408, dev)
+    assert want == f"E=64,N=1408,device_name={dev.replace(' ', '_')}.json"
+    f = findings(t, {"model_config": V2_LITE, "tp_size": 1, "floor_inputs": {"batch": 16}})["untuned-fused-moe"]
+    ev = f["evidence"]
+    assert ev["config_file"] == want and want in f["summary"]
+    assert ev["moe_shape"] == {"E": 64, "N": 1408, "top_k": 6, "hidden": 2048, "moe_layers": 26}
+    flops = 2 * 6 * (2048 * 2 * 1408 + 1408 * 2048) * 16 * 26
+    assert ev["achieved_tflops"] == pytest.approx(flops / (ev["fused_moe_ms_per_step"] * 1e9), rel=1e-2)
+    assert f["confidence"] == "medium" and any("server log" in x for x in ev["could_not_check"])
+    log = ("[2026-12-01 10:00:00] Using default MoE kernel config. Performance might be sub-optimal! Config file not "
+           f"found at /x/sglang/srt/layers/moe/moe_runner/triton_utils/configs/triton_3_6_0/{want}, you can create them "
+           "with https://github.com/sgl-project/sglang/tree/main/benchmark/kernels/fused_moe_triton\n")
+    f = findings(t, {"model_config": V2_LITE, "server_log": log})["untuned-fused-moe"]
+    assert f["confidence"] == "high" and f["evidence"]["server_log"][0]["kind"] == "default"
+    found = f"[x] Using MoE kernel config from /x/configs/triton_3_6_0/{want}.\n"
+    assert "untuned-fused-moe" not in findings(t, {"model_config": V2_LITE, "server_log": found})
+    other = found.replace("E=64,N=1408", "E=8,N=7168")  # a tuned config of another shape decides nothing
+    f = findings(t, {"model_config": V2_LITE, "server_log": other})["untuned-fused-moe"]
+    assert f["confidence"] == "medium" and any("none for" in x for x in f["evidence"]["could_not_check"])
+    # TP 2 halves N: the file SGLang wants then is N=704
+    f = findings(t, {"model_config": V2_LITE, "tp_size": 2})["untuned-fused-moe"]
+    assert f["evidence"]["config_file"].startswith("E=64,N=704,")
+
+
 def test_untuned_fused_moe_quiet_on_other_moe_kernels():
     assert "untuned-fused-moe" not in findings(trace(VLLM_FULL))
     assert "untuned-fused-moe" not in findings(trace(H200 / "mla_fp8_graph.json.gz"))
@@ -431,3 +468,25 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
     assert scheduler_loop(trace(REPO / "tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz")) == "normal"
     assert scheduler_loop(t) == "overlap"
     assert scheduler_loop(trace(H200 / "mla_fp8_graph.json.gz")) is None  # no scheduler: no evidence
+
+
+def test_diagnose_server_log_option(tmp_path):
+    # --server-log: a missing file is one line, exit 2; a log is read (its tail) into the rule's facts
+    import subprocess
+    import sys
+
+    from paths import KERNEL_MIX
+    t = KERNEL_MIX / "sample_argmax.json.gz"
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log",
+                        str(tmp_path / "nope.log")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no such file" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a regular file" in r.stderr and "Traceback" not in r.stderr
+    log = tmp_path / "server.log"
+    log.write_text("x" * 100 + "\nUsing MoE kernel config from /a/E=1,N=2,device_name=X.json.\n")
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log", str(log)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from perfscope.analysis.moe_config import read_log
+    assert read_log(log).endswith("device_name=X.json.\n")

@@ -221,7 +221,8 @@ def pass_floor(st: State) -> None:
         return
     idle = (st.out.get("steps") or {}).get("idle_median_ms") or 0.0
     st.out["floor"] = compute_floor(st.trace.meta.to_dict(), st.config, buckets_ms=st.buckets_ms, step_ms=st.step_ms,
-                                    idle_ms=idle, phase=st.phase, step_labels=[s.label for s in st.steps])
+                                    idle_ms=idle, phase=st.phase, step_labels=[s.label for s in st.steps],
+                                    moe_gemm_ms=(st.out.get("sub_buckets") or {}).get("moe/gemm", {}).get("ms_per_step", 0.0))
     annotate_findings(st.findings, st.out["floor"])
 
 

@@ -1,8 +1,10 @@
 """Where a GPU kernel gets its bucket: one declarative table, first match wins.
 
 Buckets: ``copy`` (memcpy/memset, dtype casts, gathers, KV-cache writes), ``gemm``, ``attention``,
-``communication`` (NCCL/RCCL and the custom all-reduce kernels), and the rest: ``moe`` (routing),
-``sampling``, ``elementwise`` (norms, activations, rope, quant, reductions) and ``other``.
+``communication`` (NCCL/RCCL and the custom all-reduce kernels), ``moe`` (the MoE layer's own kernels:
+routing top-k, align/sort, the expert GEMMs, combine/sum; sub-buckets ``moe/gemm`` vs ``moe/routing`` and
+``moe/combine``), and the rest: ``sampling``, ``elementwise`` (norms, activations, rope, quant,
+reductions) and ``other``.
 The ``kind`` of a GPU activity (memcpy/memset) wins over its name. Each row's fourth field says
 whose kernels it covers (engine, library, API); ``perfscope rules --markdown`` / docs list them.
 Every row is exercised by tests/test_buckets.py on the real kernel names of the traces in
@@ -12,8 +14,8 @@ training trace with its internal DeepEP `dpsk::ep::` kernels).
 
 The table decides by name; one pass decides by place in the step (sampling_path.step_overrides): the
 sampling path's softmax / cumsum / casts after the LM head join ``sampling`` (``sampling/path-*``), and
-torch's generic sort / top-k kernels that a GEMM of the step follows (MoE expert routing, another
-mid-model top-k) leave it for ``other/topk-mid-step``.
+torch's generic sort / top-k kernels that a GEMM of the step follows (torch-native MoE expert routing)
+leave it for ``moe/routing``.
 """
 
 from __future__ import annotations
@@ -102,9 +104,10 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "SGLang/vLLM on CUDA: FlashInfer `append_paged_kv_cache` / `append_paged_mla_kv_cache`"),
     # perfscope's own `fp8-kv-cast --strategy pages` kernels: an FP8 -> BF16 cast of the referenced pages
     ("copy", "cast", r"_perfscope_fp8kv_\w*kernel", "perfscope's `fp8-kv-cast` pages fix (Triton page/row cast)"),
-    # MoE routing / dispatch / combine (the expert GEMMs are under gemm/moe)
+    # the MoE layer: routing / align / dispatch, the expert GEMMs (moe/gemm, further down), combine
+    ("moe", "combine", r"moe_sum", "SGLang/vLLM fused-MoE combine (`moe_sum_reduce`, `moe_sum` over the top-k outputs)"),
     ("moe", "routing", r"_combined_routing|_topk_forward|_sum_bitmatrix|topk_softmax|grouped_topk|"
-                       r"moe_align|moe_sum|count_and_sort|ep_scatter|ep_gather|moe_route|"
+                       r"moe_align|count_and_sort|ep_scatter|ep_gather|moe_route|"
                        r"biased_grouped|topkGating|expert_offsets|moe_permute|moe_unpermute|shuffle_rows|"
                        r"moe::dev::routing",
      "SGLang/vLLM fused-MoE routing (topk_softmax, grouped_topk, moe_align), Triton-kernels bitmatrix routing, "
@@ -150,7 +153,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
      "TRT-LLM-gen fmha, SGLang/vLLM Triton attention (`_fwd_kernel*`, `reduce_segments`), cuDNN SDPA "
      "not caught above, CK/aiter attention (`attn_fwd`), xformers"),
     # the expert GEMMs of MoE layers (routing is above; TRT-LLM-gen batched GEMMs over experts: `bmm_..dynBatch`)
-    ("gemm", "moe", r"fused_moe|moe_gemm|grouped_gemm|_matmul_ogs|cutlass_moe|MoeFCGemm|^bmm_\w*dynBatch",
+    ("moe", "gemm", r"fused_moe|moe_gemm|grouped_gemm|_matmul_ogs|cutlass_moe|MoeFCGemm|^bmm_\w*dynBatch",
      "SGLang/vLLM Triton `fused_moe_kernel`, CUTLASS / TRT-LLM MoE GEMMs, Triton-kernels `_matmul_ogs`"),
     # sampling
     ("sampling", "sampling", r"RadixSort|radix_sort|radixSort|sort_kernel|bitonicSort|segmented_sort|"

@@ -162,8 +162,11 @@ def _bucket_row(floor_ms: float, measured_ms: float, **extra) -> dict:
 
 
 def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], step_ms: float, idle_ms: float = 0.0,
-                  phase: str = "decode", step_labels: Optional[list[str]] = None) -> dict[str, Any]:
-    """The floor section of an analysis: ``available`` and the numbers, or ``missing`` in one line."""
+                  phase: str = "decode", step_labels: Optional[list[str]] = None,
+                  moe_gemm_ms: float = 0.0) -> dict[str, Any]:
+    """The floor section of an analysis: ``available`` and the numbers, or ``missing`` in one line.
+    ``moe_gemm_ms``: the step's expert GEMMs (``moe/gemm``); when they run there, the routed experts'
+    weights are the ``moe`` bucket's floor, not the ``gemm`` bucket's."""
     inp = floor_inputs(meta, config, step_labels or [])
     gm: GPUMatch = inp["gpu"]
     base: dict[str, Any] = {"available": False, "gpu": gm.to_dict(), "assumed": inp["assumed"]}
@@ -192,6 +195,13 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
     peak = gpu.peak_tflops(w.gemm_dtype)
     f_ms = flops / (peak * 1e9) if peak else 0.0  # TFLOP/s = 1e9 FLOP/ms
     gemm_floor = max(w_ms, f_ms)
+    moe_floor = 0.0
+    routed = w.parts.get("routed_experts", 0.0)
+    if moe_gemm_ms > 0 and routed > 0:
+        # the expert GEMMs are their own bucket: their weights and FLOPs are its floor
+        r_flops = 2.0 * tokens * w.params.get("routed_experts", 0.0)
+        moe_floor = max(_ms(routed, bw), r_flops / (peak * 1e9) if peak else 0.0)
+        gemm_floor = max(_ms(w.total - routed, bw), (flops - r_flops) / (peak * 1e9) if peak else 0.0)
 
     # attention: the KV cache the batch attends
     kvb, kv_name = kv_dtype_bytes(inp["kv_cache_dtype"], shape.dtype)
@@ -227,6 +237,8 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
         if par.dp_attention > 1:
             notes.append("DP attention's gathers/scatters are not modelled")
     floors = {"gemm": gemm_floor, "attention": attn_floor, "communication": comm_ms, "copy": 0.0}
+    if moe_floor:
+        floors["moe"] = moe_floor
     floor_ms = sum(floors.values())
 
     # the gap, per bucket (every measured bucket; those with no floor row have floor 0)
@@ -237,13 +249,16 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
                                     bound="compute" if attn_floor > _ms(kv_bytes, bw) else "memory")
     rows["communication"] = _bucket_row(comm_ms, buckets_ms.get("communication", 0.0), bytes=int(comm_bytes))
     rows["copy"] = _bucket_row(0.0, buckets_ms.get("copy", 0.0))
+    if moe_floor:
+        rows["gemm"]["bytes"] = int(w.total - routed)
+        rows["moe"] = _bucket_row(moe_floor, buckets_ms.get("moe", 0.0), bytes=int(routed))
     for b, ms in buckets_ms.items():
         if b not in rows and ms > 0:
             rows[b] = _bucket_row(0.0, ms)
     if idle_ms and idle_ms > 0:
         rows["idle"] = _bucket_row(0.0, idle_ms)
     worst = max(rows, key=lambda b: rows[b]["gap_ms"])
-    below = [b for b in FLOOR_BUCKETS if floors[b] > 0 and rows[b]["measured_ms"] > 0
+    below = [b for b in floors if floors[b] > 0 and rows[b]["measured_ms"] > 0
              and rows[b]["measured_ms"] < 0.9 * floors[b]]
     if below:
         notes.append("measured below the floor in " + ", ".join(below) +

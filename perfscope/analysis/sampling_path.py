@@ -17,6 +17,7 @@ import re
 from typing import Optional
 
 from perfscope.analysis.kernel_table import TORCH_SORT, kernel_table
+from perfscope.analysis.moe_layer import MOE_ROUTING, moe_overrides
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
@@ -78,9 +79,11 @@ def step_overrides(trace: Trace, step: Step, serving: bool = True) -> dict[int, 
     """The step's kernels whose (bucket, sub-bucket) is not their name's:
 
     * on serving traces, the sampling path's softmax / cumsum / casts -> ("sampling", "path-<bucket>");
-    * torch sort / top-k kernels that a GEMM of the step follows -> ``MID_STEP_SORT``: MoE expert routing
-      (torch-native MoE: router GEMM, top-k, sort, gather, expert GEMMs) or another mid-model top-k. Sampling
-      runs on the logits, after the step's last GEMM (the LM head), so these are not sampling.
+    * torch sort / top-k kernels that a GEMM of the step follows -> moe/routing in a step with an MoE layer
+      (torch-native MoE: router GEMM, top-k, sort, gather, expert GEMMs), else ``MID_STEP_SORT``
+      (another mid-model top-k). Sampling runs on the logits, after the step's last GEMM (the LM head),
+      so these are not sampling;
+    * kernels inside a GPU range named after the MoE layer -> moe (perfscope.analysis.moe_layer).
 
     Computed once per step and trace (the passes that read it share the answer: do not modify it)."""
     memo = trace.memo.setdefault("step_overrides", {})
@@ -96,16 +99,16 @@ def _step_overrides(trace: Trace, step: Step, serving: bool) -> dict[int, tuple[
     kern = trace.kernels
     table = kernel_table(trace)
     bucket, sort = table.bucket, table.torch_sort
-    out: dict[int, tuple[str, str]] = {}
+    has_moe, out = moe_overrides(trace, step)
     last = _last_gemm(trace, step)
     if last is None:
         return out  # no GEMM: no sampling path, and no top-k a GEMM follows
     for i in step.kernels:
         if sort[i] and bucket[i] == "sampling" and kern[i].end <= last[0]:
-            out[i] = MID_STEP_SORT
+            out[i] = MOE_ROUTING if has_moe else MID_STEP_SORT
     if serving:
         for i in sampling_tail(trace, step, last):
             b = bucket[i]
-            if b != "sampling":
+            if b != "sampling" and i not in out:
                 out[i] = ("sampling", f"path-{b}")
     return out

@@ -81,6 +81,9 @@ def command(
     batch: Optional[int] = typer.Option(None, "--batch", help="Requests per decode step, for the floor "
                                                               "(default: SGLang's step[DECODE bs=N] labels)."),
     context: Optional[int] = typer.Option(None, "--context", help="Tokens each request attends, for the floor."),
+    server_log: Optional[Path] = typer.Option(None, "--server-log", metavar="FILE",
+                                              help="The server's log (its last 32 MiB): SGLang's MoE kernel config "
+                                                   "lines decide the untuned-fused-moe finding."),
     capture_trace: Optional[List[Path]] = typer.Option(
         None, "--capture-trace", metavar="PATH",
         help="A graph-capture trace (SGLang --enable-profile-cuda-graph; a file or a folder, repeatable): "
@@ -111,6 +114,10 @@ def command(
     from perfscope.analysis.floor import with_floor_inputs
 
     cfg = with_floor_inputs(cfg, model_config, batch, context)
+    if server_log is not None:
+        from perfscope.analysis.moe_config import read_log
+
+        cfg["server_log"] = read_log(server_log)
     if json_out or not err.is_terminal:
         d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     else:

@@ -253,6 +253,9 @@ def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
 
 
 def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequest) -> tuple[TargetSpec, str, bytes]:
+    gather = getattr(fix, "gather", None)
+    if gather is not None:
+        gather(host, env)  # facts the fix reads on the host before it knows its target
     if fix.kind == "launch":
         if not req.launch_file:
             raise InputError(f"{fix.id} edits the server's launch command: give --launch-file F")
@@ -274,12 +277,16 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
         names = ", ".join(t.name for t in fix.targets)
         raise InputError(f"--target {req.target}: unknown (this fix knows {names})") from None
     if not spec.relpath:
+        if spec.creates and spec.description:  # a file the fix names from facts it could not read
+            raise InputError(f"{fix.id}: cannot name the file to write: {spec.description}")
         raise InputError(f"target {spec.name} has no place in an sglang install: give --target-file")
     if not env.sglang_root:
         where = f" with {env.python}" if env.python else ""
         raise InputError(f"sglang not found{where} on {host.label}: give --python (the server's interpreter), "
                          "--sglang-root DIR or --target-file F")
     path = join(host, env.sglang_root, *spec.relpath.split("/"))
+    if spec.creates and not host.exists(path):
+        return spec, path, b""  # a file the fix creates: absent is its original state
     return spec, path, host.read_bytes(path)
 
 
@@ -350,6 +357,11 @@ def plan(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environme
         rep.outcome = Refused(choice.reason)
         return rep, None, det
     rep.strategy = choice.strategy
+    if env.facts.get("applying"):
+        why = fix.prepare(host, env, spec, path, det)
+        if why:
+            rep.outcome = Refused(why)
+            return rep, None, det
     try:
         after, notes = fix.transform(spec, det, data, choice.strategy)
     except (ValueError, KeyError) as e:
@@ -385,11 +397,20 @@ def revert(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environ
         return _revert(fix, host, req, env)
 
 
+def _sha_or_absent(host: FixHost, path: str, absent: bool) -> str:
+    return sha256_bytes(b"") if absent and not host.exists(path) else host.sha256(path)
+
+
 def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> Report:
-    rep, after, _ = plan(fix, host, req, env)
+    env.facts["applying"] = True
+    try:
+        rep, after, _ = plan(fix, host, req, env)
+    finally:
+        env.facts.pop("applying", None)
     if after is None:
         return rep
     path = rep.path
+    absent = rep.sha256_before == sha256_bytes(b"") and not host.exists(path)  # a file the fix creates
     if req.expect_sha256 and req.expect_sha256 != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed since the check (sha256 {rep.sha256_before[:12]}…, expected "
                               f"{req.expect_sha256[:12]}…): check again")
@@ -402,7 +423,7 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
     folder = state_dir_for(host, req, fix, path)
     host.makedirs(folder)
     backup = join(host, folder, f"original-{rep.sha256_before}{_suffix(path)}")
-    original = host.read_bytes(path)
+    original = b"" if absent else host.read_bytes(path)
     if sha256_bytes(original) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed since the check: nothing written; check again")
         return rep
@@ -417,10 +438,16 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
         "applied_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "perfscope": __version__,
         "sglang_version": rep.env.sglang_version if rep.env else None,
     }
+    parent = os.path.dirname(path)
+    if absent:
+        manifest["absent_before"] = True  # revert removes the file (and the folder if the fix made it)
+        if not host.exists(parent):
+            manifest["created_dir"] = parent
+            host.makedirs(parent)
     mpath = join(host, folder, "manifest.json")
     host.write_bytes_atomic(mpath, (json.dumps(manifest, indent=2) + "\n").encode(), mode=0o600)
     # last look before writing: the file must still be the one the patch was computed from
-    if host.sha256(path) != rep.sha256_before:
+    if _sha_or_absent(host, path, absent) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
         return rep
     try:
@@ -432,7 +459,10 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
             host.run(["rm", "-f", "--", mpath])
         raise
     if host.sha256(path) != rep.sha256_after:
-        host.write_bytes_atomic(path, original, tmp_dir=folder)
+        if absent:
+            host.run(["rm", "-f", "--", path])
+        else:
+            host.write_bytes_atomic(path, original, tmp_dir=folder)
         rep.outcome = Failed(f"{path} did not read back as written; the original was put back")
         return rep
     rep.manifest = mpath
@@ -523,6 +553,20 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
         rep.outcome = Refused(f"{path} is neither the patched file nor the original (sha256 {cur[:12]}…): it was "
                               "changed after the patch (sglang reinstalled or edited?); --force restores the "
                               "original anyway")
+        return rep
+    if man.get("absent_before"):
+        # the fix created the file: the original state is no file (and no folder, when it made that too)
+        host.run(["rm", "-f", "--", path])
+        made = man.get("created_dir")
+        if isinstance(made, str) and made == os.path.dirname(path):
+            host.run(["rmdir", "--", made])  # only if empty
+        if host.exists(path):
+            rep.outcome = Failed(f"{path} could not be removed")
+            return rep
+        rep.sha256_after = man["sha256_before"]
+        rep.diff = unified_diff(data, b"", path)
+        _retire_manifest(host, folder)
+        rep.outcome = Reverted(f"removed {path}, which {fix.id} had created: SGLang's install is as before")
         return rep
     host.write_bytes_atomic(path, original, tmp_dir=folder)
     if host.sha256(path) != man["sha256_before"]:

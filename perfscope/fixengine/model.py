@@ -143,6 +143,7 @@ class TargetSpec:
     strategies: tuple[str, ...]
     backends: tuple[str, ...] = ()  # attention backends that run this file
     description: str = ""
+    creates: bool = False  # the fix writes a file that may not exist yet (revert removes it again)
 
 
 @dataclass
@@ -192,6 +193,7 @@ class FixModule:
     requirements: dict = {}  # strategy -> text
     marker: str = ""  # a line present in every patched file
     kind: str = "source"  # source: patches a file of the server's code; launch: flags (fixengine/flags.py)
+    keep_only_if_faster: float = 0.0  # > 0: --restart-cmd reverts unless TPOT drops by more than this fraction
     folder: Any = None  # pathlib.Path of the fix folder (set by the registry)
 
     # ---- hooks
@@ -212,6 +214,10 @@ class FixModule:
                        strategy: str) -> list[str]:  # pragma: no cover
         """Problems with a patched file (empty list: all good)."""
         raise NotImplementedError
+
+    def prepare(self, host: Any, env: Environment, target: TargetSpec, path: str, det: Detection) -> Optional[str]:
+        """Work an apply does before its transform (e.g. measure on the host); a reason to refuse, or None."""
+        return None
 
     def applicable(self, env: Environment, target: TargetSpec) -> Optional[str]:
         """A reason this fix has nothing to do on this server (e.g. no FP8 KV), or None."""

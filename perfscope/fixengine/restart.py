@@ -222,10 +222,15 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
     slower = False
     if ok:
         b, a = _tpot(record["before"]), _tpot(record["after"])
+        gain = getattr(fix, "keep_only_if_faster", 0.0)  # the fix is kept only when TPOT drops beyond the noise
         if b and a and a > b * (1.0 + max_slowdown):
             slower = True
             why = (f"TPOT median {b:.2f} ms -> {a:.2f} ms: {a / b - 1:.0%} slower, more than --max-slowdown "
                    f"{max_slowdown:.0%}")
+        elif gain and b and a and a > b * (1.0 - gain):
+            slower = True
+            why = (f"TPOT median {b:.2f} ms -> {a:.2f} ms: not faster by more than {gain:.0%} (the noise); "
+                   f"{fix.id} keeps its change only when it is")
         else:
             if b and a:
                 rep.notes.append(f"TPOT median {b:.2f} ms -> {a:.2f} ms ({b / a:.2f}x faster); run folder {out}")
