@@ -51,7 +51,7 @@ class Deadline:
         self._stop.set()
 
     def error(self, where: str, what: str = "a complete reply") -> RemoteError:
-        return RemoteError(f"{where}: no {what} within {self.seconds:g}s (the server sends too slowly "
+        return RemoteError(f"{where}: timed out: no {what} within {self.seconds:g}s (the server sends too slowly "
                            "or not at all); each request has this total deadline, raise it with "
                            "PERFSCOPE_HTTP_DEADLINE_S=<seconds>")
 
