@@ -130,14 +130,16 @@ def test_bom_and_utf16_traces_are_read(trace_obj, tmp_path, encoding):
 def test_one_lone_surrogate_does_not_reject_the_file(trace_obj, tmp_path, capsys):
     obj = copy.deepcopy(trace_obj)
     k = _kernels(obj)
-    text = json.dumps(obj).replace(json.dumps(k[0]["name"]), json.dumps(k[0]["name"])[:-1] + '\\ud800"', 1)
+    k[0]["name"] += "\ud800"  # json.dumps writes it as the escape \ud800, alone
+    text = json.dumps(obj)
+    assert text.count("\\ud800") == 1
     p = tmp_path / "sur.json"
     p.write_text(text)
     from perfscope.load.reader import load_trace
 
     t = load_trace(p)
     assert len(t.kernels) == len(k) and t.meta.lone_surrogates == 1
-    assert any(x.name.endswith("\ufffd") for x in [*t.kernels, *t.launches, *t.cpu_ops, *t.annotations])
+    assert any(x.name.endswith("\ufffd") for x in t.kernels)
     rc, out, err = run_cli(["diagnose", p], capsys)
     assert rc == 0 and "surrogate" in out
 
