@@ -34,6 +34,7 @@ class _Hostile(StubHandler):
     protocol_version = "HTTP/1.1"
     calls: list = []
     mode = ""
+    link_to = "/etc/hostname"
 
     def _endless(self, first: bytes, unit: bytes, pause: float = 0.0) -> None:
         self.send_response(200)
@@ -71,8 +72,15 @@ class _Hostile(StubHandler):
         self.calls.append(self.path)
         if self.path == "/start_profile":
             out = Path(body.get("output_dir", "/nonexistent"))
-            if out.is_dir() and self.mode not in ("endless_sse", "trickle_sse"):
+            if self.mode == "slow_start":
+                time.sleep(4)
+            if out.is_dir() and self.mode not in ("endless_sse", "trickle_sse", "slow_start"):
                 shutil.copy(SMALL, out / "1700000000-TP-0.trace.json.gz")
+            if out.is_dir() and self.mode == "debris":  # what else a server or a user may leave there
+                os.symlink(self.link_to, out / "a-link")
+                os.mkfifo(out / "a-fifo")
+                (out / "sub").mkdir()
+                (out / "sub" / "x").write_text("x")
             return self._send(200, b'{"ok": true}')
         if self.path == "/stop_profile":
             return self._send(200, b'{"ok": true}')
@@ -81,6 +89,18 @@ class _Hostile(StubHandler):
                 return self._endless(b"data: {\"text\": \"", b"y" * 65536)
             if self.mode == "trickle_sse":
                 return self._endless(b"data: ", b"z", pause=0.5)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(4):
+                frame = {"text": f" t{i}", "output_ids": [i], "meta_info": {
+                    "completion_tokens": i + 1, "prompt_tokens": 4, "finish_reason": None if i < 3 else {"type": "length"}}}
+                self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.01)
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
         self._send(404, b'{"error": "not found"}')
 
 

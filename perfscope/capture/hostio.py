@@ -16,7 +16,7 @@ import subprocess
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
 from perfscope.util.files import atomic_writer, sha256_file
@@ -25,6 +25,26 @@ from perfscope.util.files import atomic_writer, sha256_file
 # saves the server tens of seconds per trace)
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
 
+
+
+# One command's arguments, in bytes: far below OpenSSH's 256 KB packet limit (a longer exec request
+# makes sshd drop the connection) and Linux's 128 KB per argument.
+ARGV_BATCH_BYTES = 32 * 1024
+
+
+def argv_batches(paths: list[str], limit: int = ARGV_BATCH_BYTES) -> Iterator[list[str]]:
+    """``paths`` in consecutive batches whose quoted length stays under ``limit`` bytes each."""
+    batch: list[str] = []
+    size = 0
+    for p in paths:
+        n = len(p.encode("utf-8", "surrogateescape")) + 3
+        if batch and size + n > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(p)
+        size += n
+    if batch:
+        yield batch
 
 
 def is_trace_name(name: str) -> bool:
@@ -182,6 +202,10 @@ class HostIO:
     def run(self, argv: Sequence[str], timeout: float = 60.0) -> CommandResult:
         raise NotImplementedError
 
+    def alive(self) -> bool:
+        """Whether the connection to the host still works (always, for this machine)."""
+        return True
+
     # folders and files ------------------------------------------------------------------------
     def mkdtemp(self, base: str, prefix: str = "perfscope-trace.") -> str:
         r = self.run(["mktemp", "-d", "-p", base, prefix + "XXXXXXXX"])
@@ -213,9 +237,14 @@ class HostIO:
         still runs)."""
         if not paths:
             return []
-        r = self.run(["python3", "-c", _COMPLETE_CHECK_PY, *paths], timeout=300)
-        if r.ok:
-            return [p for p in r.stdout.splitlines() if p]
+        out: list[str] = []
+        for batch in argv_batches(paths):
+            r = self.run(["python3", "-c", _COMPLETE_CHECK_PY, *batch], timeout=300)
+            if not r.ok:
+                break
+            out += [p for p in r.stdout.splitlines() if p]
+        else:
+            return out
         bad = []
         for p in paths:
             if p.endswith(".gz"):
@@ -326,6 +355,13 @@ class SSHHost(HostIO):
 
     def run(self, argv, timeout=60.0):
         return self.s.run(argv, timeout=timeout)
+
+    def alive(self):
+        try:
+            self.s.transport
+        except RemoteError:
+            return False
+        return True
 
     def list_traces(self, folder, match=is_trace_name):
         out = []
