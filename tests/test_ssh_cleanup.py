@@ -105,3 +105,41 @@ def test_host_folder_removed_after_success_with_links_and_fifos_in_it(sshd, host
     assert list(srv.iterdir()) == []
     assert keep.read_text() == "not perfscope's"
     assert list((tmp_path / "o" / "traces").iterdir())
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A real 256 KiB tmpfs, filled (this suite runs as root; the test fails, not skips, when it cannot mount)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    assert r.returncode == 0, f"cannot mount a tmpfs for the full-disk test: {r.stderr}"
+    try:
+        with open(mnt / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:
+        pass
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("how", ["url", "ssh"])
+def test_disk_full_during_the_copy_names_the_local_path(sshd, hostile, tmp_path, full_fs, how):
+    """A full disk while a trace is copied here said "No space left on device" and no path."""
+    H, port = hostile
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    out = full_fs / "o"
+    if how == "ssh":
+        p = _ssh_trace(sshd, port, srv, out)
+    else:
+        p = subprocess.Popen([sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}",
+                              "--remote-dir", str(srv), "--steps", "2", "--output-len", "4", "--input-len", "4",
+                              "--timeout", "40", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    _, err = p.communicate(timeout=180)
+    line = _one_line(err)
+    assert p.returncode == 2 and str(out / "traces" / "1700000000-TP-0.trace.json.gz") in line, err
+    assert "No space left" in line
+    assert list(srv.iterdir()) == []

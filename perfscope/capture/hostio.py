@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
-from perfscope.util.files import atomic_writer, sha256_file
+from perfscope.util.files import atomic_writer, local_write_error, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
 # saves the server tens of seconds per trace)
@@ -454,16 +454,19 @@ class LocalHost(HostIO):
         total = os.path.getsize(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
-        with open(path, "rb") as src, atomic_writer(local) as dst:
-            while b := src.read(1 << 20):
-                dst.write(b)
-                h.update(b)
-                done += len(b)
-                if progress:
-                    progress(done, total)
-            digest = h.hexdigest()
-            if expected_sha256 and digest != expected_sha256:
-                raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
+        try:
+            with open(path, "rb") as src, atomic_writer(local) as dst:
+                while b := src.read(1 << 20):
+                    dst.write(b)
+                    h.update(b)
+                    done += len(b)
+                    if progress:
+                        progress(done, total)
+                digest = h.hexdigest()
+                if expected_sha256 and digest != expected_sha256:
+                    raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
+        except OSError as e:
+            raise (local_write_error(e, local) or e) from None
         return digest
 
     def remove(self, paths, folder):

@@ -19,6 +19,7 @@ applies the same rules through SFTP, using :func:`plan_write` for the decision.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat as stat_mod
@@ -91,6 +92,17 @@ def read_regular(path: str | os.PathLike, cap: int, bound_var: str, unit: str = 
     if len(data) > cap:
         raise InputError(f"{path}: " + too_big(what, cap, bound_var, unit))
     return data
+
+
+_LOCAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def local_write_error(e: OSError, path: str | os.PathLike) -> Optional[InputError]:
+    """For an OSError from writing ``path`` here (a full disk, a quota, a read-only file system),
+    the one-line error that names the path; None for other errors (a network read, say)."""
+    if e.errno in _LOCAL_WRITE_ERRNOS:
+        return InputError(f"{path}: cannot write ({e.strerror}); free space there or choose another --out")
+    return None
 
 
 def plan_write(st_mode: Optional[int], where: str) -> str:

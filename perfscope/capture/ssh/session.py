@@ -304,6 +304,10 @@ class SSHSession:
             raise RemoteError(f"{remote} does not exist on {self.target.label}") from None
         except (paramiko.SSHException, EOFError) as e:
             raise RemoteError(f"copying {remote} from {self.target.label} failed: {e}") from None
+        except OSError as e:
+            from perfscope.util.files import local_write_error
+
+            raise (local_write_error(e, local) or e) from None
 
     def remove(self, paths: Iterable[str], folder: str | None = None) -> None:
         """Delete files (and then the folder, if empty) over SFTP; errors are ignored."""
