@@ -257,3 +257,24 @@ def test_launch_words_the_shell_expands_into_flags_are_refused(tmp_path, line, r
         assert p.read_bytes() == before
     else:
         assert r.returncode == 0 and b"--disable-overlap-schedule" not in p.read_bytes(), r.stdout + r.stderr
+
+
+def test_revert_under_another_fix_names_that_fix(tmp_path):
+    """Two fixes applied to one launch file; reverting the first blamed "sglang reinstalled or
+    edited?" although the second fix's manifest, in the same state folder, explains the file: it
+    names the fix to revert first (exit 4, nothing written); in that order both revert byte for byte."""
+    p = tmp_path / "launch.sh"
+    p.write_text("#!/bin/sh\nexec python3 -m sglang.launch_server --model-path m --tp 1 --disable-overlap-schedule "
+                 "--disable-cuda-graph\n")
+    original = p.read_bytes()
+    st = ["--launch-file", p, "--state-dir", tmp_path / "st", "--port", "0"]
+    assert _fix("overlap-off", *st, "--apply").returncode == 0
+    assert _fix("eager-decode", *st, "--apply").returncode == 0
+    both = p.read_bytes()
+    r = _fix("overlap-off", *st, "--revert")
+    line = one_line(r.stderr)
+    assert r.returncode == 4 and "patched again by perfscope fix eager-decode" in line and "reinstalled" not in line
+    assert p.read_bytes() == both
+    assert _fix("eager-decode", *st, "--revert").returncode == 0
+    assert _fix("overlap-off", *st, "--revert").returncode == 0
+    assert p.read_bytes() == original
