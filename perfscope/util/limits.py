@@ -7,7 +7,8 @@ per call); the message that refuses an input names the bound and the variable:
   of a stream; ``PERFSCOPE_HTTP_DEADLINE_S`` (default: the request's own timeout) is the total
   time one request may take, however slowly the server trickles its bytes;
 * ``PERFSCOPE_MAX_TRACE_GB`` (default 4): the JSON size of one trace after inflating its gzip;
-* ``PERFSCOPE_MAX_EVENTS`` (default 20,000,000): events in one trace file;
+* ``PERFSCOPE_MAX_EVENTS`` (default 5,000,000): events in one trace file (diagnose reads about
+  10,000 events per second or more at under 1,000 bytes of memory each: benchmarks/diagnose_speed.py);
 * ``PERFSCOPE_MAX_FIX_FILE_MB`` (default 16): a file ``fix`` reads or patches (``--launch-file``,
   ``--target-file``, the engine's Python sources).
 """
@@ -44,7 +45,7 @@ def max_trace_bytes() -> int:
 
 
 def max_events() -> int:
-    return int(_number("PERFSCOPE_MAX_EVENTS", 20_000_000))
+    return int(_number("PERFSCOPE_MAX_EVENTS", 5_000_000))
 
 
 def max_fix_file_bytes() -> int:
