@@ -130,8 +130,10 @@ def _top(buf: bytes | bytearray, path: str):
         j = len(buf)
         while j > 0 and buf[j - 1] in b" \t\r\n":
             j -= 1
-        if not isinstance(buf, bytearray) or j == 0 or buf[j - 1:j] == b"]":
+        if j == 0 or buf[j - 1:j] == b"]":
             raise
+        if not isinstance(buf, bytearray):
+            buf = bytearray(buf)
         del buf[j:]  # "the ] at the end is optional": close the list in place
         if buf[-1:] == b",":
             del buf[-1:]
