@@ -327,8 +327,10 @@ def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed:
             load.stop(wait=5)
         dead = reconnect is not None and not io.alive()
         if armed and not dead:
-            dead = not _stop_quietly(api, say, timeout=wait, warn=reconnect is None) and reconnect is not None \
-                and not io.alive()
+            failed = _stop_quietly(api, say, timeout=wait, warn=False)
+            dead = bool(failed) and reconnect is not None and not io.alive()
+            if failed and not dead:
+                say(f"warning: /stop_profile failed: {failed}")
         if dead:  # the SSH connection died: a fresh one stops the profiler and removes the folder
             say("the SSH connection is gone: stopping the profiler over a fresh one")
             with reconnect() as (io, url):
@@ -386,20 +388,20 @@ def _server_info(api, label: str) -> dict:
     return info
 
 
-def _stop_quietly(api, say, timeout: float | None = None, warn: bool = True) -> bool:
+def _stop_quietly(api, say, timeout: float | None = None, warn: bool = True) -> str:
     """/stop_profile, waiting at most ``timeout`` s for the reply (the server stops profiling when
-    the request arrives; writing the traces may go on after that). True when the server answered
-    (stopped, or nothing was running)."""
+    the request arrives; writing the traces may go on after that). Returns "" when the server
+    answered (stopped, or nothing was running), else the error (said unless ``warn`` is False)."""
     try:
         api.stop_profile(request_timeout=timeout)
         say("profiler stopped")
-        return True
+        return ""
     except Exception as e:  # 'no profile running' is fine; anything else is reported, not raised
         if _is_not_running(e):
-            return True
+            return ""
         if warn:
             say(f"warning: /stop_profile failed: {e}")
-        return False
+        return str(e) or type(e).__name__
 
 
 # ------------------------------------------------------------------------------- several hosts
