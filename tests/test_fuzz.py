@@ -1,9 +1,20 @@
-"""Property-based fuzzing (hypothesis) of everything perfscope reads: real small traces from
-../shared/traces mutated in structure, types and bytes, run through the loader *and* the analysis
-in-process; run.json files; fix manifests. The only exception allowed out is the documented input
-error (:class:`perfscope.errors.PerfscopeError`, exit 2/4): anything else is a bug the CLI would
-report as exit 70. ``PERFSCOPE_FUZZ_EXAMPLES`` scales the example counts (CI: the defaults, 2,400
-in all, about a minute on 2 cores); the seed is fixed so that CI runs are reproducible.
+"""Structure-aware fuzzing (hypothesis) of everything perfscope reads: real small traces from
+../shared/traces mutated in structure, field types (cpu_op shapes, >64-bit integers, negative
+durations), bytes, container format (JSON Array Format) and text encoding (BOM, UTF-16, lone
+surrogates), run through the loader *and* the analysis in-process; run.json files; fix manifests.
+The only exception allowed out is the documented input error
+(:class:`perfscope.errors.PerfscopeError`, exit 2/4): anything else is a bug the CLI would report
+as exit 70.
+
+Each property runs twice: with the fixed seed (the same cases every run: a regression stays
+caught) and with a rotating seed (the day's number, or ``PERFSCOPE_FUZZ_SEED``; a failure names
+it, and setting it replays that run). CI runs 3,300 cases in all, a couple of minutes on 2 cores;
+``PERFSCOPE_FUZZ_EXAMPLES`` scales the counts.
+
+Found and fixed by these properties and the red-team rounds (each a test of its own too):
+``args`` that is no object, ``pid``/``tid`` lists, ``grid``/``block`` nested, device properties of
+the wrong type, 1000-deep nesting, ``stream: -1e308`` in the JSON writer (round 1); ``Input type`` /
+``Input Dims`` numbers and >64-bit integers in cpu_op shapes (round 2).
 """
 
 from __future__ import annotations
@@ -12,10 +23,11 @@ import copy
 import gzip
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from paths import H200, TRACELENS
@@ -30,13 +42,45 @@ SEEDS = [
 ]
 
 
-def _n(base: int) -> int:
-    return max(10, int(base * SCALE))
+ROTATING_SEED = int(os.environ.get("PERFSCOPE_FUZZ_SEED") or int(time.time() // 86400))
+MODES = ["fixed", "rotating"]
+SHARE = {"fixed": 0.65, "rotating": 0.35}  # of each property's cases
 
 
-def _cfg(n):
-    return settings(max_examples=_n(n), deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+def _n(base: int, mode: str = "fixed") -> int:
+    return max(10, int(base * SCALE * SHARE[mode]))
+
+
+def _cfg(n, mode: str = "fixed"):
+    """settings for ``n`` cases in all (split between the two modes) and the mode's seed."""
+    s = settings(max_examples=_n(n, mode), deadline=None, derandomize=mode == "fixed", database=None,
+                 suppress_health_check=list(HealthCheck))
+    if mode == "fixed":
+        return s
+
+    def both(f):
+        return seed(ROTATING_SEED)(s(f))
+    return both
+
+
+def _run(mode: str, prop, n: int) -> None:
+    """Run a property (its cases counted: at least its share of ``n`` must run); a failure under
+    the rotating seed names the seed that replays it."""
+    calls = [0]
+    inner = prop.hypothesis.inner_test
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return inner(*a, **kw)
+    prop.hypothesis.inner_test = counted
+    try:
+        prop()
+        assert calls[0] >= _n(n, mode), (calls[0], _n(n, mode))
+    except Exception as e:
+        if mode == "rotating":
+            raise AssertionError(f"fuzz failure under the rotating seed: PERFSCOPE_FUZZ_SEED={ROTATING_SEED} "
+                                 f"replays it ({type(e).__name__}: {e})") from e
+        raise
 
 
 @pytest.fixture(scope="module")
@@ -114,26 +158,76 @@ def _load_and_analyse(buf: bytes) -> None:
     from perfscope.load.reader import parse
     from perfscope.report.jsonout import dumps
 
+    from perfscope.analysis.roofline import op_work
+    from perfscope.load import shapes
+
     try:
         trace = parse(buf, "<fuzz>")
+        for op in trace.cpu_ops[:60]:  # every op's shapes through the typed view, the roofline and the writer
+            d = {"op_chain": [op.name], "input_types": shapes.input_types(op.input_type),
+                 "input_dims": shapes.input_dims(op.input_dims), "concrete_inputs": shapes.concrete_inputs(op.concrete)}
+            dumps([d, op_work(d)])
         ra = analyze_trace(trace, {})
         dumps(ra.to_dict())
     except PerfscopeError:
         pass  # a documented input error: one line, exit 2
 
 
-@_cfg(1200)
-@given(which=st.integers(0, len(SEEDS) - 1), ops=OPS)
-def test_fuzz_trace_structure_and_types(seeds, which, ops):
-    _load_and_analyse(json.dumps(_mutate(seeds[which], ops)).encode())
+@pytest.mark.parametrize("mode", MODES)
+def test_fuzz_trace_structure_and_types(seeds, mode):
+    @_cfg(1500, mode)
+    @given(which=st.integers(0, len(SEEDS) - 1), ops=OPS)
+    def prop(which, ops):
+        _load_and_analyse(json.dumps(_mutate(seeds[which], ops)).encode())
+    _run(mode, prop, 1500)
 
 
-@_cfg(500)
-@given(which=st.integers(0, len(SEEDS) - 1),
-       edits=st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["flip", "cut", "insert", "delete"]),
-                                st.binary(min_size=1, max_size=4)), min_size=1, max_size=4),
-       gz=st.booleans())
-def test_fuzz_trace_bytes(seeds, which, edits, gz):
+def _encode(obj: dict, form: str, encoding: str, lone: int) -> bytes:
+    """The trace in another container form and text encoding, as other tools write it."""
+    if form == "array":
+        text = json.dumps(obj["traceEvents"], indent=0)
+    elif form == "array-open":  # the JSON Array Format's closing bracket is optional
+        text = json.dumps(obj["traceEvents"], indent=0).rstrip().rstrip("]")
+    else:
+        text = json.dumps(obj)
+    if lone:  # lone surrogate escapes in names, somewhere in the file
+        k = text.find('"name": "', lone % max(len(text), 1))
+        if k >= 0:
+            text = text[:k + 9] + "\\ud83d" + text[k + 9:]
+    return text.encode(encoding, "surrogatepass")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fuzz_trace_forms_encodings_and_durations(seeds, mode):
+    @_cfg(300, mode)
+    @given(which=st.integers(0, len(SEEDS) - 1), ops=OPS,
+           form=st.sampled_from(["object", "array", "array-open"]),
+           encoding=st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be"]),
+           lone=st.integers(0, 1 << 16), durs=st.lists(st.tuples(st.integers(0, 10_000),
+                                                                 st.floats(-1e16, -1e-9)), max_size=3))
+    def prop(which, ops, form, encoding, lone, durs):
+        obj = _mutate(seeds[which], ops)
+        evs = obj["traceEvents"]
+        for i, d in durs:
+            if evs and isinstance(evs[i % len(evs)], dict):
+                evs[i % len(evs)] = {**evs[i % len(evs)], "dur": d}
+        _load_and_analyse(_encode(obj, form, encoding, lone))
+    _run(mode, prop, 300)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fuzz_trace_bytes(seeds, mode):
+    @_cfg(700, mode)
+    @given(which=st.integers(0, len(SEEDS) - 1),
+           edits=st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["flip", "cut", "insert", "delete"]),
+                                    st.binary(min_size=1, max_size=4)), min_size=1, max_size=4),
+           gz=st.booleans())
+    def prop(which, edits, gz):
+        _mutate_bytes(seeds, which, edits, gz)
+    _run(mode, prop, 700)
+
+
+def _mutate_bytes(seeds, which, edits, gz):
     buf = bytearray(json.dumps(seeds[which]).encode())
     if gz:
         buf = bytearray(gzip.compress(bytes(buf), compresslevel=1))
@@ -161,12 +255,19 @@ RUN_KEYS = ["schema_version", "files", "members", "timings", "server_info", "ver
             "command", "status", "kind", "host"]
 
 
-@_cfg(400)
-@given(edits=st.lists(st.tuples(st.sampled_from(RUN_KEYS), JSON), max_size=5),
-       file_edits=st.lists(st.tuples(st.sampled_from(["path", "rank", "host", "stage", "bytes", "sha256", "parallel"]),
-                                     JSON), max_size=4),
-       deep=st.integers(0, 3))
-def test_fuzz_run_json(tmp_path_factory, edits, file_edits, deep):
+@pytest.mark.parametrize("mode", MODES)
+def test_fuzz_run_json(tmp_path_factory, mode):
+    @_cfg(500, mode)
+    @given(edits=st.lists(st.tuples(st.sampled_from(RUN_KEYS), JSON), max_size=5),
+           file_edits=st.lists(st.tuples(st.sampled_from(["path", "rank", "host", "stage", "bytes", "sha256",
+                                                          "parallel"]), JSON), max_size=4),
+           deep=st.integers(0, 3))
+    def prop(edits, file_edits, deep):
+        _run_json_case(tmp_path_factory, edits, file_edits, deep)
+    _run(mode, prop, 500)
+
+
+def _run_json_case(tmp_path_factory, edits, file_edits, deep):
     from perfscope.capture import rundir
     from perfscope.load import discover
 
@@ -197,11 +298,18 @@ def test_fuzz_run_json(tmp_path_factory, edits, file_edits, deep):
         pass
 
 
-@_cfg(300)
-@given(edits=st.lists(st.tuples(st.sampled_from(["backup", "sha256_before", "sha256_after", "strategy", "variant",
-                                                 "applied_at", "path"]), JSON), max_size=4),
-       top=st.one_of(st.none(), JSON))
-def test_fuzz_fix_manifest(tmp_path_factory, edits, top):
+@pytest.mark.parametrize("mode", MODES)
+def test_fuzz_fix_manifest(tmp_path_factory, mode):
+    @_cfg(300, mode)
+    @given(edits=st.lists(st.tuples(st.sampled_from(["backup", "sha256_before", "sha256_after", "strategy",
+                                                     "variant", "applied_at", "path"]), JSON), max_size=4),
+           top=st.one_of(st.none(), JSON))
+    def prop(edits, top):
+        _manifest_case(tmp_path_factory, edits, top)
+    _run(mode, prop, 300)
+
+
+def _manifest_case(tmp_path_factory, edits, top):
     from perfscope.fixengine.engine import load_manifest
     from perfscope.fixengine.host import LocalFixHost
 

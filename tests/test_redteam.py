@@ -1,9 +1,16 @@
-"""One test per finding of ../shared/notes/redteam-2026-12-01.md (named rtNN_ after it), each
-running the finding's reproducer against the real thing where it runs here: the CLI in a real
+"""One test per finding of the first red-team round (../shared/notes/redteam-2026-12-01.md has
+the reproducers); each test's docstring says what was wrong and what holds now. Each runs the
+finding's reproducer against the real thing where it runs here: the CLI in a real
 subprocess or in-process, the suite's real OpenSSH server (tests/sshd.py) and OpenSSH's own
 ``ssh`` client, real traces from ../shared/traces. The inference server is a small HTTP stand-in
 (this machine has no GPU for SGLang); it speaks SGLang's profile API and, on /start_profile, writes
 a real trace from shared/traces into the requested folder, as SGLang would.
+
+Not proven by a test of its own: Ctrl-C during the copy-back (it goes through the same cleanup as
+the other interrupts); the remote patch's temp file in the state folder falls back to the
+package folder when the two are on different file systems. The second round (hostile servers and
+files: bounds, encodings, batching) is in test_server_bounds.py, test_hostile_files.py and
+test_ssh_cleanup.py.
 """
 
 from __future__ import annotations
@@ -126,7 +133,9 @@ def url_args(port, tmp_path):
 
 # ------------------------------------------------------------------------------ High
 
-def test_rt01_trace_with_relative_out_writes_its_run_folder(server, tmp_path):
+def test_trace_with_relative_out_writes_its_run_folder(server, tmp_path):
+    """A relative --out (and the default run folder) was joined onto itself after profiling
+    (FileNotFoundError, no run.json, the host folder left): out paths are made absolute once."""
     H, port = server
     p = cli_proc(["trace", *url_args(port, tmp_path), "--out", "run1"], cwd=tmp_path,
                  env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -189,7 +198,7 @@ STRICTER_BY_DESIGN = {"cert-authority-only-accept-new"}
 
 
 @pytest.mark.parametrize("case", [c[0] for c in KH_CASES])
-def test_rt02_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
+def test_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
     """perfscope and OpenSSH's ssh -o BatchMode=yes on the same known_hosts: both accept or both refuse."""
     from perfscope.capture.ssh import connect
     from perfscope.errors import RemoteError
@@ -233,7 +242,10 @@ def test_rt02_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
     assert kh.read_bytes() == kh2.read_bytes()  # recorded as ssh records it (name, file, form), or not at all
 
 
-def test_rt02_pattern_pinned_changed_key_refused_by_the_cli(sshd, server, tmp_path, capsys):
+def test_pattern_pinned_changed_key_refused_by_the_cli(sshd, server, tmp_path, capsys):
+    """A host pinned by a pattern ([127.0.0.*]:PORT) offering another key was accepted with
+    --accept-new-host-key (paramiko ignores patterns): perfscope's own known_hosts matcher
+    (capture/ssh/hostkeys.py) refuses it, as OpenSSH does."""
     H, port = server
     other = keygen(tmp_path / "other", comment="x")
     kh = tmp_path / "kh"
@@ -246,7 +258,10 @@ def test_rt02_pattern_pinned_changed_key_refused_by_the_cli(sshd, server, tmp_pa
 
 
 @pytest.mark.parametrize("dev", ["/dev/null", "/dev/full"])
-def test_rt03_report_onto_a_device_node_never_replaces_it(dev, capsys):
+def test_report_onto_a_device_node_never_replaces_it(dev, capsys):
+    """`report -o /dev/full` (or /dev/null) renamed a temp file over the device:
+    util/files.atomic_writer replaces only new or regular files and writes character devices and
+    FIFOs in place."""
     before = os.stat(dev)
     rc, out, err = run_cli(["report", str(SMALL), "-o", dev], capsys)
     after = os.stat(dev)
@@ -258,7 +273,9 @@ def test_rt03_report_onto_a_device_node_never_replaces_it(dev, capsys):
     assert not [p for p in os.listdir("/dev") if p.startswith(".null.") or p.startswith(".full.")]
 
 
-def test_rt03_writer_rules_fifo_symlink_socket(tmp_path):
+def test_writer_rules_fifo_symlink_socket(tmp_path):
+    """The writer's rules: a FIFO written in place, a symlink's target written (the link stays),
+    a socket refused."""
     import socket
 
     from perfscope.errors import InputError
@@ -289,7 +306,10 @@ def test_rt03_writer_rules_fifo_symlink_socket(tmp_path):
 # ---------------------------------------------------------------------------- Medium
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
-def test_rt04_signal_while_start_profile_has_not_answered_stops_the_profiler(server, tmp_path, sig, code):
+def test_signal_while_start_profile_has_not_answered_stops_the_profiler(server, tmp_path, sig, code):
+    """SIGTERM/SIGHUP left the profiler running, and Ctrl-C while /start_profile had not
+    answered too: signal handlers (cli/__init__) unwind like Ctrl-C, and the profiler counts as
+    armed from the moment /start_profile is sent."""
     H, port = server
     H.start_delay = 4.0
     p = cli_proc(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")],
@@ -310,7 +330,9 @@ def test_rt04_signal_while_start_profile_has_not_answered_stops_the_profiler(ser
     assert rc.returncode == 2 and "incomplete" in rc.stderr
 
 
-def test_rt04_start_profile_wait_is_bounded_by_timeout(server, tmp_path, capsys):
+def test_start_profile_wait_is_bounded_by_timeout(server, tmp_path, capsys):
+    """The wait for /start_profile was a fixed 120 s: it is min(120 s, --timeout), and
+    /stop_profile after the failure is bounded too."""
     H, port = server
     H.start_delay = 60.0
     args = url_args(port, tmp_path)
@@ -324,7 +346,9 @@ def test_rt04_start_profile_wait_is_bounded_by_timeout(server, tmp_path, capsys)
     assert "/stop_profile" in H.calls
 
 
-def test_rt05_several_hosts_and_an_http_error_give_one_line(server, tmp_path, capsys):
+def test_several_hosts_and_an_http_error_give_one_line(server, tmp_path, capsys):
+    """Several hosts and an HTTP error from one host's /start_profile gave a TypeError (the
+    error was re-raised as type(e)(msg, hint=...)): it is re-raised with its class and fields."""
     from perfscope.capture.options import TraceOptions
     from perfscope.capture.sglang_api import HTTPStatusError
     from perfscope.capture.trace import Endpoint, trace
@@ -341,7 +365,9 @@ def test_rt05_several_hosts_and_an_http_error_give_one_line(server, tmp_path, ca
     assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "incomplete"
 
 
-def test_rt06_api_key_echoed_by_the_server_is_redacted(server, tmp_path, capsys, monkeypatch):
+def test_api_key_echoed_by_the_server_is_redacted(server, tmp_path, capsys, monkeypatch):
+    """A server or proxy echoing the Authorization header put the API key in the one-line error:
+    errors.register_secret/redact cut it out of every PerfscopeError and trace log line."""
     H, port = server
     H.start_status, H.echo_auth = 500, True
     monkeypatch.setenv("PS_KEY", "SEKRIT-0123456789")
@@ -356,7 +382,9 @@ def _alive(tag: str) -> list[str]:
     return r.stdout.split()
 
 
-def test_rt07_hung_restart_cmd_is_killed_by_process_group_locally():
+def test_hung_restart_cmd_is_killed_by_process_group_locally():
+    """A hung --restart-cmd was left running (subprocess.run killed only the outer sh):
+    LocalHost.run gives it its own process group and kills the group (TERM, then KILL)."""
     from perfscope.capture.hostio import LocalHost
     from perfscope.errors import RemoteError
 
@@ -366,7 +394,9 @@ def test_rt07_hung_restart_cmd_is_killed_by_process_group_locally():
     assert _alive("sleep 771.25") == []
 
 
-def test_rt07_hung_command_is_killed_by_process_group_on_the_host(sshd):
+def test_hung_command_is_killed_by_process_group_on_the_host(sshd):
+    """The same over SSH (only the channel was closed): SSHSession.run learns the remote process
+    group and kills it (kill -- -PGID)."""
     from perfscope.capture.ssh import connect
     from perfscope.errors import RemoteError
 
@@ -405,7 +435,11 @@ MUTATIONS = {
 
 @pytest.mark.parametrize("name", list(MUTATIONS))
 @pytest.mark.parametrize("cmd", ["diagnose", "report"])
-def test_rt08_malformed_traces_are_one_line_or_analysed(name, cmd, tmp_path, capsys):
+def test_malformed_traces_are_one_line_or_analysed(name, cmd, tmp_path, capsys):
+    """Malformed traces crashed diagnose/report/compare (args not an object, pid/tid lists,
+    grid/block nested, deviceProperties of the wrong type, 1000-deep nesting, stream -1e308 with
+    --json): the reader coerces or drops such fields within int64/finite bounds, and
+    RecursionError is an InputError. tests/test_fuzz.py keeps mutating real traces."""
     obj = _trace_obj()
     MUTATIONS[name](obj, _kernel_index(obj))
     p = tmp_path / "t.json"
@@ -446,7 +480,10 @@ RUN_MUTATIONS = {
 
 
 @pytest.mark.parametrize("name", list(RUN_MUTATIONS))
-def test_rt09_malformed_run_json_is_exit_2_one_line(name, tmp_path, capsys):
+def test_malformed_run_json_is_exit_2_one_line(name, tmp_path, capsys):
+    """run.json with members/files/ranks/timings of the wrong type, 100000-deep nesting or a
+    5000-digit int crashed: util/jsonio bounds depth, 64-bit ints, finiteness and the top type,
+    and read_run checks the fields."""
     d = _run_dir(tmp_path, RUN_MUTATIONS[name])
     rc, _, err = run_cli(["diagnose", str(d)], capsys)
     assert rc == 2, err
@@ -454,14 +491,18 @@ def test_rt09_malformed_run_json_is_exit_2_one_line(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text", ["[" * 50000 + "]" * 50000, '{"tp_size": 1e999}', "[1]"])
-def test_rt09_malformed_config_is_exit_2_one_line(text, tmp_path, capsys):
+def test_malformed_config_is_exit_2_one_line(text, tmp_path, capsys):
+    """--config / --model-config nested deep gave RecursionError: read through util/jsonio, one
+    line, exit 2."""
     cfg = tmp_path / "c.json"
     cfg.write_text(text)
     rc, _, err = run_cli(["diagnose", str(SMALL), "--config", str(cfg)], capsys)
     assert rc == 2 and str(cfg) in one_line(err)
 
 
-def test_rt09_server_info_nested_deep_or_huge_is_one_line(server, tmp_path, capsys):
+def test_server_info_nested_deep_or_huge_is_one_line(server, tmp_path, capsys):
+    """/server_info nested deep (RecursionError) or tp_size 1e999 (OverflowError in
+    expected_files): one line, and expected_files takes only sane sizes."""
     from perfscope.capture.sglang_api import SGLangClient
     from perfscope.errors import RemoteError
 
@@ -478,7 +519,9 @@ def test_rt09_server_info_nested_deep_or_huge_is_one_line(server, tmp_path, caps
     assert expected_files({"tp_size": 1e999}, False) == 1
 
 
-def test_rt10_local_command_unrunnable_is_a_result_not_a_traceback(tmp_path):
+def test_local_command_unrunnable_is_a_result_not_a_traceback(tmp_path):
+    """A PATH entry the user cannot enter made LocalHost.run raise PermissionError: any OSError
+    is a result with rc 126."""
     from perfscope.capture.hostio import LocalHost
 
     d = tmp_path / "noexec"
@@ -489,7 +532,9 @@ def test_rt10_local_command_unrunnable_is_a_result_not_a_traceback(tmp_path):
     assert r.rc == 126 and "ermission" in r.stderr
 
 
-def test_rt11_fix_lock_serialises_two_holders_locally(tmp_path):
+def test_fix_lock_serialises_two_holders_locally(tmp_path):
+    """Two --apply at once were not locked against each other (9 of 20 left a manifest naming
+    the other strategy): a lock in the state root (flock locally)."""
     from perfscope.errors import FixRefused
     from perfscope.fixengine.host import LocalFixHost
 
@@ -510,7 +555,9 @@ def test_rt11_fix_lock_serialises_two_holders_locally(tmp_path):
         pass
 
 
-def test_rt11_fix_lock_serialises_two_holders_on_the_host(sshd, tmp_path):
+def test_fix_lock_serialises_two_holders_on_the_host(sshd, tmp_path):
+    """The same lock on the host: flock held by a python3 on an SSH channel, released when the
+    connection dies."""
     from perfscope.capture.ssh import connect
     from perfscope.errors import FixRefused
     from perfscope.fixengine.host import SSHFixHost
@@ -525,7 +572,9 @@ def test_rt11_fix_lock_serialises_two_holders_on_the_host(sshd, tmp_path):
             pass
 
 
-def test_rt13_non_ssh_port_gives_one_line_and_no_paramiko_log(tmp_path):
+def test_non_ssh_port_gives_one_line_and_no_paramiko_log(tmp_path):
+    """Paramiko's logger printed tracebacks ("Error reading SSH protocol banner") for a silent
+    or non-SSH port: its logger has a NullHandler, and perfscope says one line."""
     import socket
 
     srv = socket.socket()
@@ -550,7 +599,10 @@ def test_rt13_non_ssh_port_gives_one_line_and_no_paramiko_log(tmp_path):
     assert "Exception (client)" not in err and "perfscope: error:" in one_line(err)
 
 
-def test_rt13_revoked_and_cert_authority_and_non_utf8_known_hosts_fail_closed(sshd, tmp_path):
+def test_revoked_and_cert_authority_and_non_utf8_known_hosts_fail_closed(sshd, tmp_path):
+    """@revoked / @cert-authority lines and a non-UTF-8 known_hosts gave paramiko tracebacks:
+    perfscope's own parser fails closed in one line. (A host vouched for only by @cert-authority
+    fails closed even with accept-new, where ssh would record the plain key: deliberate.)"""
     from perfscope.capture.ssh import HostKeyChanged, HostKeyUnknown, connect
 
     k = public_line(sshd.host_key)
@@ -570,7 +622,9 @@ def test_rt13_revoked_and_cert_authority_and_non_utf8_known_hosts_fail_closed(ss
 
 # ------------------------------------------------------------------------------- Low
 
-def test_rt14_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path, capsys):
+def test_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path, capsys):
+    """A multi-member gzip (RFC 1952, zcat reads it) was refused as truncated and junk after the
+    first member ignored: members are read whole, non-zero junk after them is exit 2."""
     from perfscope.load.reader import read_bytes
 
     raw = gzip.decompress(SMALL.read_bytes())
@@ -584,7 +638,10 @@ def test_rt14_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path, capsys)
     assert rc == 2 and "junk after the gzip stream" in one_line(err)
 
 
-def test_rt15_fifo_and_dash_are_refused_in_one_line(tmp_path):
+def test_fifo_and_dash_are_refused_in_one_line(tmp_path):
+    """`diagnose fifo.json` blocked for ever: FIFOs and devices are refused in one line (opened
+    non-blocking, fstat'ed); `-` is refused, not read as stdin (not promised; /dev/stdin is a
+    character device and refused too)."""
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -597,7 +654,9 @@ def test_rt15_fifo_and_dash_are_refused_in_one_line(tmp_path):
     assert r.returncode == 2 and "stdin" in one_line(r.stderr)
 
 
-def test_rt16_broken_pipe_exits_quietly(tmp_path):
+def test_broken_pipe_exits_quietly(tmp_path):
+    """`diagnose ... | head -1` exited 1 through click's EPIPE path: a broken pipe is exit 0,
+    quiet."""
     r = subprocess.run(f"{sys.executable} -c 'from perfscope.cli import main; main()' diagnose {SMALL} --json | head -c 10",
                        shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash",
                        env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -607,7 +666,9 @@ def test_rt16_broken_pipe_exits_quietly(tmp_path):
     assert r.stderr == "" and r2.returncode == 0, r2.stderr
 
 
-def test_rt16_unexpected_exception_is_exit_70_one_line(tmp_path, capsys, monkeypatch):
+def test_unexpected_exception_is_exit_70_one_line(tmp_path, capsys, monkeypatch):
+    """A bug is exit 70 with one line (PERFSCOPE_DEBUG=1 prints the traceback), never exit 1,
+    the exit code of a gated finding."""
     import perfscope.load.reader as reader
 
     def boom(*a, **k):
@@ -620,7 +681,9 @@ def test_rt16_unexpected_exception_is_exit_70_one_line(tmp_path, capsys, monkeyp
     assert rc == 70 and "Traceback" in err and "ZeroDivisionError" in err
 
 
-def test_rt17_symlinked_target_stays_a_symlink_through_apply_and_revert_writes(tmp_path):
+def test_symlinked_target_stays_a_symlink_through_apply_and_revert_writes(tmp_path):
+    """A symlinked target became a regular file on --apply and --revert: the writer writes the
+    link's target."""
     from perfscope.fixengine.host import LocalFixHost
 
     real = tmp_path / "pkg" / "mod.py"
@@ -637,7 +700,10 @@ def test_rt17_symlinked_target_stays_a_symlink_through_apply_and_revert_writes(t
     assert sorted(p.name for p in real.parent.iterdir()) == ["mod.py"]  # no stray temp file
 
 
-def test_rt18_proxycommand_is_refused_in_one_line_and_ssh_url_jumps_parse(tmp_path):
+def test_proxycommand_is_refused_in_one_line_and_ssh_url_jumps_parse(tmp_path):
+    """ProxyCommand was silently ignored (a straight connection to HostName), ssh:// ProxyJump
+    misparsed, a ProxyJump loop built ~990 hops: ProxyCommand is refused in one line (also when
+    the config does not parse), ssh:// parses, more than 16 hops are refused."""
     from perfscope.capture.ssh import parse_target
     from perfscope.errors import RemoteError
 
@@ -653,7 +719,9 @@ def test_rt18_proxycommand_is_refused_in_one_line_and_ssh_url_jumps_parse(tmp_pa
         parse_target("loopa", ssh_config=cfg)
 
 
-def test_rt19_sigint_prints_interrupted(server, tmp_path):
+def test_sigint_prints_interrupted(server, tmp_path):
+    """Ctrl-C printed no line: "perfscope: interrupted" once, exit 128 + the signal. (SIGINT
+    during interpreter start-up, before perfscope's code runs, still ends as Python does.)"""
     H, port = server
     H.start_delay = 3.0
     p = cli_proc(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")], env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -700,7 +768,9 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_rt10_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs, tmp_path, capsys):
+def test_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs, tmp_path, capsys):
+    """A full disk (ENOSPC) gave an OSError traceback and left a manifest claiming an apply that
+    never happened: one line, exit 2, no manifest, the file intact (a real 192 KiB tmpfs)."""
     target, original = _fix_setup(small_fs)
     filler = small_fs / "filler"
     try:  # fill the file system: what is left is less than the patched file
@@ -718,7 +788,8 @@ def test_rt10_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left
 
 
-def test_rt10_fix_on_a_read_only_file_system_leaves_no_manifest(small_fs, tmp_path, capsys):
+def test_fix_on_a_read_only_file_system_leaves_no_manifest(small_fs, tmp_path, capsys):
+    """The same on a read-only file system (EROFS)."""
     target, original = _fix_setup(small_fs)
     r = subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -741,7 +812,9 @@ print(engine.apply(get("fp8-kv-cast"), LocalFixHost(), req).outcome.kind, flush=
 """
 
 
-def test_rt11_two_concurrent_applies_to_one_file_are_serialised(tmp_path):
+def test_two_concurrent_applies_to_one_file_are_serialised(tmp_path):
+    """Two concurrent applies with different strategies: serialised by the lock, the manifest
+    names the strategy in the file."""
     import hashlib
 
     from perfscope.fixengine import engine
@@ -762,7 +835,8 @@ def test_rt11_two_concurrent_applies_to_one_file_are_serialised(tmp_path):
         assert rep.outcome.kind == "reverted" and target.read_bytes() == original
 
 
-def test_rt16_revert_with_a_deleted_backup_is_refused_exit_4(tmp_path, capsys):
+def test_revert_with_a_deleted_backup_is_refused_exit_4(tmp_path, capsys):
+    """--revert with a deleted backup said "failed" (exit 1): refused, exit 4."""
     target, original = _fix_setup(tmp_path)
     state = tmp_path / "state"
     base = ["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--kv-cache-dtype", "fp8_e4m3"]
@@ -774,7 +848,8 @@ def test_rt16_revert_with_a_deleted_backup_is_refused_exit_4(tmp_path, capsys):
     assert rc == 4 and "missing" in (out + err)
 
 
-def test_rt16_bad_port_and_missing_identity_are_exit_2(tmp_path, capsys):
+def test_bad_port_and_missing_identity_are_exit_2(tmp_path, capsys):
+    """A missing identity file and --host h:99999 exited 3 (remote): they are bad input, exit 2."""
     rc, _, err = run_cli(["trace", "--host", "gpu:99999", "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and "bad port" in one_line(err)
     rc, _, err = run_cli(["trace", "--host", "127.0.0.1:22", "-i", str(tmp_path / "nope"), "--known-hosts", str(tmp_path / "kh"),
@@ -782,7 +857,9 @@ def test_rt16_bad_port_and_missing_identity_are_exit_2(tmp_path, capsys):
     assert rc == 2 and "does not exist" in one_line(err)
 
 
-def test_rt17_symlinked_fix_target_stays_a_symlink_after_apply_and_revert(tmp_path):
+def test_symlinked_fix_target_stays_a_symlink_after_apply_and_revert(tmp_path):
+    """The CLI's --apply/--revert on a symlinked target: the link stays a link, the bytes are
+    restored."""
     from perfscope.fixengine import engine
     from perfscope.fixengine.host import LocalFixHost
     from perfscope.fixengine.registry import get
@@ -800,7 +877,8 @@ def test_rt17_symlinked_fix_target_stays_a_symlink_after_apply_and_revert(tmp_pa
     assert sorted(p.name for p in real.parent.iterdir()) == [real.name]
 
 
-def test_rt17_read_only_target_is_refused(tmp_path):
+def test_read_only_target_is_refused(tmp_path):
+    """A 0444 target was patched anyway: refused."""
     from perfscope.fixengine import engine
     from perfscope.fixengine.host import LocalFixHost
     from perfscope.fixengine.registry import get
@@ -814,7 +892,10 @@ def test_rt17_read_only_target_is_refused(tmp_path):
     assert target.read_bytes() == original and _manifests(tmp_path / "state") == []
 
 
-def test_rt20_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp_file(tmp_path):
+def test_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp_file(tmp_path):
+    """SIGKILL during --apply left a .tmp in the package folder (2 of 40): the patch's temp file
+    lives in the state folder (same file system), else the package folder; the target is always
+    the original or the patched file."""
     import hashlib
 
     target, original = _fix_setup(tmp_path / "ref")
@@ -838,7 +919,9 @@ def test_rt20_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp
 
 
 @pytest.mark.parametrize("layout", ["key-in-second-file", "changed-in-first-ok-in-second", "changed-in-second"])
-def test_rt02_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, layout):
+def test_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, layout):
+    """Several known_hosts files (UserKnownHostsFile with more than one, GlobalKnownHostsFile)
+    decided as OpenSSH 9.2 decides them."""
     from perfscope.capture.ssh import connect, parse_target
     from perfscope.errors import RemoteError
 
@@ -870,7 +953,8 @@ def test_rt02_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, la
         assert ok == (r.returncode == 0), (layout, r.stderr[-300:])
 
 
-def test_rt04_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(sshd, server, tmp_path):
+def test_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(sshd, server, tmp_path):
+    """SIGTERM during an SSH trace: the profiler is stopped and the host folder removed."""
     H, port = server
     H.start_delay = 4.0
     srv = tmp_path / "srv"
@@ -891,13 +975,17 @@ def test_rt04_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(ss
     assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "incomplete"
 
 
-def test_rt03_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
+def test_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
+    """--markdown /dev/full: the write error is one line, exit 2."""
     rc, _, err = run_cli(["diagnose", str(SMALL), "--markdown", "/dev/full"], capsys)
     assert rc == 2 and "No space left" in one_line(err)
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
-def test_rt12_a_failed_trace_leaves_no_host_folder_and_an_incomplete_run_folder(server, tmp_path, capsys):
+def test_a_failed_trace_leaves_no_host_folder_and_an_incomplete_run_folder(server, tmp_path, capsys):
+    """A failed or interrupted trace left the host's perfscope-trace.* folder and a run folder
+    without run.json: the host folder is removed (rm -rf of perfscope's own mktemp folder) and
+    run.json says "status": "incomplete" (read_run refuses it)."""
     H, port = server
     H.write_trace = False  # the profile never completes
     args = url_args(port, tmp_path)

@@ -89,6 +89,14 @@ def pass_steps(st: State) -> None:
     if st.trace.meta.repaired_names:
         st.notes.append(f"{st.trace.meta.repaired_names} event name(s) held unescaped quotes (a torch profiler "
                         "bug that breaks the JSON) and were repaired on load")
+    m = st.trace.meta
+    if m.lone_surrogates:
+        st.notes.append(f"{m.lone_surrogates} lone UTF-16 surrogate escape(s) in the trace's strings were read as "
+                        "U+FFFD (the replacement character)")
+    if m.negative_durations:
+        kern = f", {m.negative_kernels} of them GPU kernels or copies" if m.negative_kernels else ""
+        st.notes.append(f"{m.negative_durations} event(s) with a negative duration{kern} were left out of the "
+                        "analysis (the profiler's clock went back for them)")
     if st.cpu_only:
         st.notes.append(CPU_ONLY_NOTE)
 

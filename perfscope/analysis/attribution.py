@@ -16,6 +16,7 @@ import msgspec
 
 from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import is_graph_launch
+from perfscope.load import shapes
 from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace
 
 # frames that are plumbing, not the line a user wants to see
@@ -38,21 +39,6 @@ class Attribution:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def _raw(value: Any) -> Any:
-    if value is None:
-        return None
-    try:
-        b = bytes(value)
-    except TypeError:
-        return value
-    if not b:
-        return None
-    try:
-        return msgspec.json.decode(b)
-    except msgspec.DecodeError:
-        return None
 
 
 def _innermost(sorted_items: list, starts: list[float], ts: float, accept=None, below: int | None = None):
@@ -144,9 +130,9 @@ class Attributor:
         op = self._ops_by_ext.get(ext) if ext is not None else None
         where = launch if launch is not None else op
         if op is not None:
-            a.input_types = _raw(op.input_type)
-            a.input_dims = _raw(op.input_dims)
-            a.concrete_inputs = _raw(op.concrete)
+            a.input_types = shapes.input_types(op.input_type)
+            a.input_dims = shapes.input_dims(op.input_dims)
+            a.concrete_inputs = shapes.concrete_inputs(op.concrete)
             a.op_chain = self._op_chain(op)
         elif launch is not None:
             a.op_chain = self._op_chain_at(launch)

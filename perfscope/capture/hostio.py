@@ -16,15 +16,35 @@ import subprocess
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
-from perfscope.util.files import atomic_writer, sha256_file
+from perfscope.util.files import atomic_writer, local_write_error, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
 # saves the server tens of seconds per trace)
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
 
+
+
+# One command's arguments, in bytes: far below OpenSSH's 256 KB packet limit (a longer exec request
+# makes sshd drop the connection) and Linux's 128 KB per argument.
+ARGV_BATCH_BYTES = 32 * 1024
+
+
+def argv_batches(paths: list[str], limit: int = ARGV_BATCH_BYTES) -> Iterator[list[str]]:
+    """``paths`` in consecutive batches whose quoted length stays under ``limit`` bytes each."""
+    batch: list[str] = []
+    size = 0
+    for p in paths:
+        n = len(p.encode("utf-8", "surrogateescape")) + 3
+        if batch and size + n > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(p)
+        size += n
+    if batch:
+        yield batch
 
 
 def is_trace_name(name: str) -> bool:
@@ -189,6 +209,10 @@ class HostIO:
     def run(self, argv: Sequence[str], timeout: float = 60.0) -> CommandResult:
         raise NotImplementedError
 
+    def alive(self) -> bool:
+        """Whether the connection to the host still works (always, for this machine)."""
+        return True
+
     # folders and files ------------------------------------------------------------------------
     def mkdtemp(self, base: str, prefix: str = "perfscope-trace.") -> str:
         r = self.run(["mktemp", "-d", "-p", base, prefix + "XXXXXXXX"])
@@ -220,9 +244,14 @@ class HostIO:
         still runs)."""
         if not paths:
             return []
-        r = self.run(["python3", "-c", _COMPLETE_CHECK_PY, *paths], timeout=300)
-        if r.ok:
-            return [p for p in r.stdout.splitlines() if p]
+        out: list[str] = []
+        for batch in argv_batches(paths):
+            r = self.run(["python3", "-c", _COMPLETE_CHECK_PY, *batch], timeout=300)
+            if not r.ok:
+                break
+            out += [p for p in r.stdout.splitlines() if p]
+        else:
+            return out
         bad = []
         for p in paths:
             if p.endswith(".gz"):
@@ -334,6 +363,13 @@ class SSHHost(HostIO):
     def run(self, argv, timeout=60.0):
         return self.s.run(argv, timeout=timeout)
 
+    def alive(self):
+        try:
+            self.s.transport
+        except RemoteError:
+            return False
+        return True
+
     def list_traces(self, folder, match=is_trace_name):
         out = []
         for e in self.s.listdir(folder):
@@ -425,16 +461,19 @@ class LocalHost(HostIO):
         total = os.path.getsize(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
-        with open(path, "rb") as src, atomic_writer(local) as dst:
-            while b := src.read(1 << 20):
-                dst.write(b)
-                h.update(b)
-                done += len(b)
-                if progress:
-                    progress(done, total)
-            digest = h.hexdigest()
-            if expected_sha256 and digest != expected_sha256:
-                raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
+        try:
+            with open(path, "rb") as src, atomic_writer(local) as dst:
+                while b := src.read(1 << 20):
+                    dst.write(b)
+                    h.update(b)
+                    done += len(b)
+                    if progress:
+                        progress(done, total)
+                digest = h.hexdigest()
+                if expected_sha256 and digest != expected_sha256:
+                    raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
+        except OSError as e:
+            raise (local_write_error(e, local) or e) from None
         return digest
 
     def remove(self, paths, folder):

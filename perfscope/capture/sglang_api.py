@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
+from perfscope.capture.httpbound import Deadline, read_capped, readline_capped
 from perfscope.errors import InputError, RemoteError
+from perfscope.util import limits
 
 try:  # the SSH engineer's error type, so that `trace` can tell "nothing listens" from other failures
     from perfscope.capture.ssh import ServerDown
@@ -48,6 +50,7 @@ class Unauthorized(HTTPStatusError):
     """401/403: the API key is missing or wrong."""
 
 
+_ERROR_BODY_BYTES = 64 * 1024
 PROFILE_FIELDS = ("output_dir", "num_steps", "activities", "with_stack", "record_shapes", "profile_by_stage",
                   "profile_prefix", "start_step", "merge_profiles", "profile_id", "profile_stages")
 
@@ -169,13 +172,21 @@ class SGLangClient:
             h["Authorization"] = f"Bearer {self._api_key}"
         return h
 
-    def _open(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None):
+    def _open(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None,
+              stream: bool = False):
+        """Send the request; returns (connection, response, deadline). The deadline bounds the whole
+        request (``stream``: each line of the stream) at the timeout, however slowly bytes arrive."""
         data = None if body is None else json.dumps(body).encode()
         conn = self._conn(timeout)
         where = f"{method} {self.base_url}{path}"
+        watch = None
+        ok = False
         try:
+            conn.connect()  # bounded by the socket timeout; the deadline covers the rest
+            watch = Deadline(conn.sock, limits.http_deadline(conn.timeout))
             conn.request(method, self.prefix + path, body=data, headers=self._headers(data))
             resp = conn.getresponse()
+            ok = True
         except ConnectionRefusedError:
             conn.close()
             raise ServerDown(f"nothing listens at {self.base_url} (connection refused): is the server running?") from None
@@ -184,32 +195,46 @@ class SGLangClient:
             raise RemoteError(f"{where} timed out after {conn.timeout:g}s") from None
         except (OSError, http.client.HTTPException) as e:
             conn.close()
+            if watch is not None and watch.fired:
+                raise watch.error(where, "reply") from None
             if isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
                 raise ServerDown(f"the server at {self.base_url} closed the connection ({type(e).__name__})") from None
             raise RemoteError(f"{where} failed: {type(e).__name__}: {e}") from None
+        finally:
+            if watch is not None and not ok:
+                watch.done()
         if resp.status >= 400:
             try:
-                raw = resp.read()
+                raw = resp.read(_ERROR_BODY_BYTES)  # enough for a message, never the whole of an endless body
             except (OSError, http.client.HTTPException):
                 raw = b""
+            watch.done()
             conn.close()
             msg = _message_of(raw) or resp.reason
             cls = Unauthorized if resp.status in (401, 403) else HTTPStatusError
             hint = " (wrong or missing API key)" if cls is Unauthorized else ""
             raise cls(f"{method} {path} -> HTTP {resp.status}{hint}: {msg}", status=resp.status,
                       body=raw.decode("utf-8", "replace"))
-        return conn, resp
+        return conn, resp, watch
 
     def request(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None) -> bytes:
-        conn, resp = self._open(method, path, body, timeout)
+        """The reply body; bounded in size (``PERFSCOPE_MAX_REPLY_MB``) and in total time (the timeout)."""
+        conn, resp, watch = self._open(method, path, body, timeout)
+        where = f"{method} {path}"
         try:
-            return resp.read()
+            data = read_capped(resp, where)
         except (socket.timeout, TimeoutError):
             raise RemoteError(f"{method} {path}: timed out reading the reply") from None
         except (OSError, http.client.HTTPException) as e:
+            if watch.fired:
+                raise watch.error(where) from None
             raise RemoteError(f"{method} {path}: reply cut short ({type(e).__name__})") from None
         finally:
+            watch.done()
             conn.close()
+        if watch.fired:
+            raise watch.error(where)
+        return data
 
     def request_json(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None) -> Any:
         from perfscope.util import jsonio
@@ -297,7 +322,7 @@ class SGLangClient:
     def generate_stream(self, payload: dict, timeout: Optional[float] = None,
                         stop: Optional[Any] = None) -> Iterator[StreamFrame]:
         """Streamed /generate: yields a :class:`StreamFrame` per ``data:`` frame as it arrives and
-        returns at ``data: [DONE]``. ``timeout`` bounds each read (not the whole stream). ``stop``
+        returns at ``data: [DONE]``. ``timeout`` bounds each line of the stream (not the whole stream). ``stop``
         (a ``threading.Event``) abandons the stream between frames, closing the connection."""
         return self.stream_sse("/generate", dict(payload, stream=True), timeout=timeout, stop=stop)
 
@@ -305,18 +330,29 @@ class SGLangClient:
                    stop: Optional[Any] = None) -> Iterator[StreamFrame]:
         """POST ``body`` to ``path`` and yield its SSE ``data:`` frames until ``data: [DONE]``
         (shared with the vLLM client's /v1/completions)."""
-        conn, resp = self._open("POST", path, body, timeout)
+        conn, resp, watch = self._open("POST", path, body, timeout, stream=True)
+        cap = limits.max_reply_bytes()
+        where = f"POST {path}"
         try:
             buf: list[bytes] = []
+            held = 0
             while True:
                 if stop is not None and stop.is_set():
                     return
                 try:
-                    line = resp.readline()
+                    line = readline_capped(resp, where, cap)
                 except (socket.timeout, TimeoutError):
                     raise RemoteError(f"POST {path}: no stream data for {conn.timeout:g}s") from None
                 except (OSError, http.client.HTTPException) as e:
+                    if watch.fired:
+                        raise watch.error(where, "complete stream line") from None
                     raise RemoteError(f"POST {path}: stream cut short ({type(e).__name__})") from None
+                if watch.fired:
+                    raise watch.error(where, "complete stream line")
+                watch.extend()
+                held += len(line)
+                if held > cap:
+                    raise RemoteError(f"{where}: " + limits.too_big("a stream frame", cap, "PERFSCOPE_MAX_REPLY_MB", "MB"))
                 t = time.perf_counter()
                 if not line:
                     raise RemoteError(f"POST {path}: the stream ended without data: [DONE]")
@@ -324,6 +360,7 @@ class SGLangClient:
                 if line:
                     buf.append(line)
                     continue
+                held = 0
                 if not buf:
                     continue
                 data = b"\n".join(x[5:].lstrip() if x.startswith(b"data:") else b"" for x in buf).strip()
@@ -341,4 +378,5 @@ class SGLangClient:
                     raise RemoteError(f"POST {path}: {err.get('message') if isinstance(err, dict) else err}")
                 yield StreamFrame(t, obj)
         finally:
+            watch.done()
             conn.close()

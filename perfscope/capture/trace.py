@@ -97,6 +97,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
     if ep.url:
         port = _url_port(ep.url) or port
     say = lambda m: log(f"[{label}] {m}")  # noqa: E731
+    again = {"reconnect": (lambda: _host_io(ep, port)) if ep.target is not None else None,
+             "make_api": lambda u: _api(u, opts)}
     with _host_io(ep, port) as (io, url):
         api = _api(url, opts)
         info = _server_info(api, label)
@@ -203,7 +205,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         except BaseException as e:
             _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, armed, e,
                      load=load, command=command, engine=opts.engine, host=label if ep.target else None,
-                     stop_timeout=opts.timeout)
+                     stop_timeout=opts.timeout, **again)
             raise
         finally:
             if load is not None:
@@ -217,7 +219,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         except BaseException as e:
             _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, False, e,
                      got=got, command=command, engine=opts.engine, host=label if ep.target else None,
-                     stop_timeout=opts.timeout)
+                     stop_timeout=opts.timeout, **again)
             raise
         for fe in files:
             if fe.get("role") == "frontend":
@@ -225,7 +227,10 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir, [f.name for f in got],
                                wait_s=min(30.0, opts.timeout)) if opts.engine == "vllm" else []
         if files and not opts.keep_remote:
-            io.remove([f.path for f in got], remote_dir if made_dir else None)
+            if made_dir:  # perfscope's own folder: removed with whatever else is in it (links, FIFOs)
+                io.discard_dir(remote_dir)
+            else:
+                io.remove([f.path for f in got], None)
         workload = {"concurrency": opts.concurrency, "input_len": opts.input_len, "output_len": opts.output_len,
                     "ignore_eos": True, "seed": opts.seed, **workload}
         after_note = gpu_trace_after_note(profile.get("activities"), server_has_gpu(info, gpu))
@@ -316,16 +321,30 @@ def _copy_back(io: HostIO, got: list, out_dir: Path, label: str, ep: Endpoint, p
 
 
 def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed: bool, err: BaseException, *,
-             load=None, got=(), command=(), engine="sglang", host=None, stop_timeout: float = 600.0) -> None:
+             load=None, got=(), command=(), engine="sglang", host=None, stop_timeout: float = 600.0,
+             reconnect=None, make_api=None) -> None:
     """A trace that will not finish (error, timeout, SIGINT/TERM/HUP): stop the profiler if it is
     (or may be) armed, stop the load, remove the folder perfscope made on the host, and leave the
-    run folder with a run.json that says it is incomplete. Never raises."""
+    run folder with a run.json that says it is incomplete. Never raises. ``reconnect`` (SSH): a
+    context manager giving a fresh (io, url), used when the first connection died."""
+    wait = max(5.0, min(600.0, stop_timeout))
     try:
         if load is not None:
             load.stop(wait=5)
-        if armed:
-            _stop_quietly(api, say, timeout=max(5.0, min(600.0, stop_timeout)))
-        if remote_dir:
+        dead = reconnect is not None and not io.alive()
+        if armed and not dead:
+            failed = _stop_quietly(api, say, timeout=wait, warn=False)
+            dead = bool(failed) and reconnect is not None and not io.alive()
+            if failed and not dead:
+                say(f"warning: /stop_profile failed: {failed}")
+        if dead:  # the SSH connection died: a fresh one stops the profiler and removes the folder
+            say("the SSH connection is gone: stopping the profiler over a fresh one")
+            with reconnect() as (io, url):
+                if armed:
+                    _stop_quietly(make_api(url), say, timeout=wait)
+                if remote_dir:
+                    io.discard_dir(remote_dir)
+        elif remote_dir:
             io.discard_dir(remote_dir)
     except BaseException as e:  # noqa: BLE001 - cleanup must not replace the error being reported
         say(f"warning: cleanup after the failure was cut short: {type(e).__name__}")
@@ -375,15 +394,20 @@ def _server_info(api, label: str) -> dict:
     return info
 
 
-def _stop_quietly(api, say, timeout: float | None = None) -> None:
+def _stop_quietly(api, say, timeout: float | None = None, warn: bool = True) -> str:
     """/stop_profile, waiting at most ``timeout`` s for the reply (the server stops profiling when
-    the request arrives; writing the traces may go on after that)."""
+    the request arrives; writing the traces may go on after that). Returns "" when the server
+    answered (stopped, or nothing was running), else the error (said unless ``warn`` is False)."""
     try:
         api.stop_profile(request_timeout=timeout)
         say("profiler stopped")
+        return ""
     except Exception as e:  # 'no profile running' is fine; anything else is reported, not raised
-        if not _is_not_running(e):
+        if _is_not_running(e):
+            return ""
+        if warn:
             say(f"warning: /stop_profile failed: {e}")
+        return str(e) or type(e).__name__
 
 
 # ------------------------------------------------------------------------------- several hosts

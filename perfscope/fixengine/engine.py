@@ -230,6 +230,26 @@ def state_dir_for(host: FixHost, req: FixRequest, fix: FixModule, path: str) -> 
     return join(host, state_root(host, req), fix.id, key)
 
 
+def _fix_on_top(host: FixHost, req: FixRequest, fix: FixModule, path: str, cur: str,
+                ours_after: str) -> Optional[tuple[str, str]]:
+    """(fix id, manifest path) of another perfscope fix of ``path`` in the same state root whose
+    manifest explains the file's state ``cur``: applied on top of this one, or still applied."""
+    from perfscope.fixengine.registry import discover
+
+    key = hashlib.sha256(path.encode()).hexdigest()[:16]
+    for other in sorted(discover()):
+        if other == fix.id:
+            continue
+        folder = join(host, state_root(host, req), other, key)
+        try:
+            man = load_manifest(host, folder)
+        except PerfscopeError:
+            continue
+        if man and (man["sha256_after"] == cur or man["sha256_before"] == ours_after):
+            return other, join(host, folder, "manifest.json")
+    return None
+
+
 def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
     p = join(host, folder, "manifest.json")
     if not host.exists(p):
@@ -550,6 +570,11 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
         _retire_manifest(host, folder)
         return rep
     if cur != man["sha256_after"] and not req.force:
+        other = _fix_on_top(host, req, fix, path, cur, man["sha256_after"])
+        if other:
+            rep.outcome = Refused(f"{path} was patched again by perfscope fix {other[0]} after {fix.id} (its manifest "
+                                  f"{other[1]} has this file's state): revert {other[0]} first, then {fix.id}")
+            return rep
         rep.outcome = Refused(f"{path} is neither the patched file nor the original (sha256 {cur[:12]}…): it was "
                               "changed after the patch (sglang reinstalled or edited?); --force restores the "
                               "original anyway")

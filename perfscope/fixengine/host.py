@@ -17,7 +17,8 @@ from typing import Iterator, Optional, Sequence
 
 from perfscope.capture.hostio import HostIO, LocalHost, SSHHost
 from perfscope.errors import FixRefused, InputError, RemoteError
-from perfscope.util.files import atomic_write_bytes, sha256_bytes
+from perfscope.util.files import atomic_write_bytes, read_regular, sha256_bytes
+from perfscope.util.limits import max_fix_file_bytes
 
 
 class FixHost:
@@ -77,12 +78,9 @@ class LocalFixHost(FixHost):
         super().__init__(LocalHost())
 
     def read_bytes(self, path: str) -> bytes:
-        try:
-            return Path(path).read_bytes()
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
-        except OSError as e:
-            raise InputError(f"{path}: cannot read ({e.strerror})") from None
+        """A regular file of at most PERFSCOPE_MAX_FIX_FILE_MB (a FIFO, a device, a folder refused)."""
+        return bytes(read_regular(path, max_fix_file_bytes(), "PERFSCOPE_MAX_FIX_FILE_MB",
+                                  hint="fix reads and patches regular files only"))
 
     def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
                            tmp_dir: Optional[str] = None) -> None:
@@ -139,8 +137,9 @@ class SSHFixHost(FixHost):
         self.label = session.target.label
 
     def read_bytes(self, path: str) -> bytes:
+        """As :meth:`LocalFixHost.read_bytes`, the file stat'ed over SFTP before it is opened."""
         try:
-            return self.s.read_bytes(path)
+            return self.s.read_bytes(path, regular_cap=max_fix_file_bytes())
         except RemoteError:
             raise
         except (IOError, OSError) as e:

@@ -38,6 +38,7 @@ class Token:
     start: int  # offsets in the file's text (str), [start, end)
     end: int
     quote: str = ""  # compose lists: the YAML quote around the item ('' plain)
+    expands: str = ""  # the shell expansion that can split this word into other words ("$A", "$@")
 
 
 @dataclass
@@ -67,6 +68,7 @@ class LaunchCommand:
 
 _OPS = set(";&|<>()")
 _SH_SPECIAL_IN_WORD = ("$(", "`", "<(", ">(")
+_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*|\{[^}]*\}|[@*#?$!0-9-])")
 
 
 def _tokenize_shell(text: str, a: int, b: int, *, systemd: bool = False) -> tuple[list[Token], Optional[int]]:
@@ -92,6 +94,7 @@ def _tokenize_shell(text: str, a: int, b: int, *, systemd: bool = False) -> tupl
             return toks, i
         start = i
         val = []
+        expands = ""
         while i < b:
             c = text[i]
             if c in " \t\n":
@@ -124,6 +127,8 @@ def _tokenize_shell(text: str, a: int, b: int, *, systemd: bool = False) -> tupl
                         continue
                     if text[j] == "`" or text.startswith("$(", j):
                         raise LaunchParseError("command substitution in the launch command")
+                    if text.startswith(("$@", "${@"), j):
+                        expands = expands or text[j:j + 2]  # "$@" is one word per argument
                     val.append(text[j])
                     j += 1
                 if j >= b:
@@ -132,11 +137,15 @@ def _tokenize_shell(text: str, a: int, b: int, *, systemd: bool = False) -> tupl
                 continue
             if c == "`" or text.startswith("$(", i):
                 raise LaunchParseError("command substitution in the launch command")
+            if c == "$" and not expands:
+                m = _EXPANSION.match(text, i, b)
+                if m:
+                    expands = m.group(0)  # unquoted: split into words (flags, maybe) when it runs
             val.append(c)
             i += 1
         if i < b and text[i] in "<>" and not systemd and text[start:i].isdigit():
             return toks, i  # `2>&1`: a redirection's file descriptor, not a word
-        toks.append(Token("".join(val), start, i))
+        toks.append(Token("".join(val), start, i, expands=expands))
     return toks, None
 
 
@@ -422,7 +431,26 @@ def find_command(path: str, data: bytes) -> LaunchCommand:
         where = ", ".join(str(c.line) for c in cmds)
         raise LaunchParseError(f"{path} ({kind}): {len(cmds)} launch commands (lines {where}); perfscope edits a "
                                "file with exactly one")
+    _refuse_expanding_words(cmds[0], text)
     return cmds[0]
+
+
+def _refuse_expanding_words(cmd: LaunchCommand, text: str) -> None:
+    """A server argument the shell expands into words perfscope cannot see (``$A`` unquoted,
+    ``"$@"``) may hold the very flag a fix sets or removes: refused, except an unquoted variable as
+    the value right after a flag (``--model-path $MODEL``)."""
+    toks = cmd.tokens
+    for i in range(cmd.args_from, len(toks)):
+        t = toks[i]
+        if not t.expands:
+            continue
+        prev = toks[i - 1].value if i > cmd.args_from else ""
+        if re.match(r"--[A-Za-z0-9][A-Za-z0-9_-]*=[^$]*\$", text[t.start:t.end]) and not t.expands.startswith("$@"):
+            continue  # --model-path=$MODEL: a flag's value
+        if t.expands.startswith(("$@", "${@")) or not (prev.startswith("-") and "=" not in prev
+                                                         and not t.value.startswith("-")):
+            raise LaunchParseError(f"{text[t.start:t.end]} (line {_line_of(text, t.start)}): the shell expands it into "
+                                   "words perfscope cannot see (flags, maybe); write the server's flags out in the file")
 
 
 # ---------------------------------------------------------------------------------- flags

@@ -93,6 +93,10 @@ class TraceMeta:
     record_shapes: bool = False
     lax_events: int = 0  # events that needed the slow, untyped decoder
     repaired_names: int = 0  # event names with bare quotes (a torch profiler bug) escaped on load
+    lone_surrogates: int = 0  # lone UTF-16 surrogate escapes replaced by U+FFFD on load
+    negative_durations: int = 0  # events with a negative duration, left out (negative_kernels of them GPU work)
+    negative_kernels: int = 0
+    encoding: str = "utf-8"  # the file's text encoding ("utf-8-sig": with a BOM; "utf-16")
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -12,17 +12,18 @@ from __future__ import annotations
 import ast
 import math
 import os
-import stat
-import re
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import msgspec
 
 from perfscope.errors import InputError
+from perfscope.util import limits
+from perfscope.util.files import read_regular
 from perfscope.load.model import Annotation, CpuOp, Kernel, Launch, PyFrame, Trace, TraceMeta
-from perfscope.load.schema import ANY_EVENT, EVENT, MAX_DUR_US, MAX_TS_US, TOP, Args, Event
+from perfscope.load.repair import fix_names, fix_surrogates, normalise_encoding, repair_names  # noqa: F401 - API
+from perfscope.load.schema import ANY_EVENT, EVENT, MAX_DUR_US, MAX_TS_US, TOP, Args, Event, Top
 
 _CHUNK = 1 << 22
 # runtime/driver calls kept: the ones that carry a correlation id to GPU work, and warm-up markers
@@ -33,19 +34,11 @@ _ANNOT_CATS = {"user_annotation": False, "gpu_user_annotation": True}
 
 
 def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], None]] = None) -> bytes | bytearray:
-    """The file's JSON bytes, inflated if gzipped. Truncated or corrupt gzip -> InputError."""
+    """The file's JSON bytes, inflated if gzipped. Truncated or corrupt gzip, a file that is no
+    regular file, or one past the bound (:func:`perfscope.util.limits.max_trace_bytes`) -> InputError."""
     p = Path(path)
-    try:
-        st = p.stat()
-        if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
-            raise InputError(f"{p}: not a regular file (a pipe or device): save the trace to a file and pass its path")
-        comp = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a folder, not a trace file") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    comp = read_regular(p, limits.max_trace_bytes(), "PERFSCOPE_MAX_TRACE_GB", "GB", what="the trace",
+                        hint="save the trace to a file and pass its path")
     if not comp.strip():
         raise InputError(f"{p}: empty file, not a trace")
     if comp[:2] != b"\x1f\x8b":
@@ -53,9 +46,12 @@ def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], 
     return _gunzip(comp, p, progress)
 
 
-def _gunzip(comp: bytes, p: Path, progress) -> bytearray:
+def _gunzip(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> bytearray:
+    """Inflate every gzip member of ``comp`` into one buffer of at most ``cap`` bytes (default: the
+    trace bound); a stream that inflates past it is refused before it is held."""
+    cap = limits.max_trace_bytes() if cap is None else cap
     hint = int.from_bytes(comp[-4:], "little") if len(comp) >= 18 else 0
-    buf = bytearray(hint if 0 < hint < 64 * len(comp) + (1 << 20) else 0)
+    buf = bytearray(hint if 0 < hint < min(64 * len(comp) + (1 << 20), cap + 1) else 0)
     view = memoryview(buf)
     pos = 0
     d = zlib.decompressobj(31)
@@ -65,6 +61,9 @@ def _gunzip(comp: bytes, p: Path, progress) -> bytearray:
             # at most _CHUNK bytes out per call: no large temporary beside the buffer
             out = d.decompress(data, _CHUNK)
             n = len(out)
+            if pos + n > cap:
+                raise InputError(f"{p}: " + limits.too_big(f"the trace inflated from its {len(comp):,} gzip bytes",
+                                                           cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
             if pos + n <= len(buf):
                 view[pos:pos + n] = out
             else:  # the trailer's size was wrong (files over 4 GiB): grow
@@ -88,6 +87,8 @@ def _gunzip(comp: bytes, p: Path, progress) -> bytearray:
                 break
     except zlib.error as e:
         raise InputError(f"{p}: corrupt gzip data ({e})") from None
+    except MemoryError:
+        raise InputError(f"{p}: not enough memory to inflate the trace ({pos:,} bytes so far)") from None
     if not d.eof:
         raise InputError(f"{p}: truncated gzip file (the stream ends after {pos:,} bytes of JSON); "
                          "was it copied while still being written?")
@@ -111,44 +112,69 @@ def _truthy(v: Any) -> bool:
     return str(v).strip().lower() in ("1", "true")
 
 
-# Kineto does not escape event names: torch's profiler sometimes records a Python function name
-# with quotes in it (`"name": "x.py(0): "finish_reason"",`), which breaks the JSON. Such values
-# are repaired (their bare quotes escaped) when, and only when, the file fails to parse. A value
-# ends at the quote that is followed by `,` and a newline or the next known key.
-_NAME_VALUE = re.compile(rb'("name": ")([^\n]*?)("(?=[ \t]*,[ \t]*(?:\r?\n|"(?:pid|tid|ts|dur|cat|ph|args|id|bp|s)"[ \t]*:)))')
-_BARE_QUOTE = re.compile(rb'(?<!\\)"')
+_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def repair_names(buf: bytes | bytearray) -> tuple[bytes, int]:
-    """Escape bare quotes inside ``"name": "..."`` values; returns (bytes, values fixed)."""
-    fixed = 0
-
-    def one(m: re.Match) -> bytes:
-        nonlocal fixed
-        inner = m.group(2)
-        if b'"' not in inner:
-            return m.group(0)
-        fixed += 1
-        return m.group(1) + _BARE_QUOTE.sub(rb'\\"', inner) + m.group(3)
-
-    return _NAME_VALUE.sub(one, bytes(buf)), fixed
+def _top(buf: bytes | bytearray, path: str):
+    """The file's top level: a Kineto object, or the JSON Array Format (a bare list of events,
+    its closing bracket optional, as chrome://tracing and Perfetto read it)."""
+    i = 0
+    n = len(buf)
+    while i < n and buf[i] in b" \t\r\n":
+        i += 1
+    if buf[i:i + 1] != b"[":
+        return TOP.decode(buf)
+    try:
+        events = _ARRAY.decode(buf)
+    except msgspec.DecodeError:
+        j = len(buf)
+        while j > 0 and buf[j - 1] in b" \t\r\n":
+            j -= 1
+        if j == 0 or buf[j - 1:j] == b"]":
+            raise
+        if not isinstance(buf, bytearray):
+            buf = bytearray(buf)
+        del buf[j:]  # "the ] at the end is optional": close the list in place
+        if buf[-1:] == b",":
+            del buf[-1:]
+        buf.append(ord("]"))
+        events = _ARRAY.decode(buf)
+    return Top(traceEvents=events)
 
 
 def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
-    """Decode Kineto JSON bytes into a :class:`Trace`. Non-Kineto JSON -> InputError."""
-    repaired = 0
+    """Decode Kineto JSON bytes into a :class:`Trace`. Non-Kineto JSON -> InputError. A
+    ``bytearray`` may be repaired in place (see :mod:`perfscope.load.repair`)."""
+    repaired = surrogates = 0
+    buf, encoding = normalise_encoding(buf)
     try:
-        top = TOP.decode(buf)
+        top = _top(buf, path)
     except RecursionError:
         raise InputError(f"{path}: JSON nested too deeply to be a trace") from None
     except msgspec.DecodeError as e:
-        fixed_buf, repaired = repair_names(buf)
-        try:
-            if not repaired:
-                raise msgspec.DecodeError(str(e))
-            buf = fixed_buf
-            top = TOP.decode(buf)
-        except msgspec.DecodeError:
+        # repairs in place, one kind at a time, each only when the JSON does not decode
+        if not isinstance(buf, bytearray):
+            buf = bytearray(buf)
+        top = None
+        for fix in (fix_surrogates, fix_names):
+            try:
+                n = fix(buf)
+            except MemoryError:
+                raise InputError(f"{path}: not valid JSON ({e}), and no memory left to repair it") from None
+            if fix is fix_surrogates:
+                surrogates = n
+            else:
+                repaired = n
+            if not n:
+                continue
+            try:
+                top = _top(buf, path)
+                break
+            except msgspec.DecodeError:
+                continue
+            except RecursionError:
+                raise InputError(f"{path}: JSON nested too deeply to be a trace") from None
+        if top is None:
             raise InputError(f"{path}: not valid JSON ({e})") from None
     except msgspec.ValidationError as e:
         raise InputError(f"{path}: not a Kineto trace: {e}") from None
@@ -157,8 +183,13 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
             raise InputError(f"{path}: this is a PyTorch execution trace (ExecutionTraceObserver), "
                              "not a Kineto profiler trace; export the profiler's chrome trace instead")
         raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+    bound = limits.max_events()
+    if len(top.traceEvents) > bound:
+        raise InputError(f"{path}: {len(top.traceEvents):,} events, more than perfscope's bound of {bound:,} "
+                         "per trace (raise it with PERFSCOPE_MAX_EVENTS=<events>, or trace fewer steps)")
 
-    meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents), repaired_names=repaired)
+    meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents), repaired_names=repaired,
+                     lone_surrogates=surrogates, encoding=encoding)
     _fill_meta(meta, top)
 
     kernels: list[Kernel] = []
@@ -182,6 +213,10 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
             e = _lax_event(raw)
             meta.lax_events += 1
             if e is None:
+                continue
+            if e.__class__ is _Negative:
+                meta.negative_durations += 1
+                meta.negative_kernels += e.cat in gpu_cats
                 continue
         except msgspec.DecodeError as exc:  # pragma: no cover - top-level decode validated JSON
             raise InputError(f"{path}: malformed event ({exc})") from None
@@ -229,6 +264,12 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
 _I64 = 1 << 63
 
 
+class _Negative(NamedTuple):
+    """An event with a negative duration (a clock that went back): counted and said, not analysed."""
+
+    cat: str
+
+
 def _lax_event(raw) -> Optional[Event]:
     """An event whose field types break the schema (e.g. numbers written as strings). Fields that
     still make no sense become their defaults; an event without a usable time is dropped."""
@@ -267,6 +308,8 @@ def _lax_event(raw) -> Optional[Event]:
             return v if isinstance(v, str) else ""
 
         ts, dur = float(d.get("ts", 0.0) or 0.0), float(d.get("dur", 0.0) or 0.0)
+        if math.isfinite(ts) and abs(ts) < MAX_TS_US and -MAX_DUR_US < dur < 0:
+            return _Negative(text(d.get("cat", "")))
         if not (math.isfinite(ts) and math.isfinite(dur) and abs(ts) < MAX_TS_US and 0 <= dur < MAX_DUR_US):
             return None
         args = Args(correlation=num(a.get("correlation")), external_id=num(a.get("External id")),
@@ -305,6 +348,8 @@ def _fill_meta(meta: TraceMeta, top) -> None:
 
 def load_trace(path: str | os.PathLike, progress=None) -> Trace:
     """Read and parse one trace file; every failure is a one-line InputError."""
-    buf = read_bytes(path, progress)
-    trace = parse(buf, str(path))
-    return trace
+    try:
+        return parse(read_bytes(path, progress), str(path))
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to analyse this trace (see the bounds in the README: "
+                         "PERFSCOPE_MAX_TRACE_GB, PERFSCOPE_MAX_EVENTS)") from None

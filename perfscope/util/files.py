@@ -19,6 +19,7 @@ applies the same rules through SFTP, using :func:`plan_write` for the decision.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat as stat_mod
@@ -39,6 +40,69 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_regular(path: str | os.PathLike, cap: int, bound_var: str, unit: str = "MB",
+                 what: str = "the file", hint: str = "save it to a file and pass its path") -> bytearray:
+    """The bytes of a *regular* file of at most ``cap`` bytes, read once through one descriptor:
+    a FIFO, a device or a socket is refused without blocking (opened non-blocking, checked with
+    fstat), a folder is refused, and a file larger than ``cap`` (or growing past it while read)
+    is refused naming the bound and ``bound_var``, the variable that raises it. Every failure is
+    one :class:`~perfscope.errors.InputError` line."""
+    from perfscope.util.limits import too_big
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat_mod.S_ISDIR(st.st_mode):
+            raise InputError(f"{path}: is a folder, not a file")
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a regular file (a pipe or device): {hint}")
+        if st.st_size > cap:
+            raise InputError(f"{path}: " + too_big(what, cap, bound_var, unit))
+        os.set_blocking(fd, True)
+        # one buffer of the file's size (a caller may repair it in place); a file that grew since
+        # the fstat is read on, up to the bound
+        data = bytearray(st.st_size)
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            got = 0
+            with memoryview(data) as v:
+                while got < len(data):
+                    n = f.readinto(v[got:])
+                    if not n:
+                        break
+                    got += n
+            del data[got:]
+            while len(data) <= cap:
+                more = f.read(min(1 << 22, cap + 1 - len(data)))
+                if not more:
+                    break
+                data += more
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to read {what} ({st.st_size:,} bytes)") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise InputError(f"{path}: " + too_big(what, cap, bound_var, unit))
+    return data
+
+
+_LOCAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def local_write_error(e: OSError, path: str | os.PathLike) -> Optional[InputError]:
+    """For an OSError from writing ``path`` here (a full disk, a quota, a read-only file system),
+    the one-line error that names the path; None for other errors (a network read, say)."""
+    if e.errno in _LOCAL_WRITE_ERRNOS:
+        return InputError(f"{path}: cannot write ({e.strerror}); free space there or choose another --out")
+    return None
 
 
 def plan_write(st_mode: Optional[int], where: str) -> str:

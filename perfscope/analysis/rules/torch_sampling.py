@@ -111,9 +111,9 @@ class TorchSampling(Rule):
 
 
 def _first_dims(op) -> Optional[list]:
-    from perfscope.analysis.attribution import _raw
+    from perfscope.load.shapes import input_dims
 
-    d = _raw(op.input_dims)
+    d = input_dims(op.input_dims)
     if isinstance(d, list) and d and isinstance(d[0], list):
         return d[0]
     return None

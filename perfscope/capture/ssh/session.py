@@ -21,7 +21,8 @@ from perfscope.capture.ssh.commands import CommandResult, quote_argv
 from perfscope.capture.ssh.errors import CommandFailed
 from perfscope.capture.ssh.forward import LocalForward
 from perfscope.capture.ssh.target import SSHTarget
-from perfscope.errors import RemoteError
+from perfscope.errors import InputError, RemoteError
+from perfscope.util.limits import too_big
 
 
 _PGID_TAG = "perfscope-pgid:"
@@ -161,12 +162,28 @@ class SSHSession:
             except (OSError, paramiko.SSHException) as e:
                 raise RemoteError(f"cannot list {path} on {self.target.label}: {e}") from None
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, regular_cap: int | None = None) -> bytes:
+        """The remote file's bytes. ``regular_cap``: only a regular file of at most that many bytes
+        (stat'ed first: opening a FIFO would block the SFTP server, a device would never end)."""
         with self._sftp_lock:
             try:
+                if regular_cap is not None:
+                    st = self.sftp().stat(path)
+                    where = f"{self.target.label}:{path}"
+                    if stat_mod.S_ISDIR(st.st_mode or 0):
+                        raise InputError(f"{where}: is a folder, not a file")
+                    if not stat_mod.S_ISREG(st.st_mode or 0):
+                        raise InputError(f"{where}: not a regular file (a pipe or device): fix reads and "
+                                         "patches regular files only")
+                    if (st.st_size or 0) > regular_cap:
+                        raise InputError(f"{where}: " + too_big("the file", regular_cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB"))
                 with self.sftp().open(path, "rb") as f:
                     f.prefetch()
-                    return f.read()
+                    data = f.read() if regular_cap is None else f.read(regular_cap + 1)
+                    if regular_cap is not None and len(data) > regular_cap:
+                        raise InputError(f"{self.target.label}:{path}: "
+                                         + too_big("the file", regular_cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB"))
+                    return data
             except FileNotFoundError:
                 raise RemoteError(f"{path} does not exist on {self.target.label}") from None
             except (OSError, paramiko.SSHException) as e:
@@ -287,6 +304,10 @@ class SSHSession:
             raise RemoteError(f"{remote} does not exist on {self.target.label}") from None
         except (paramiko.SSHException, EOFError) as e:
             raise RemoteError(f"copying {remote} from {self.target.label} failed: {e}") from None
+        except OSError as e:
+            from perfscope.util.files import local_write_error
+
+            raise (local_write_error(e, local) or e) from None
 
     def remove(self, paths: Iterable[str], folder: str | None = None) -> None:
         """Delete files (and then the folder, if empty) over SFTP; errors are ignored."""
