@@ -19,8 +19,8 @@ import traceback
 
 import typer
 from typer import _click as click  # typer vendors click: its exceptions and EPIPE wrapper
-from rich.console import Console
-from rich.markup import escape
+from perfscope.report.escape import Console
+from perfscope.report.escape import markup as escape
 
 from perfscope import __version__
 from perfscope.cli import _help

@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 import typer
-from rich.console import Console
+from perfscope.report.escape import Console
 from rich.table import Table
 
 from perfscope.bench.store import store

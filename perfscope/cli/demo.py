@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from perfscope.report.escape import Console
 
 from perfscope.cli import _paths
 from perfscope.errors import InputError

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from perfscope.report.escape import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from perfscope.cli import _paths

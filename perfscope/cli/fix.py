@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from perfscope.report.escape import Console
 
 from perfscope.cli import _apikey, _help, _paths
 from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError

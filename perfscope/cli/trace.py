@@ -12,7 +12,7 @@ from typing import List, Optional
 from urllib.parse import urlparse, urlunparse
 
 import typer
-from rich.console import Console
+from perfscope.report.escape import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from perfscope.cli import _apikey, _paths
