@@ -128,3 +128,84 @@ def test_csv_cells_are_never_formulas_or_controls(tmp_path):
                     seen_at |= cell.startswith("'@ ")
                     seen_formula |= cell.startswith("'=HYPERLINK")
     assert seen_at and seen_formula  # perfscope's own "@ file:line" cells and the trace's formula, quoted
+
+
+# ---- HTML: Plotly's labels and hover text ------------------------------------------------------ #
+
+PLOTLY = '<a href="https://evil.example/">click</a><b style="font-size:90px">big</b><br>'
+
+# in the page: every link, bold or sized text in the charts' SVG, and the text of their labels
+_CHART_MARKUP = """() => Array.from(document.querySelectorAll('[data-chart] svg')).map(svg => ({
+    links: svg.querySelectorAll('a').length,
+    styled: Array.from(svg.querySelectorAll('tspan[style]')).map(t => t.getAttribute('style'))
+        .filter(s => /bold|font-size|italic/.test(s)).length,
+    text: svg.textContent}))"""
+
+
+def sglang_step_trace(path):
+    """mla_pool_graph with its ProfilerStep ranges renamed as SGLang step annotations that carry
+    Plotly markup (the step's label becomes a category of the buckets chart and its hover text),
+    and the same markup in every kernel's name."""
+    d = json.load(gzip.open(H200 / "mla_pool_graph.json.gz"))
+    i = 0
+    for e in d["traceEvents"]:
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
+            e["name"] = f"step[DECODE bs=1 n={i} {PLOTLY}]{PLOTLY}"
+            i += 1
+        elif e.get("cat") == "kernel":
+            e["name"] += PLOTLY
+    with gzip.open(path, "wt") as f:
+        json.dump(d, f)
+    return path
+
+
+def _hover_all(page):
+    """Hover every trace's first point of the buckets chart (Plotly.Fx.hover; its hover names the
+    step), return the hover layer's links, styled spans and text."""
+    return page.evaluate("""() => {
+        const el = document.querySelector('[data-chart="buckets"]');
+        const out = [];
+        el.data.forEach((t, i) => {
+            Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: 0}]);
+            const h = el.querySelector('.hoverlayer');
+            out.push({links: h.querySelectorAll('a').length,
+                      styled: Array.from(h.querySelectorAll('tspan[style]')).map(x => x.getAttribute('style'))
+                          .filter(s => /bold|font-size/.test(s)).length, text: h.textContent});
+        });
+        return out;
+    }""")
+
+
+def test_html_report_charts_show_trace_markup_as_text(tmp_path, chromium):
+    from browser import load_page
+
+    t = sglang_step_trace(tmp_path / "t.json.gz")
+    html = tmp_path / "r.html"
+    r = run("diagnose", t, "--html", html)
+    assert r.returncode == 0, r.stderr
+    got = {}
+    res = load_page(chromium, html, actions=lambda page: got.update(charts=page.evaluate(_CHART_MARKUP),
+                                                                      hover=_hover_all(page)))
+    assert not res.page_errors and not res.blocked
+    charts = got["charts"]
+    assert charts and all(c["links"] == 0 and c["styled"] == 0 for c in charts), charts
+    assert any('<a href="https://evil.example/">click</a>' in c["text"] for c in charts)  # the step label, as text
+    hover = [h for h in got["hover"] if "evil.example" in h["text"]]
+    assert hover and all(h["links"] == 0 and h["styled"] == 0 for h in hover), got["hover"]
+
+
+def test_html_compare_labels_from_file_names_show_as_text(tmp_path, chromium):
+    from browser import load_page
+
+    name = "<a href='https:evil.example'>click<b>big"  # a file name holds no "/"
+    a = hostile_trace(tmp_path / f"before{name}.json.gz", "")
+    b = hostile_trace(tmp_path / f"after{name}.json.gz", "")
+    html = tmp_path / "c.html"
+    r = run("compare", a, b, "--html", html)
+    assert r.returncode == 0, r.stderr
+    got = {}
+    res = load_page(chromium, html, actions=lambda page: got.update(charts=page.evaluate(_CHART_MARKUP)))
+    assert not res.page_errors and not res.blocked
+    charts = got["charts"]
+    assert charts and all(c["links"] == 0 and c["styled"] == 0 for c in charts), charts
+    assert any("<a href='https:evil.example'>click<b>big" in c["text"] for c in charts)
