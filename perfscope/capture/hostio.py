@@ -392,6 +392,8 @@ class LocalHost(HostIO):
                              err.decode("utf-8", "replace"))
 
     def list_traces(self, folder, match=is_trace_name):
+        """The regular files in ``folder`` (a symlink there is not the server's trace: it could
+        point at any file this user may read, and is skipped, as over SSH)."""
         try:
             entries = list(os.scandir(folder))
         except FileNotFoundError:
@@ -400,9 +402,9 @@ class LocalHost(HostIO):
         for e in entries:
             if match(e.name):
                 try:
-                    if not e.is_file():
+                    if not e.is_file(follow_symlinks=False):
                         continue
-                    st = e.stat()
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:  # renamed or removed since the listing (a writer's temp file)
                     continue
                 out.append(RemoteFile(e.name, e.path, st.st_size, st.st_mtime))
@@ -411,14 +413,31 @@ class LocalHost(HostIO):
     def incomplete(self, paths):
         return [p for p in paths if not trace_file_complete(p)]
 
+    @staticmethod
+    def _open_trace(path: str) -> tuple[int, int]:
+        """(descriptor, size) of ``path``, opened without following a symlink and only if it is a
+        regular file: a link planted in the profile folder after the listing is refused."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            why = "is a symlink (not followed)" if os.path.islink(path) else (e.strerror or str(e))
+            raise RemoteError(f"{path}: {why}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise RemoteError(f"{path}: not a regular file")
+        return fd, st.st_size
+
     def sha256(self, path):
-        return sha256_file(path)
+        fd, _ = self._open_trace(path)
+        with os.fdopen(fd, "rb") as f:
+            return sha256_file(f)
 
     def fetch(self, path, local, expected_sha256, progress=None):
-        total = os.path.getsize(path)
+        fd, total = self._open_trace(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
-        with open(path, "rb") as src, atomic_writer(local) as dst:
+        with os.fdopen(fd, "rb") as src, atomic_writer(local) as dst:
             while b := src.read(1 << 20):
                 dst.write(b)
                 h.update(b)
