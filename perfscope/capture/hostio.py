@@ -273,7 +273,12 @@ class HostIO:
 
     def python_candidates(self, proc: dict) -> list[str]:
         """Interpreters to ask for versions, best first: the server's own argv[0] (keeps its venv),
-        its VIRTUAL_ENV / CONDA_PREFIX, /proc/PID/exe, then python3."""
+        its VIRTUAL_ENV / CONDA_PREFIX, /proc/PID/exe, then python3 (this user's PATH).
+
+        The server's choices are run as this user, so only when another user could not have made
+        them: the process runs as this user, and each interpreter (the path and the file it leads
+        to) is owned by this user or root. Otherwise they are left out, and ``proc["python_note"]``
+        says why and that ``--python`` names the interpreter."""
         out = []
         a0 = proc.get("argv0")
         if a0 and a0.startswith("/") and "python" in os.path.basename(a0):
@@ -285,13 +290,34 @@ class HostIO:
             out.append(f"/proc/{proc['pid']}/exe")
         if proc.get("exe"):
             out.append(proc["exe"])
-        out.append("python3")
-        seen, res = set(), []
-        for p in out:
-            if p not in seen:
-                seen.add(p)
-                res.append(p)
-        return res
+        chosen = list(dict.fromkeys(out))
+        if chosen:
+            me, owners = self._owners(chosen)
+            if proc.get("uid") is None or proc["uid"] != me:
+                proc["python_note"] = (f"the server (pid {proc.get('pid')}) runs as uid {proc.get('uid', '?')}, not as "
+                                       f"this user (uid {me}): its interpreter is not run; pass --python to name it")
+                chosen = []
+            else:
+                mine = [p for p in chosen if owners.get(p) and all(u in (me, 0) for u in owners[p])]
+                if len(mine) < len(chosen):
+                    proc["python_note"] = ("not run, as another user owns them: " + ", ".join(
+                        p for p in chosen if p not in mine) + " (pass --python to name the interpreter)")
+                chosen = mine
+        return list(dict.fromkeys(chosen + ["python3"]))
+
+    def _owners(self, paths: list[str]) -> tuple[int | None, dict[str, tuple[int, int]]]:
+        """(this user's uid, {path: (owner of the path, owner of the file it leads to)}) on the
+        host, in one command; a path that cannot be stat'ed is left out."""
+        r = self.run(["sh", "-c", 'id -u; for p; do echo "$(stat -c %u -- "$p" 2>/dev/null):'
+                      '$(stat -L -c %u -- "$p" 2>/dev/null)"; done', "sh", *paths], timeout=20)
+        lines = r.stdout.splitlines() if r.ok else []
+        me = int(lines[0]) if lines and lines[0].isdigit() else None
+        owners = {}
+        for p, ln in zip(paths, lines[1:]):
+            a, _, b = ln.partition(":")
+            if a.isdigit() and b.isdigit():
+                owners[p] = (int(a), int(b))
+        return me, owners
 
     def python_versions(self, candidates: list[str], want: str = "sglang") -> dict:
         """Versions from the first interpreter that has ``want`` installed (else the first that runs)."""

@@ -155,9 +155,11 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
         else:
             proc = host.io.server_process(req.port) if req.port else {}
             cands = host.io.python_candidates(proc)
-            if proc.get("pid"):
+            if proc.get("python_note"):
+                env.notes.append(proc["python_note"])
+            if proc.get("pid") and cands != ["python3"]:
                 env.sources["python"] = f"process {proc['pid']} listening on port {req.port}"
-            else:
+            elif not proc.get("pid"):
                 env.notes.append(f"no server process found on port {req.port}: using python3 on PATH "
                                  "(pass --python to name the server's interpreter)")
         vers = host.io.python_versions(cands, want="sglang")
