@@ -259,10 +259,10 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
         if not req.launch_file:
             raise InputError(f"{fix.id} edits the server's launch command: give --launch-file F")
         env.facts["launch_file"] = req.launch_file
-        return fix.target_for(env, req.target), req.launch_file, host.read_bytes(req.launch_file)
+        return fix.target_for(env, req.target), req.launch_file, host.pin(req.launch_file)
     if req.target_file:
         path = req.target_file
-        data = host.read_bytes(path)
+        data = host.pin(path)
         if req.target:
             spec = fix.target_for(env, req.target)
         elif hasattr(fix, "target_for_file"):
@@ -282,7 +282,7 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
         raise InputError(f"sglang not found{where} on {host.label}: give --python (the server's interpreter), "
                          "--sglang-root DIR or --target-file F")
     path = join(host, env.sglang_root, *spec.relpath.split("/"))
-    return spec, path, host.read_bytes(path)
+    return spec, path, host.pin(path)
 
 
 # --------------------------------------------------------------------------------- actions
@@ -404,7 +404,11 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
     folder = state_dir_for(host, req, fix, path)
     host.makedirs(folder)
     backup = join(host, folder, f"original-{rep.sha256_before}{_suffix(path)}")
-    original = host.read_bytes(path)
+    try:
+        original = host.read_bytes(path)
+    except FixRefused as e:
+        rep.outcome = Refused(str(e))
+        return rep
     if sha256_bytes(original) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed since the check: nothing written; check again")
         return rep
@@ -421,17 +425,20 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
     }
     mpath = join(host, folder, "manifest.json")
     host.write_bytes_atomic(mpath, (json.dumps(manifest, indent=2) + "\n").encode(), mode=0o600)
-    # last look before writing: the file must still be the one the patch was computed from
-    if host.sha256(path) != rep.sha256_before:
-        rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
-        return rep
     try:
+        # last look before writing: the file must still be the one the patch was computed from (the
+        # pinned target: the file resolved at the check, refused if anything else is there now)
+        if host.sha256(path) != rep.sha256_before:
+            raise FixRefused(f"{path} changed while patching: nothing written; check again")
         host.write_bytes_atomic(path, after, tmp_dir=folder)  # temp file in the state folder, not the package
-    except BaseException:
+    except BaseException as e:
         # the file was not replaced (the writer renames only a complete temp file): no manifest
         # may claim it was
         with contextlib.suppress(Exception):
             host.run(["rm", "-f", "--", mpath])
+        if isinstance(e, FixRefused):
+            rep.outcome = Refused(str(e))
+            return rep
         raise
     if host.sha256(path) != rep.sha256_after:
         host.write_bytes_atomic(path, original, tmp_dir=folder)
@@ -526,7 +533,11 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
                               "changed after the patch (sglang reinstalled or edited?); --force restores the "
                               "original anyway")
         return rep
-    host.write_bytes_atomic(path, original, tmp_dir=folder)
+    try:
+        host.write_bytes_atomic(path, original, tmp_dir=folder)  # the pinned target (see _apply)
+    except FixRefused as e:
+        rep.outcome = Refused(str(e))
+        return rep
     if host.sha256(path) != man["sha256_before"]:
         rep.outcome = Failed(f"{path} did not read back as the original after restoring")
         return rep
