@@ -78,15 +78,15 @@ class PinnedFile:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=where)
             try:
-                with os.fdopen(fd, "wb", closefd=False) as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(fd)
-                os.fchmod(fd, self.mode)
-                new = os.fstat(fd)
-            finally:
-                os.close(fd)
-            try:
+                try:
+                    with os.fdopen(fd, "wb", closefd=False) as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(fd)
+                    os.fchmod(fd, self.mode)
+                    new = os.fstat(fd)
+                finally:
+                    os.close(fd)
                 self.check()  # the last look: the entry is still the file the patch was computed from
                 os.replace(tmp, self.name, src_dir_fd=where, dst_dir_fd=self.dir_fd)
             except BaseException:
