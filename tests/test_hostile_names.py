@@ -209,3 +209,37 @@ def test_html_compare_labels_from_file_names_show_as_text(tmp_path, chromium):
     charts = got["charts"]
     assert charts and all(c["links"] == 0 and c["styled"] == 0 for c in charts), charts
     assert any("<a href='https:evil.example'>click<b>big" in c["text"] for c in charts)
+
+
+def test_a_servers_error_body_reaches_the_terminal_escaped(tmp_path):
+    """A real HTTP server on loopback answers every request with HTTP 500 and a body that would
+    set the window title and clear the screen: perfscope's one error line shows it escaped."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = (TERMINAL + "all findings cleared").encode()
+
+    class Hostile(BaseHTTPRequestHandler):
+        def _answer(self):
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = run("trace", "--url", f"http://127.0.0.1:{srv.server_address[1]}", "--out", tmp_path / "run",
+                "--timeout", "20")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "all findings cleared" in r.stderr and no_terminal_controls(r.stdout + r.stderr), repr(r.stderr)
+    assert "\\x1b]0;pwned\\x07" in r.stderr
