@@ -12,11 +12,11 @@ from typing import List, Optional
 from urllib.parse import urlparse, urlunparse
 
 import typer
-from perfscope.report.escape import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from perfscope.cli import _apikey, _paths
 from perfscope.errors import InputError
+from perfscope.report.escape import Console
 
 NAME = "trace"
 ORDER = 10

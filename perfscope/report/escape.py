@@ -22,25 +22,22 @@ from rich.markup import escape as _markup_escape
 
 # C0 controls, DEL, C1 controls (0x9b is CSI on 8-bit terminals), the line and paragraph separators,
 # and the bidirectional overrides and isolates that reorder what is shown ("Trojan source")
-_OTHER = "\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069"
-_CONTROL_RX = re.compile(f"[\x00-\x1f{_OTHER}]")
-_CONTROL_BUT_NEWLINE_RX = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER}]")
+_CONTROL_RX = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def _shown(m: re.Match) -> str:
-    c = m.group(0)
+def _shown(c: str) -> str:
     if c in _NAMED:
         return _NAMED[c]
     o = ord(c)
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
 
 
-def term(x: Any, keep_newlines: bool = False) -> str:
+def term(x: Any, keep: str = "") -> str:
     """``x`` as text for a terminal: every control character (and bidi override) written out as
-    its escape. ``keep_newlines``: for perfscope's own several-line texts, whose parts are escaped."""
-    s = str(x)
-    return (_CONTROL_BUT_NEWLINE_RX if keep_newlines else _CONTROL_RX).sub(_shown, s)
+    its escape; ``keep``: the ones left as they are (``"\\n"`` for perfscope's own several-line
+    texts, ``"\\n\\t"`` for a file's diff)."""
+    return _CONTROL_RX.sub(lambda m: m.group(0) if m.group(0) in keep else _shown(m.group(0)), str(x))
 
 
 def markup(x: Any) -> str:
@@ -51,12 +48,12 @@ def markup(x: Any) -> str:
 class Console(_RichConsole):
     """rich's Console whose output never carries a control character it did not make itself: the
     text of every segment (not its styles, not rich's own control segments) passes :func:`term`,
-    newlines kept. The net under every renderer, for a string that reached a ``Text`` or a
+    newlines and tabs kept. The net under every renderer, for a string that reached a ``Text`` or a
     ``markup=False`` print without :func:`term`."""
 
     def _render_buffer(self, buffer):  # rich's one place where segments become the written text
         return super()._render_buffer(
-            type(seg)(term(seg.text, keep_newlines=True), seg.style, seg.control) if not seg.control else seg
+            type(seg)(term(seg.text, keep="\n\t"), seg.style, seg.control) if not seg.control else seg
             for seg in buffer)
 
 
