@@ -243,3 +243,16 @@ def test_a_servers_error_body_reaches_the_terminal_escaped(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "all findings cleared" in r.stderr and no_terminal_controls(r.stdout + r.stderr), repr(r.stderr)
     assert "\\x1b]0;pwned\\x07" in r.stderr
+
+
+def test_fix_diff_of_a_launch_file_shows_its_control_characters_escaped(tmp_path):
+    """The host's file is data too: a launch script whose comments carry escape sequences shows
+    them escaped in the check's diff (tabs and newlines kept: the diff still reads as one)."""
+    launch = tmp_path / "run.sh"
+    launch.write_text("#!/bin/sh\n# start\x1b]0;pwned\x07\n\texec python3 -m sglang.launch_server --model-path /m "
+                      "--sampling-backend pytorch \\\n  --port 30000  # \x1b[2J\n")
+    r = run("fix", "torch-sampling", "--launch-file", launch, "--state-dir", tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    assert no_terminal_controls(r.stdout + r.stderr), repr(r.stdout)
+    assert "+\texec python3 -m sglang.launch_server --model-path /m --sampling-backend flashinfer" in r.stdout
+    assert " # start\\x1b]0;pwned\\x07\n" in r.stdout and "# \\x1b[2J\n" in r.stdout
