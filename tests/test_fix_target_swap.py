@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 
 from perfscope.fixengine import engine
-from perfscope.fixengine.host import LocalFixHost
+from perfscope.capture.ssh import connect
+from perfscope.fixengine.host import LocalFixHost, SSHFixHost
 from perfscope.fixengine.registry import get
 
 from test_fix_launch import env_with, launch_text, req_for
@@ -21,10 +22,12 @@ FIX = get("torch-sampling")
 VICTIM = b"root:x:0:0:root:/root:/bin/bash\n"  # what the link points at: must never change
 
 
-class SwappingHost(LocalFixHost):
-    def __init__(self, target, victim, at: str):
-        super().__init__()
+class Swapping:
+    """Mixed into a real fix host: the other process's swap, at ``at``."""
+
+    def arm(self, target, victim, at: str):
         self.target, self.victim, self.at, self.swapped = str(target), str(victim), at, False
+        return self
 
     def _swap(self):
         if not self.swapped:
@@ -42,6 +45,20 @@ class SwappingHost(LocalFixHost):
         if self.at == "before-restore":
             self._swap()
         return super().exists(path)
+
+
+class SwappingHost(Swapping, LocalFixHost):
+    def __init__(self, target, victim, at: str):
+        super().__init__()
+        self.arm(target, victim, at)
+
+
+class SwappingSSHHost(Swapping, SSHFixHost):
+    """The same over a real sshd on loopback (the host's file system is this one's)."""
+
+    def __init__(self, session, target, victim, at: str):
+        super().__init__(session)
+        self.arm(target, victim, at)
 
 
 def _setup(tmp_path):
@@ -85,3 +102,21 @@ def test_a_target_that_is_a_symlink_at_the_check_is_patched_through_it(tmp_path)
     assert link.is_symlink() and real.read_bytes() != original and b"flashinfer" in real.read_bytes()
     back = engine.revert(FIX, LocalFixHost(), req_for(link, tmp_path), env_with())
     assert back.outcome.kind == "reverted" and real.read_bytes() == original and link.is_symlink()
+
+
+def test_over_ssh_apply_and_revert_refuse_a_target_swapped_for_a_symlink(sshd, tmp_path):
+    launch, victim = _setup(tmp_path)
+    with connect(sshd.target()) as s:
+        host = SwappingSSHHost(s, launch, victim, "after-last-look")
+        rep = engine.apply(FIX, host, req_for(launch, tmp_path), env_with())
+        assert host.swapped and victim.read_bytes() == VICTIM and launch.is_symlink()
+        assert rep.outcome.kind == "refused" and "changed since the check (a symlink now)" in rep.outcome.reason
+        assert not list((tmp_path / "state").rglob("manifest.json"))
+    launch.unlink()
+    launch.write_text(launch_text("--sampling-backend pytorch"))
+    with connect(sshd.target()) as s:
+        assert engine.apply(FIX, SSHFixHost(s), req_for(launch, tmp_path), env_with()).outcome.kind == "applied"
+        host = SwappingSSHHost(s, launch, victim, "before-restore")
+        rep = engine.revert(FIX, host, req_for(launch, tmp_path), env_with())
+        assert host.swapped and victim.read_bytes() == VICTIM
+        assert rep.outcome.kind == "refused" and "changed since the check" in rep.outcome.reason

@@ -163,14 +163,17 @@ class SSHFixHost(FixHost):
         super().__init__(SSHHost(session))
         self.s = session
         self.label = session.target.label
-        self._pins: dict[str, tuple[str, str]] = {}  # path -> (resolved path, "st_dev:st_ino")
+        self._pins: dict[str, tuple[str, str]] = {}  # path -> (resolved path, its _ident)
 
     def _ident(self, real: str) -> tuple[str, str]:
-        """("st_dev:st_ino", file type) of ``real`` itself (a link not followed); ("", "") if gone."""
-        r = self.run(["stat", "-c", "%d:%i:%F", "--", real])
-        dev, _, rest = r.stdout.strip().partition(":")
-        ino, _, kind = rest.partition(":")
-        return (f"{dev}:{ino}", kind) if r.rc == 0 and dev.isdigit() and ino.isdigit() else ("", "")
+        """("st_dev:st_ino:type:ctime", type) of ``real`` itself (a link not followed); ("", "") if
+        gone. Nothing holds the file open over SSH, so a new file may get the old inode number: its
+        type and change time tell it apart."""
+        r = self.run(["stat", "-c", "%d:%i:%Z:%F", "--", real])
+        parts = r.stdout.strip().split(":", 3)
+        if r.rc != 0 or len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
+            return "", ""
+        return r.stdout.strip(), parts[3]
 
     def pin(self, path: str) -> bytes:
         if path in self._pins:
