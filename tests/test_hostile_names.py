@@ -214,15 +214,34 @@ def test_html_compare_labels_from_file_names_show_as_text(tmp_path, chromium):
 def test_a_servers_error_body_reaches_the_terminal_escaped(tmp_path):
     """A real HTTP server on loopback answers every request with HTTP 500 and a body that would
     set the window title and clear the screen: perfscope's one error line shows it escaped."""
+    body = (TERMINAL + "all findings cleared").encode()
+    r = _trace_against(tmp_path, lambda path: (500, "text/plain", body))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "all findings cleared" in r.stderr and no_terminal_controls(r.stdout + r.stderr), repr(r.stderr)
+    assert "\\x1b]0;pwned\\x07" in r.stderr
+
+
+def test_a_servers_configuration_strings_reach_the_log_escaped(tmp_path):
+    """/server_info's version and model path go to trace's progress lines (printed as they are,
+    not as markup): the console itself escapes them."""
+    info = json.dumps({"version": "0.5.23" + TERMINAL, "model_path": "/m" + TERMINAL, "tp_size": 1}).encode()
+    r = _trace_against(tmp_path, lambda path: (200, "application/json", info) if path.startswith("/server_info")
+                       or path.startswith("/get_server_info") else (500, "text/plain", b"no"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "0.5.23\\x1b]0;pwned\\x07" in r.stderr and no_terminal_controls(r.stdout + r.stderr), repr(r.stderr)
+
+
+def _trace_against(tmp_path, answer):
+    """``perfscope trace --url`` against a real HTTP server on loopback whose every reply is
+    ``answer(path) -> (status, content type, body)``."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    body = (TERMINAL + "all findings cleared").encode()
-
     class Hostile(BaseHTTPRequestHandler):
         def _answer(self):
-            self.send_response(500)
-            self.send_header("Content-Type", "text/plain")
+            status, ctype, body = answer(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -240,9 +259,7 @@ def test_a_servers_error_body_reaches_the_terminal_escaped(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "all findings cleared" in r.stderr and no_terminal_controls(r.stdout + r.stderr), repr(r.stderr)
-    assert "\\x1b]0;pwned\\x07" in r.stderr
+    return r
 
 
 def test_fix_diff_of_a_launch_file_shows_its_control_characters_escaped(tmp_path):

@@ -48,8 +48,12 @@ def markup(x: Any) -> str:
 class Console(_RichConsole):
     """rich's Console whose output never carries a control character it did not make itself: the
     text of every segment (not its styles, not rich's own control segments) passes :func:`term`,
-    newlines and tabs kept. The net under every renderer, for a string that reached a ``Text`` or a
-    ``markup=False`` print without :func:`term`."""
+    newlines and tabs kept; a printed string passes it before rich makes a ``Text`` of it (which
+    would drop some controls unseen). The net under every renderer, for a string that reached a
+    ``Text`` or a ``markup=False`` print without :func:`term`."""
+
+    def render_str(self, text: str, **kwargs):  # a printed str, before rich drops BEL, BS, CR...
+        return super().render_str(term(text, keep="\n\t"), **kwargs)
 
     def _render_buffer(self, buffer):  # rich's one place where segments become the written text
         return super()._render_buffer(
