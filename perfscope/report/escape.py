@@ -4,7 +4,7 @@ medium, used by every renderer.
 A kernel, op or device name, a trace's file name, a Python function or a server's error body is
 data, never instructions: it must not move the cursor, set a window title or draw a link in a
 terminal (:func:`term`, :func:`markup`, :class:`Console`), start a heading or split a table cell
-in Markdown (:func:`md_text`, :func:`md_code`, :func:`md_cell`), or become a formula in a
+in Markdown (:func:`md_text`, :func:`md_code`), or become a formula in a
 spreadsheet (:func:`csv_cell`). Plotly's labels and hover text are built in the page's script,
 which has its own one helper (``plotlyText`` in ``reports/assets/report.js``); the rest of the
 HTML report is Jinja with autoescape.
@@ -66,7 +66,8 @@ class Console(_RichConsole):
 # the ASCII punctuation that can start or end structure in CommonMark / GFM: emphasis, links and
 # images, raw HTML and entities, code spans, headings and issue references, tables, strikethrough;
 # ``_`` only where it can be emphasis (not inside a word); a URL's ``://`` and ``www.`` (autolinks)
-_MD_ACTIVE = re.compile(r"([\\`*\[\]<>&|#~])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|(?<=[A-Za-z0-9]):(?=//)|(?<=www)\.")
+_MD_ACTIVE = re.compile(r"[\\`*\[\]<>&|#~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])"
+                        r"|(?<=[A-Za-z0-9]):(?=//)|(?<=www)\.")
 _MD_LINE_START = re.compile(r"^(?:[-+=>]|\d+[.)])")  # a list item, a setext underline, a quote
 
 
@@ -87,11 +88,6 @@ def md_code(x: Any, in_table: bool = False) -> str:
     fence = "`" * (longest + 1)
     pad = " " if s.startswith("`") or s.endswith("`") or (s.startswith(" ") and s.endswith(" ") and s.strip()) else ""
     return f"{fence}{pad}{s}{pad}{fence}"
-
-
-def md_cell(x: Any) -> str:
-    """``x`` as plain text in a Markdown table cell (:func:`md_text`, whose ``|`` is escaped)."""
-    return md_text(x)
 
 
 # -------------------------------------------------------------------------------------------- CSV
