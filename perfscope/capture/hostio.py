@@ -309,7 +309,12 @@ class HostIO:
 
     def python_candidates(self, proc: dict) -> list[str]:
         """Interpreters to ask for versions, best first: the server's own argv[0] (keeps its venv),
-        its VIRTUAL_ENV / CONDA_PREFIX, /proc/PID/exe, then python3."""
+        its VIRTUAL_ENV / CONDA_PREFIX, /proc/PID/exe, then python3 (this user's PATH).
+
+        The server's choices are run as this user, so only when another user could not have made
+        them: the process runs as this user, and each interpreter (the path and the file it leads
+        to) is owned by this user or root. Otherwise they are left out, and ``proc["python_note"]``
+        says why and that ``--python`` names the interpreter."""
         out = []
         a0 = proc.get("argv0")
         if a0 and a0.startswith("/") and "python" in os.path.basename(a0):
@@ -321,13 +326,34 @@ class HostIO:
             out.append(f"/proc/{proc['pid']}/exe")
         if proc.get("exe"):
             out.append(proc["exe"])
-        out.append("python3")
-        seen, res = set(), []
-        for p in out:
-            if p not in seen:
-                seen.add(p)
-                res.append(p)
-        return res
+        chosen = list(dict.fromkeys(out))
+        if chosen:
+            me, owners = self._owners(chosen)
+            if proc.get("uid") is None or proc["uid"] != me:
+                proc["python_note"] = (f"the server (pid {proc.get('pid')}) runs as uid {proc.get('uid', '?')}, not as "
+                                       f"this user (uid {me}): its interpreter is not run; pass --python to name it")
+                chosen = []
+            else:
+                mine = [p for p in chosen if owners.get(p) and all(u in (me, 0) for u in owners[p])]
+                if len(mine) < len(chosen):
+                    proc["python_note"] = ("not run, as another user owns them: " + ", ".join(
+                        p for p in chosen if p not in mine) + " (pass --python to name the interpreter)")
+                chosen = mine
+        return list(dict.fromkeys(chosen + ["python3"]))
+
+    def _owners(self, paths: list[str]) -> tuple[int | None, dict[str, tuple[int, int]]]:
+        """(this user's uid, {path: (owner of the path, owner of the file it leads to)}) on the
+        host, in one command; a path that cannot be stat'ed is left out."""
+        r = self.run(["sh", "-c", 'id -u; for p; do echo "$(stat -c %u -- "$p" 2>/dev/null):'
+                      '$(stat -L -c %u -- "$p" 2>/dev/null)"; done', "sh", *paths], timeout=20)
+        lines = r.stdout.splitlines() if r.ok else []
+        me = int(lines[0]) if lines and lines[0].isdigit() else None
+        owners = {}
+        for p, ln in zip(paths, lines[1:]):
+            a, _, b = ln.partition(":")
+            if a.isdigit() and b.isdigit():
+                owners[p] = (int(a), int(b))
+        return me, owners
 
     def python_versions(self, candidates: list[str], want: str = "sglang") -> dict:
         """Versions from the first interpreter that has ``want`` installed (else the first that runs)."""
@@ -435,6 +461,8 @@ class LocalHost(HostIO):
                              err.decode("utf-8", "replace"))
 
     def list_traces(self, folder, match=is_trace_name):
+        """The regular files in ``folder`` (a symlink there is not the server's trace: it could
+        point at any file this user may read, and is skipped, as over SSH)."""
         try:
             entries = list(os.scandir(folder))
         except FileNotFoundError:
@@ -443,9 +471,9 @@ class LocalHost(HostIO):
         for e in entries:
             if match(e.name):
                 try:
-                    if not e.is_file():
+                    if not e.is_file(follow_symlinks=False):
                         continue
-                    st = e.stat()
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:  # renamed or removed since the listing (a writer's temp file)
                     continue
                 out.append(RemoteFile(e.name, e.path, st.st_size, st.st_mtime))
@@ -454,15 +482,32 @@ class LocalHost(HostIO):
     def incomplete(self, paths):
         return [p for p in paths if not trace_file_complete(p)]
 
+    @staticmethod
+    def _open_trace(path: str) -> tuple[int, int]:
+        """(descriptor, size) of ``path``, opened without following a symlink and only if it is a
+        regular file: a link planted in the profile folder after the listing is refused."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            why = "is a symlink (not followed)" if os.path.islink(path) else (e.strerror or str(e))
+            raise RemoteError(f"{path}: {why}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise RemoteError(f"{path}: not a regular file")
+        return fd, st.st_size
+
     def sha256(self, path):
-        return sha256_file(path)
+        fd, _ = self._open_trace(path)
+        with os.fdopen(fd, "rb") as f:
+            return sha256_file(f)
 
     def fetch(self, path, local, expected_sha256, progress=None):
-        total = os.path.getsize(path)
+        fd, total = self._open_trace(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
         try:
-            with open(path, "rb") as src, atomic_writer(local) as dst:
+            with os.fdopen(fd, "rb") as src, atomic_writer(local) as dst:
                 while b := src.read(1 << 20):
                     dst.write(b)
                     h.update(b)

@@ -29,3 +29,4 @@ class TraceOptions:
     poll_s: float = 1.0
     seed: int = 0
     bench_requests: int = 0  # > 0: measure TPOT without the profiler afterwards (perfscope bench)
+    python: str | None = None  # the server's interpreter, for its versions (else found, when it may be run)

@@ -107,7 +107,9 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             f"tp={info.get('tp_size', 1)}")
         # the server's process (its interpreter has its versions): on the host, or here for a loopback URL
         proc = io.server_process(port) if ep.target is not None or is_loopback_url(ep.url) else {}
-        versions = io.python_versions(io.python_candidates(proc), want=opts.engine)
+        versions = io.python_versions([opts.python] if opts.python else io.python_candidates(proc), want=opts.engine)
+        if proc.get("python_note") and not opts.python:
+            say(f"note: {proc['python_note']}")
         if version:
             versions["server"] = version
         gpu = io.nvidia_smi()

@@ -19,12 +19,11 @@ import traceback
 
 import typer
 from typer import _click as click  # typer vendors click: its exceptions and EPIPE wrapper
-from rich.console import Console
-from rich.markup import escape
 
 from perfscope import __version__
 from perfscope.cli import _help
 from perfscope.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, PerfscopeError, redact
+from perfscope.report.escape import Console, markup as escape
 
 app = typer.Typer(
     name="perfscope",

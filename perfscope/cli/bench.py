@@ -10,12 +10,12 @@ from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from perfscope.bench.store import store
 from perfscope.cli import _apikey, _paths
 from perfscope.errors import InputError
+from perfscope.report.escape import Console
 
 NAME = "bench"
 ORDER = 60

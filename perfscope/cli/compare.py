@@ -52,7 +52,7 @@ def command(
     """Compare two traces or run folders: decode step time and TPOT before/after with the ratio, GPU
     time per bucket (ms and share) and its deltas, findings that disappeared or appeared, and the top
     ops that changed. Comparing different setups (GPU, model, world size) is allowed and flagged."""
-    from rich.console import Console
+    from perfscope.report.escape import Console
 
     from perfscope.analysis.compare import compare
     from perfscope.cli.diagnose import _load_config

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from perfscope.cli import _paths
 from perfscope.errors import InputError
+from perfscope.report.escape import Console
 
 NAME = "demo"
 ORDER = 5

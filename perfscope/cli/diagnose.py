@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from perfscope.cli import _paths
 from perfscope.errors import GateFailed, InputError
+from perfscope.report.escape import Console
 
 NAME = "diagnose"
 ORDER = 20

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from perfscope.cli import _apikey, _help, _paths
 from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
+from perfscope.report.escape import Console, term
 
 NAME = "fix"
 ORDER = 40
@@ -348,7 +348,7 @@ def _finish(rep, json_out: bool) -> int:
         for n in rep.notes:
             out.print(f"note: {n}", markup=False)
         if rep.diff and rep.outcome.kind == "checked":
-            sys.stdout.write(rep.diff)
+            sys.stdout.write(term(rep.diff, keep="\n\t"))  # the host's file: no control character reaches the terminal
         out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
         if rep.outcome.kind == "checked" and rep.sha256_before:
             out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)

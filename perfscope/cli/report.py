@@ -46,7 +46,7 @@ def command(
     step time / TPOT, the top finding and the command that fixes it, GPU time per bucket for every step
     (and per rank), a zoomable timeline of one representative step, a sortable table of the top ops,
     and every finding with its evidence and predicted step time."""
-    from rich.console import Console
+    from perfscope.report.escape import Console
 
     from perfscope.analysis.diagnose import diagnose
     from perfscope.cli.diagnose import _load_config

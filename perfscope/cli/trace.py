@@ -12,11 +12,11 @@ from typing import List, Optional
 from urllib.parse import urlparse, urlunparse
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from perfscope.cli import _apikey, _paths
 from perfscope.errors import InputError
+from perfscope.report.escape import Console
 
 NAME = "trace"
 ORDER = 10
@@ -133,6 +133,9 @@ def command(
                                    "a host-bound server measures a little slower than before the trace."),
     api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PY",
+                                         help="The server's interpreter on the host, asked for its versions (default: "
+                                              "the process on --port's, when it runs as the SSH user)."),
     out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
 ) -> int:
@@ -196,7 +199,7 @@ def command(
         port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
-        profile_prefix=profile_prefix, gpu_only=gpu_only,
+        profile_prefix=profile_prefix, gpu_only=gpu_only, python=python,
     )
     argv = scrub_argv(_canonical_argv(ctx))
     from perfscope.errors import redact

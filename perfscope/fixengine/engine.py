@@ -155,9 +155,11 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
         else:
             proc = host.io.server_process(req.port) if req.port else {}
             cands = host.io.python_candidates(proc)
-            if proc.get("pid"):
+            if proc.get("python_note"):
+                env.notes.append(proc["python_note"])
+            if proc.get("pid") and cands != ["python3"]:
                 env.sources["python"] = f"process {proc['pid']} listening on port {req.port}"
-            else:
+            elif not proc.get("pid"):
                 env.notes.append(f"no server process found on port {req.port}: using python3 on PATH "
                                  "(pass --python to name the server's interpreter)")
         vers = host.io.python_versions(cands, want="sglang")
@@ -280,10 +282,10 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
         if not req.launch_file:
             raise InputError(f"{fix.id} edits the server's launch command: give --launch-file F")
         env.facts["launch_file"] = req.launch_file
-        return fix.target_for(env, req.target), req.launch_file, host.read_bytes(req.launch_file)
+        return fix.target_for(env, req.target), req.launch_file, host.pin(req.launch_file)
     if req.target_file:
         path = req.target_file
-        data = host.read_bytes(path)
+        data = host.pin(path)
         if req.target:
             spec = fix.target_for(env, req.target)
         elif hasattr(fix, "target_for_file"):
@@ -307,7 +309,7 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
     path = join(host, env.sglang_root, *spec.relpath.split("/"))
     if spec.creates and not host.exists(path):
         return spec, path, b""  # a file the fix creates: absent is its original state
-    return spec, path, host.read_bytes(path)
+    return spec, path, host.pin(path)
 
 
 # --------------------------------------------------------------------------------- actions
@@ -443,7 +445,11 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
     folder = state_dir_for(host, req, fix, path)
     host.makedirs(folder)
     backup = join(host, folder, f"original-{rep.sha256_before}{_suffix(path)}")
-    original = b"" if absent else host.read_bytes(path)
+    try:
+        original = b"" if absent else host.read_bytes(path)
+    except FixRefused as e:
+        rep.outcome = Refused(str(e))
+        return rep
     if sha256_bytes(original) != rep.sha256_before:
         rep.outcome = Refused(f"{path} changed since the check: nothing written; check again")
         return rep
@@ -466,17 +472,20 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
             host.makedirs(parent)
     mpath = join(host, folder, "manifest.json")
     host.write_bytes_atomic(mpath, (json.dumps(manifest, indent=2) + "\n").encode(), mode=0o600)
-    # last look before writing: the file must still be the one the patch was computed from
-    if _sha_or_absent(host, path, absent) != rep.sha256_before:
-        rep.outcome = Refused(f"{path} changed while patching: nothing written; check again")
-        return rep
     try:
+        # last look before writing: the file must still be the one the patch was computed from (the
+        # pinned target: the file resolved at the check, refused if anything else is there now)
+        if _sha_or_absent(host, path, absent) != rep.sha256_before:
+            raise FixRefused(f"{path} changed while patching: nothing written; check again")
         host.write_bytes_atomic(path, after, tmp_dir=folder)  # temp file in the state folder, not the package
-    except BaseException:
+    except BaseException as e:
         # the file was not replaced (the writer renames only a complete temp file): no manifest
         # may claim it was
         with contextlib.suppress(Exception):
             host.run(["rm", "-f", "--", mpath])
+        if isinstance(e, FixRefused):
+            rep.outcome = Refused(str(e))
+            return rep
         raise
     if host.sha256(path) != rep.sha256_after:
         if absent:
@@ -593,7 +602,11 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
         _retire_manifest(host, folder)
         rep.outcome = Reverted(f"removed {path}, which {fix.id} had created: SGLang's install is as before")
         return rep
-    host.write_bytes_atomic(path, original, tmp_dir=folder)
+    try:
+        host.write_bytes_atomic(path, original, tmp_dir=folder)  # the pinned target (see _apply)
+    except FixRefused as e:
+        rep.outcome = Refused(str(e))
+        return rep
     if host.sha256(path) != man["sha256_before"]:
         rep.outcome = Failed(f"{path} did not read back as the original after restoring")
         return rep

@@ -17,11 +17,16 @@ from typing import Iterator, Optional, Sequence
 
 from perfscope.capture.hostio import HostIO, LocalHost, SSHHost
 from perfscope.errors import FixRefused, InputError, RemoteError
+from perfscope.fixengine.pinned import PinnedFile
 from perfscope.util.files import atomic_write_bytes, read_regular, sha256_bytes
 from perfscope.util.limits import max_fix_file_bytes
 
 
 class FixHost:
+    """Files and commands on the target's host. :meth:`pin` holds a fix's target from its check on:
+    :meth:`read_bytes`, :meth:`sha256` and :meth:`write_bytes_atomic` on a pinned path act on the
+    file resolved at the check, and refuse (:class:`FixRefused`) once anything else is there."""
+
     label = "local"
     remote = False
 
@@ -29,6 +34,11 @@ class FixHost:
         self.io = io
 
     # files
+    def pin(self, path: str) -> bytes:
+        """Resolve ``path`` once (its symlinks followed at the first call, never again), hold the
+        file, return its bytes (refused if the entry is no longer the held file)."""
+        raise NotImplementedError
+
     def read_bytes(self, path: str) -> bytes:
         raise NotImplementedError
 
@@ -76,14 +86,25 @@ class LocalFixHost(FixHost):
 
     def __init__(self):
         super().__init__(LocalHost())
+        self._pins: dict[str, PinnedFile] = {}
+
+    def pin(self, path: str) -> bytes:
+        if path not in self._pins:
+            self._pins[path] = PinnedFile(path)
+        return self._pins[path].read()
 
     def read_bytes(self, path: str) -> bytes:
-        """A regular file of at most PERFSCOPE_MAX_FIX_FILE_MB (a FIFO, a device, a folder refused)."""
+        """A regular file of at most PERFSCOPE_MAX_FIX_FILE_MB (a FIFO, a device, a folder refused);
+        a pinned one read through its held descriptor."""
+        if path in self._pins:
+            return self._pins[path].read()
         return bytes(read_regular(path, max_fix_file_bytes(), "PERFSCOPE_MAX_FIX_FILE_MB",
                                   hint="fix reads and patches regular files only"))
 
     def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
                            tmp_dir: Optional[str] = None) -> None:
+        if path in self._pins:
+            return self._pins[path].replace(data, tmp_dir=tmp_dir)
         try:
             atomic_write_bytes(path, data, mode=mode, tmp_dir=tmp_dir)
         except PermissionError:
@@ -127,6 +148,12 @@ class LocalFixHost(FixHost):
     def home(self) -> str:
         return str(Path.home())
 
+    def close(self) -> None:
+        for p in self._pins.values():
+            p.close()
+        self._pins.clear()
+        super().close()
+
 
 class SSHFixHost(FixHost):
     remote = True
@@ -135,9 +162,50 @@ class SSHFixHost(FixHost):
         super().__init__(SSHHost(session))
         self.s = session
         self.label = session.target.label
+        self._pins: dict[str, tuple[str, str]] = {}  # path -> (resolved path, its _ident)
+
+    def _ident(self, real: str) -> tuple[str, str]:
+        """("st_dev:st_ino:type:ctime", type) of ``real`` itself (a link not followed); ("", "") if
+        gone. Nothing holds the file open over SSH, so a new file may get the old inode number: its
+        type and change time tell it apart."""
+        r = self.run(["stat", "-c", "%d:%i:%Z:%F", "--", real])
+        parts = r.stdout.strip().split(":", 3)
+        if r.rc != 0 or len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
+            return "", ""
+        return r.stdout.strip(), parts[3]
+
+    def pin(self, path: str) -> bytes:
+        if path in self._pins:
+            return self.read_bytes(path)
+        r = self.run(["realpath", "-e", "--", path])
+        real = r.stdout.strip()
+        if r.rc != 0 or not real.startswith("/"):
+            raise InputError(f"{self.label}:{path}: no such file")
+        ident, kind = self._ident(real)
+        if not kind.startswith("regular"):
+            raise InputError(f"{self.label}:{path}: not a regular file")
+        self._pins[path] = (real, ident)
+        return self.read_bytes(path)
+
+    def _check(self, path: str) -> str:
+        real, ident = self._pins[path]
+        now, kind = self._ident(real)
+        if now != ident:
+            what = "removed" if not now else "a symlink now" if kind == "symbolic link" else "another file now"
+            raise FixRefused(f"{self.label}:{path} changed since the check ({what}): nothing written; check again")
+        return real
 
     def read_bytes(self, path: str) -> bytes:
-        """As :meth:`LocalFixHost.read_bytes`, the file stat'ed over SFTP before it is opened."""
+        """As :meth:`LocalFixHost.read_bytes`, the file stat'ed over SFTP before it is opened; a pinned
+        one checked against the held identity before and after."""
+        if path in self._pins:
+            real = self._check(path)
+            data = self._read(real)
+            self._check(path)
+            return data
+        return self._read(path)
+
+    def _read(self, path: str) -> bytes:
         try:
             return self.s.read_bytes(path, regular_cap=max_fix_file_bytes())
         except RemoteError:
@@ -147,7 +215,11 @@ class SSHFixHost(FixHost):
 
     def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
                            tmp_dir: Optional[str] = None) -> None:
-        self.s.write_bytes_atomic(path, data, mode=mode, tmp_dir=tmp_dir)
+        if path not in self._pins:
+            return self.s.write_bytes_atomic(path, data, mode=mode, tmp_dir=tmp_dir)
+        real = self._check(path)
+        self.s.write_bytes_atomic(real, data, mode=mode, tmp_dir=tmp_dir, follow_symlinks=False)
+        self._pins[path] = (real, self._ident(real)[0])
 
     def exists(self, path: str) -> bool:
         return self.run(["test", "-e", path]).rc == 0
@@ -165,6 +237,11 @@ class SSHFixHost(FixHost):
         return home
 
     def sha256(self, path: str) -> str:
+        if path in self._pins:
+            real = self._check(path)
+            digest = self.s.sha256(real)
+            self._check(path)
+            return digest
         return self.s.sha256(path)
 
     def mode(self, path: str) -> Optional[int]:

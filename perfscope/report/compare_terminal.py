@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from perfscope.report.escape import Console, markup as escape
 from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
 
 

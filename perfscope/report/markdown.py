@@ -1,5 +1,7 @@
 """`diagnose --markdown FILE`: the summary a user pastes into an issue or PR (verdict, bucket table,
-top ops, findings), and `--csv DIR`: the bucket and op tables (and the per-rank table) as CSV."""
+top ops, findings), and `--csv DIR`: the bucket and op tables (and the per-rank table) as CSV.
+Every string from the trace passes :mod:`perfscope.report.escape` (Markdown text, code spans,
+CSV cells)."""
 
 from __future__ import annotations
 
@@ -11,16 +13,9 @@ from perfscope import __version__
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis
 from perfscope.report import wording
+from perfscope.report.escape import csv_row, md_code as _code, md_text as _text
 from perfscope.report.terminal import fix_commands, op_where, share_of
 from perfscope.util.files import atomic_write_text
-
-
-def _cell(x) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def _code(x) -> str:
-    return f"`{str(x).replace('`', '')}`"
 
 
 def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
@@ -29,17 +24,17 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     cpu = s.get("analysed_on") == "cpu-ops"
     gpu = device_label(p.meta) or ("CPU (no GPU activity)" if cpu else "unknown GPU")
     n = s.get("count", 0)
-    out = [f"### perfscope diagnose: {gpu}, {n} {s.get('phase')} step{'s' if n != 1 else ''}, "
+    out = [f"### perfscope diagnose: {_text(gpu)}, {n} {_text(s.get('phase'))} step{'s' if n != 1 else ''}, "
            f"median {wording.ms(s.get('median_ms'))} ms", ""]
     if p.findings:
         f = p.findings[0]
-        line = (f"**Verdict: {_code(f['id'])} {f['title']}**: {wording.ms(f['ms_per_step'])} ms per step "
+        line = (f"**Verdict: {_code(f['id'])} {_text(f['title'])}**: {wording.ms(f['ms_per_step'])} ms per step "
                 f"({wording.pct(f['share'])} of {share_of(f, cpu)}), confidence {f['confidence']}.")
         cmds = fix_commands(d, f)
         if cmds:
             line += f" Fix: {_code(cmds[0])} (check + diff), then {_code(cmds[1])}."
         elif f.get("remedy"):
-            line += f" Remedy: {f['remedy']}"
+            line += f" Remedy: {_text(f['remedy'])}"
         rng = wording.predicted_range(f)
         if rng and s.get("median_ms"):
             pred = f["predicted_step_ms_after_fix"]
@@ -59,36 +54,36 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     out += [f"| bucket | {what} ms/step | share |", "|---|---:|---:|"]
     for b, v in sorted(p.buckets.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         if v["ms_per_step"] > 0:
-            out.append(f"| {b} | {wording.ms(v['ms_per_step'])} | {wording.pct(v['share'])} |")
+            out.append(f"| {_text(b)} | {wording.ms(v['ms_per_step'])} | {wording.pct(v['share'])} |")
     if p.idle_ms_per_step:
         out.append(f"| ({'idle' if cpu else 'GPU idle'} in step) | {wording.ms(p.idle_ms_per_step)} | |")
     out += ["", f"**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
     for o in p.ops[:top]:
-        out.append(f"| {_code(o['short'])} | {o['bucket']} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
-                   f"{o['count_per_step']:.0f} | {_cell(op_where(o, wording.graph_word(p.meta)))} |")
+        out.append(f"| {_code(o['short'], in_table=True)} | {_text(o['bucket'])} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
+                   f"{o['count_per_step']:.0f} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
     if p.findings:
         out += ["", "**Findings**", ""]
         for f in p.findings:
             ev = wording.evidence_items({k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"})
-            out.append(f"- {_code(f['id'])} {f['title']}: {wording.ms(f['ms_per_step'])} ms/step, "
+            out.append(f"- {_code(f['id'])} {_text(f['title'])}: {wording.ms(f['ms_per_step'])} ms/step, "
                        f"{wording.pct(f['share'])} of {share_of(f, cpu)}, confidence {f['confidence']}"
                        + (f"; predicted step after fix {wording.ms_range(wording.predicted_range(f))} ms"
                           if wording.predicted_range(f) else "") + ".  ")
-            out.append(f"  {f['summary']}" + (f"  \n  Evidence: {'; '.join(ev)}." if ev else ""))
+            out.append(f"  {_text(f['summary'])}" + (f"  \n  Evidence: {'; '.join(_text(e) for e in ev)}." if ev else ""))
     if len(d.ranks) > 1:
         out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]
         for r in d.ranks:
-            out.append(f"| {r.rank if r.rank is not None else '-'} | {r.stage or ''} | {r.steps.get('count')} | "
+            out.append(f"| {r.rank if r.rank is not None else '-'} | {_text(r.stage or '')} | {r.steps.get('count')} | "
                        f"{wording.ms(r.steps.get('median_ms'))} |")
     out += ["", f"<sub>perfscope {__version__}; {len(d.ranks)} trace file(s); steps found by "
-                f"{s.get('how') or s.get('method')}</sub>", ""]
+                f"{_text(s.get('how') or s.get('method'))}</sub>", ""]
     return "\n".join(out)
 
 
 def _csv(rows: list[list]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerows(rows)
+    w.writerows(csv_row(r) for r in rows)
     return buf.getvalue()
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from rich.console import Console, Group
-from rich.markup import escape
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -14,6 +13,7 @@ from rich.text import Text
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.report import wording
+from perfscope.report.escape import Console, markup as escape, term
 
 BUCKET_STYLE = {"copy": "red", "gemm": "blue", "attention": "magenta", "communication": "yellow",
                 "moe": "cyan", "sampling": "green", "elementwise": "bright_black", "other": "white"}
@@ -129,7 +129,7 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
         if basis and ((f.get("evidence") or {}).get("prediction") or {}).get("bound") == "host":
             body.append(f"[dim]       ({basis})[/]")  # host-bound: what the point is made of
     if len(p.findings) > 1:
-        body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
+        body.append("[dim]also: " + ", ".join(f"{escape(x['id'])} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
 
 
@@ -180,7 +180,7 @@ def facts(d: Diagnosis) -> list[str]:
     other = [ph for ph in p.phases if ph["phase"] != s.get("phase")]
     if other:
         lines[-1] = lines[-1][:-3] + "; other phases: " + ", ".join(
-            f"{ph['phase']} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)" for ph in other) + "[/]"
+            f"{escape(ph['phase'])} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)" for ph in other) + "[/]"
     t = d.timings
     if t.get("tpot_ms"):
         how = "perfscope bench" if t["source"] == "bench" else "during the trace, under the profiler"
@@ -260,7 +260,7 @@ def ranks_table(d: Diagnosis) -> Optional[Table]:
     for r, h in zip(d.ranks, hosts):
         b = r.buckets
         mark = " [red](straggler)[/]" if strag == r.rank and (d.straggler or {}).get("significant") else ""
-        t.add_row(*([escape(h or "-")] if len(set(hosts)) > 1 else []), f"{r.rank if r.rank is not None else '-'}{mark}", r.stage or "", str(r.steps.get("count")),
+        t.add_row(*([escape(h or "-")] if len(set(hosts)) > 1 else []), f"{r.rank if r.rank is not None else '-'}{mark}", escape(r.stage or ""), str(r.steps.get("count")),
                   _fmt_ms(r.steps.get("median_ms")), *(f"{b[x]['share']:.0%}" for x in ("copy", "gemm", "attention", "communication")),
                   _fmt_ms(r.idle_ms_per_step))
     return t
@@ -277,10 +277,10 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
     parts = []
     for f in p.findings:
         pred = f.get("predicted_step_ms_after_fix")
-        head = Text.assemble((f"[{f['id']}] ", "bold red"), (f["title"], "bold"),
+        head = Text.assemble((f"[{term(f['id'])}] ", "bold red"), (term(f["title"]), "bold"),
                              f"  {_fmt_ms(f['ms_per_step'])} ms/step, {wording.pct(f['share'])} of {share_of(f, cpu)}, "
                              f"confidence {f['confidence']}")
-        lines = [head, Text(f["summary"])]
+        lines = [head, Text(term(f["summary"]))]
         if pred is not None and pred > 0:
             fl = (f.get("evidence") or {}).get("floor_step_ms")
             model = (f.get("evidence") or {}).get("prediction") or {}
@@ -292,16 +292,16 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds and _fits(cmds[0], width):
-            lines.append(Text.assemble(("fix: ", "bold"), (cmds[0], "bold green"), ("  (check + diff; then add --apply)", "dim")))
+            lines.append(Text.assemble(("fix: ", "bold"), (term(cmds[0]), "bold green"), ("  (check + diff; then add --apply)", "dim")))
         elif cmds:
             lines.append(Text.assemble(("fix: ", "bold"), ("under this box, one line", "bold"),
                                        ("  (check + diff; then add --apply)", "dim")))
         if f.get("remedy") and not cmds:
-            lines.append(Text.assemble(("remedy: ", "bold"), f["remedy"]))
+            lines.append(Text.assemble(("remedy: ", "bold"), term(f["remedy"])))
         ev = {k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"}
         items = wording.evidence_items(ev)
         if items:
-            lines.append(Text("evidence: " + " · ".join(items), style="dim"))
+            lines.append(Text("evidence: " + " · ".join(term(i) for i in items), style="dim"))
         parts.append(Group(*lines))
         parts.append(Text(""))
     return Panel(Group(*parts[:-1]), title="Findings", title_align="left", expand=False)
@@ -366,7 +366,7 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
     long_cmd = long_fix_command(d, c.width)
     if long_cmd is not None:
         # no folding, no markup: the terminal wraps it on screen, a copy is the command itself
-        c.print(Text(long_cmd, style="bold green"), soft_wrap=True, overflow="ignore", crop=False)
+        c.print(Text(term(long_cmd), style="bold green"), soft_wrap=True, overflow="ignore", crop=False)
     for line in facts(d):
         c.print(line)
     for note in p.notes:
@@ -404,5 +404,5 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
     if fp is not None:
         c.print(fp)
         for fid, cmd in long_finding_commands(d, c.width):
-            c.print(Text.assemble((f"fix [{fid}]: ", "bold"), (cmd, "bold green")), soft_wrap=True, overflow="ignore",
+            c.print(Text.assemble((f"fix [{term(fid)}]: ", "bold"), (term(cmd), "bold green")), soft_wrap=True, overflow="ignore",
                     crop=False)

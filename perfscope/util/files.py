@@ -34,11 +34,18 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | os.PathLike | IO[bytes], chunk: int = 1 << 20) -> str:
+    """The sha256 of a file, named by its path or given open (read from where it is to its end)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return _sha256_stream(path, chunk)
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        return _sha256_stream(f, chunk)
+
+
+def _sha256_stream(f: IO[bytes], chunk: int) -> str:
+    h = hashlib.sha256()
+    while block := f.read(chunk):
+        h.update(block)
     return h.hexdigest()
 
 

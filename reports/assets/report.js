@@ -6,6 +6,12 @@
   var CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
   var FONT = { family: "-apple-system, Segoe UI, Roboto, Arial, sans-serif", size: 12 };
 
+  /* Plotly draws axis labels, legend names and hover text as a small HTML subset (<a href>, <b>,
+     <span style>, <br>): every string from the trace passes plotlyText, so it shows as the text it
+     is (Plotly turns the entities back into characters). */
+  function plotlyText(s) {
+    return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
   function fmt(ms) {
     if (ms === null || ms === undefined) return "-";
     var a = Math.abs(ms);
@@ -22,8 +28,8 @@
   }
   function stacked(xs, rows, get, idle) {
     var traces = used(rows, get).map(function (b) {
-      return { type: "bar", name: b, x: xs, y: rows.map(function (r) { return get(r, b) || 0; }),
-               marker: { color: COLORS[b] || "#ccc" }, hovertemplate: b + ": %{y:.3f} ms<extra>%{x}</extra>" };
+      return { type: "bar", name: plotlyText(b), x: xs, y: rows.map(function (r) { return get(r, b) || 0; }),
+               marker: { color: COLORS[b] || "#ccc" }, hovertemplate: plotlyText(b) + ": %{y:.3f} ms<extra>%{x}</extra>" };
     });
     if (idle) traces.push({ type: "bar", name: "GPU idle", x: xs, y: rows.map(idle),
                             marker: { color: IDLE }, hovertemplate: "idle: %{y:.3f} ms<extra>%{x}</extra>" });
@@ -33,14 +39,14 @@
   /* ---- charts ---------------------------------------------------------------------------- */
   function chartBuckets(el) {
     var d = DATA.diagnosis, steps = d.per_step;
-    var xs = steps.map(function (s, i) { return s.label || ("step " + (s.index !== undefined ? s.index : i)); });
+    var xs = steps.map(function (s, i) { return plotlyText(s.label || ("step " + (s.index !== undefined ? s.index : i))); });
     var traces = stacked(xs, steps, function (s, b) { return s.buckets[b]; }, function (s) { return s.idle_ms || 0; });
     Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step" } },
       xaxis: { type: "category", title: { text: (d.steps.phase || "") + " step" } } }), CONFIG);
   }
   function chartRanks(el) {
     var ranks = DATA.diagnosis.ranks;
-    var xs = ranks.map(function (r, i) { return r.label || ("rank " + (r.rank === null ? i : r.rank)); });
+    var xs = ranks.map(function (r, i) { return plotlyText(r.label || ("rank " + (r.rank === null ? i : r.rank))); });
     var traces = stacked(xs, ranks, function (r, b) { return r.buckets[b] ? r.buckets[b].ms_per_step : 0; },
                          function (r) { return r.idle_ms_per_step || 0; });
     Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step (median step)" } },
@@ -48,7 +54,7 @@
   }
   function chartCompareBuckets(el) {
     var c = DATA.compare;
-    var xs = ["before: " + c.before.label, "after: " + c.after.label];
+    var xs = [plotlyText("before: " + c.before.label), plotlyText("after: " + c.after.label)];
     var rows = [0, 1];
     var byName = {};
     c.buckets.forEach(function (r) { byName[r.bucket] = r; });
@@ -63,7 +69,7 @@
     ["before", "after"].forEach(function (side) {
       DATA.per_rank[side].forEach(function (r, i) {
         rows.push(r);
-        xs.push(side + ": " + (r.label || ("rank " + (r.rank === null ? i : r.rank))));
+        xs.push(plotlyText(side + ": " + (r.label || ("rank " + (r.rank === null ? i : r.rank)))));
       });
     });
     var traces = stacked(xs, rows, function (r, b) { return r.buckets[b] ? r.buckets[b].ms_per_step : 0; },
@@ -107,7 +113,7 @@
     });
   }
   function timelineTraces(tl, a, b, nbin) {
-    var IDLE_ROW = "GPU idle", rowOf = function (s) { return "stream " + s; };
+    var IDLE_ROW = "GPU idle", rowOf = function (s) { return plotlyText("stream " + s); };
     var groups = {}, counts = {};
     tl.kernels.forEach(function (k) { counts[k[4]] = (counts[k[4]] || 0) + 1; });
     tl.streams.forEach(function (st) {
@@ -117,15 +123,15 @@
         var g = groups[r.key] || (groups[r.key] = { x: [], base: [], y: [], text: [] });
         var ms = r.items.reduce(function (t, it) { return t + Math.min(it[0] + it[1], r.x1) - Math.max(it[0], r.x0); }, 0);
         g.x.push(r.x1 - r.x0); g.base.push(r.x0); g.y.push(rowOf(st));
-        g.text.push(r.items.length === 1 ? r.items[0][3] + "<br>" + fmt(r.items[0][1]) + " ms at +" + fmt(r.items[0][0]) + " ms"
-                    : r.key + ": " + r.items.length + " kernels, " + fmt(ms) + " ms<br>+" + fmt(r.x0) + " to +" + fmt(r.x1) + " ms");
+        g.text.push(r.items.length === 1 ? plotlyText(r.items[0][3]) + "<br>" + fmt(r.items[0][1]) + " ms at +" + fmt(r.items[0][0]) + " ms"
+                    : plotlyText(r.key) + ": " + r.items.length + " kernels, " + fmt(ms) + " ms<br>+" + fmt(r.x0) + " to +" + fmt(r.x1) + " ms");
       });
     });
     var traces = ORDER.concat(Object.keys(groups).filter(function (b) { return ORDER.indexOf(b) < 0; }))
       .filter(function (b) { return groups[b]; })
       .map(function (bk) {
         var g = groups[bk];
-        return { type: "bar", orientation: "h", name: bk + " (" + counts[bk] + ")", x: g.x, base: g.base, y: g.y,
+        return { type: "bar", orientation: "h", name: plotlyText(bk) + " (" + counts[bk] + ")", x: g.x, base: g.base, y: g.y,
                  hovertext: g.text, hoverinfo: "text", marker: { color: COLORS[bk] || "#ccc", line: { width: 0 } },
                  width: 0.7, meta: { bucket: bk } };
       });

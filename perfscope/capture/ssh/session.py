@@ -21,7 +21,7 @@ from perfscope.capture.ssh.commands import CommandResult, quote_argv
 from perfscope.capture.ssh.errors import CommandFailed
 from perfscope.capture.ssh.forward import LocalForward
 from perfscope.capture.ssh.target import SSHTarget
-from perfscope.errors import InputError, RemoteError
+from perfscope.errors import FixRefused, InputError, RemoteError
 from perfscope.util.limits import too_big
 
 
@@ -190,10 +190,11 @@ class SSHSession:
                 raise RemoteError(f"cannot read {path} on {self.target.label}: {e}") from None
 
     def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
-                           tmp_dir: str | None = None) -> None:
+                           tmp_dir: str | None = None, follow_symlinks: bool = True) -> None:
         """Write a remote file via a temporary file and an atomic rename; the old file's permission
         bits are kept (or set to ``mode``). The temporary file lives in ``tmp_dir`` when the rename
-        from there works (same file system), else in the file's own folder."""
+        from there works (same file system), else in the file's own folder. ``follow_symlinks``
+        False: a path that is a symlink is refused (the fix engine resolved it at its check)."""
         from perfscope.util.files import plan_write
 
         with self._sftp_lock:
@@ -201,6 +202,9 @@ class SSHSession:
             try:  # the rules of perfscope.util.files.atomic_writer, over SFTP
                 try:
                     if stat_mod.S_ISLNK(sftp.lstat(path).st_mode or 0):
+                        if not follow_symlinks:
+                            raise FixRefused(f"{self.target.label}:{path} became a symlink since the check: "
+                                             "nothing written; check again")
                         path = sftp.normalize(path)  # write the link's target: the link stays
                     st = sftp.stat(path)
                 except FileNotFoundError:
