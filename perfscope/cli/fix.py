@@ -191,7 +191,8 @@ def command(
       perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert
 
     Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
-    2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
+    2 bad input, 3 host or server failure, 4 refused or does not apply here (skipped; nothing changed;
+    a --revert with nothing to revert exits 0)."""
     from perfscope.fixengine import engine
     from perfscope.fixengine.registry import get
 
@@ -290,7 +291,7 @@ def command(
         else:
             rep, _, _ = engine.plan(fix, fhost, req, env)
         rep.extra.update(extra)
-        return _finish(rep, json_out)
+        return _finish(rep, json_out, revert=revert_)
 
 
 def _trace_facts(trace: Path) -> dict:
@@ -322,8 +323,12 @@ def _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, acc
     return SSHFixHost(session)
 
 
-def _finish(rep, json_out: bool) -> int:
+def _finish(rep, json_out: bool, revert: bool = False) -> int:
+    """Print the report; a fix that was refused, does not apply (skipped; a --revert with nothing
+    to revert is not that: exit 0) or failed ends as one error line with its exit code, said once."""
     out = Console(highlight=False, soft_wrap=True)
+    kind = rep.outcome.kind
+    ends_in_error = kind in ("refused", "failed") or (kind == "skipped" and not revert)
     if json_out:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
     else:
@@ -349,12 +354,14 @@ def _finish(rep, json_out: bool) -> int:
             out.print(f"note: {n}", markup=False)
         if rep.diff and rep.outcome.kind == "checked":
             sys.stdout.write(rep.diff)
-        out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
+        if not ends_in_error:  # the error line below says it
+            out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
         if rep.outcome.kind == "checked" and rep.sha256_before:
             out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)
-    kind = rep.outcome.kind
     if kind == "refused":
         raise FixRefused(f"{rep.fix} refused, nothing changed: {rep.outcome.reason}")
+    if kind == "skipped" and not revert:
+        raise FixRefused(f"{rep.fix} does not apply here, nothing changed (skipped: {rep.outcome.reason})")
     if kind == "failed":
         raise GateFailed(f"{rep.fix} failed: {rep.outcome.reason}")
     return 0
