@@ -9,7 +9,16 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from perfscope.analysis.change import describe as describe_change
 from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
+
+
+def moved_line(m: dict) -> str:
+    """What ``moved_together`` says: which ops moved, how far, why it matters."""
+    return (f"{m['ops']} of {m['of_ops']} ops the fix was not expected to change moved together, "
+            f"{m['median_factor']:.2f}x {m['direction']} per launch ({m['share_of_time']:.0%} of their time; e.g. "
+            f"{', '.join(m['examples'])}): the machine's load or clocks changed, and the step's change is not all "
+            "the fix's")
 
 
 def _signed(x: Optional[float]) -> str:
@@ -78,6 +87,12 @@ def header(c: dict) -> Panel:
         t = c["tpot"]
         r = f"   ratio {t['ratio']:.3f}" if t.get("ratio") is not None else ""
         lines.append(f"TPOT (client): [bold]{_fmt_ms(t['before_ms'])} -> {_fmt_ms(t['after_ms'])} ms[/]{r}")
+    for key, what in (("step", "step median"), ("tpot", "TPOT median")):
+        ch = (c.get("change") or {}).get(key)
+        if ch:
+            lines.append(f"[dim]noise:[/] {escape(describe_change(ch, what))}")
+    if c.get("moved_together"):
+        lines.append(f"[bold yellow]the machine changed between runs?[/] {escape(moved_line(c['moved_together']))}")
     for pr in c.get("predictions") or []:
         lines.append(prediction_line(pr))
     if c["setup"]["differs"]:
