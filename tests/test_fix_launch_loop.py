@@ -135,7 +135,7 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
         out_dir = tmp_path / "fix1"
         r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st, "--apply",
                 "--restart-cmd", f"sh {restart}", "--health-timeout", "300", "--out", str(out_dir),
-                "--bench-input-len", "64", "--bench-output-len", "8", "--bench-requests", "2",
+                "--bench-input-len", "64", "--bench-output-len", "8", "--bench-requests", "2", "--bench-max-requests", "8",
                 "--max-slowdown", "5", "--json")
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr + (tmp_path / "server.log").read_text()[-3000:]
         rep = json.loads(r.stdout)
@@ -182,7 +182,7 @@ def test_repro_slower_after_the_change_is_reverted_and_restarted(tmp_path):
         out_dir = tmp_path / "fix1"
         r = cli("fix", "overlap-off", "--launch-file", str(launch), *st, "--apply", "--restart-cmd", f"sh {restart}",
                 "--health-timeout", "120", "--out", str(out_dir), "--bench-input-len", "32", "--bench-output-len", "16",
-                "--bench-requests", "2", "--max-slowdown", "0.1")
+                "--bench-requests", "2", "--bench-max-requests", "6", "--max-slowdown", "0.1")
         assert r.returncode == 1, r.stdout + r.stderr
         assert "slower with the patch" in r.stderr and "reverted byte for byte" in r.stderr
         rec = json.loads((out_dir / "restart.json").read_text())

@@ -30,7 +30,7 @@ from real_engines import engine_python, start_sglang, write_model
 MARKER = b"perfscope fp8-kv-cast"
 OVERRIDES = ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer", "--gpu-cc", "9.0",
              "--flashinfer-version", "0.7.2", "--sglang-version", "0.5.23", "--strategy", "pages"]
-BENCH = ["--bench-input-len", "16", "--bench-output-len", "8", "--bench-requests", "2"]
+BENCH = ["--bench-input-len", "16", "--bench-output-len", "8", "--bench-requests", "2", "--bench-max-requests", "8"]
 
 # $1 "ok": restart as is. "broken": when the target carries the patch, the server is started with
 # a launch flag value SGLang's argument parser rejects (a stand-in for a patch it cannot start

@@ -150,8 +150,9 @@ def command(
     health_timeout: float = typer.Option(900.0, "--health-timeout", help="With --restart-cmd: seconds from starting CMD until /health must answer (each restart)."),
     out: Optional[Path] = _paths.out_option("--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
-    bench_output_len: int = typer.Option(64, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
-    bench_requests: int = typer.Option(4, "--bench-requests", min=1, help="With --restart-cmd: measured requests (after 1 warm-up), before and after."),
+    bench_output_len: int = typer.Option(128, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
+    bench_requests: int = typer.Option(8, "--bench-requests", min=1, help="With --restart-cmd: measured requests per round (after 1 warm-up); rounds go on while the keep-or-revert decision needs them."),
+    bench_max_requests: int = typer.Option(32, "--bench-max-requests", min=1, help="With --restart-cmd: at most this many measured requests per side; the change still undecided then: exit 1, the patch stays applied."),
     max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
@@ -176,7 +177,9 @@ def command(
     the command line the server was started with are printed, nothing is written. --trace RUN lets
     the fix pick its value from the finding (e.g. --cuda-graph-max-bs from the batch sizes seen).
     With --restart-cmd the change is reverted (and the server restarted again) when the server is
-    unhealthy or TPOT is more than --max-slowdown slower.
+    unhealthy or TPOT is surely more than --max-slowdown slower: kept or reverted on the bootstrap
+    interval of the TPOT median's change, measured in rounds of --bench-requests until that interval
+    decides (at most --bench-max-requests per side), never on one noisy number.
 
     Examples:
 
@@ -284,7 +287,9 @@ def command(
 
                 rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
-                                                         num_requests=bench_requests), max_slowdown=max_slowdown,
+                                                         num_requests=bench_requests,
+                                                         max_requests=max(bench_max_requests, bench_requests)),
+                                         max_slowdown=max_slowdown,
                                          log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
