@@ -37,7 +37,7 @@ class DemoConfig:
     threads: int = 0
     input_len: int = 32
     output_len: int = 8
-    requests: int = 2
+    requests: int = 3  # 3 a side: the fewest a before/after interval is drawn from
     steps: int = 4
     strategy: str = "auto"
     extra_server_args: list[str] = field(default_factory=list)
@@ -220,6 +220,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         "findings_after": [f["id"] for f in diag_a["findings"]],
         "fix": {k: fixed.get(k) for k in ("outcome", "strategy", "target", "path") if k in fixed},
         "compare": {k: cmp.get(k) for k in ("step", "tpot") if k in cmp},
+        "change": cmp.get("change") or {},  # the noise: spreads, intervals, verdicts (analysis/change.py)
         "predictions": cmp.get("predictions") or [],
         "diff": str(out / "fix.diff"),
         "html": str(html), "before": str(before), "after": str(after),

@@ -29,6 +29,9 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     # a CPU-only trace has no GPU timeline: no idle-time rule may fire on it
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])
     assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
+    # the before/after with its noise: the TPOT change's interval lies below 0, verdict improved
+    ch = s["change"]["tpot"]
+    assert ch["verdict"] == "improved" and ch["interval"][1] < 0 and ch["before"]["n"] >= 3, ch
     # predictions held to account: the before run's predicted step against the after run's. Each
     # step is paired with its own casts, so the prediction is a real step (it once was 0 ms: the mean
     # cast time of 4 steps, one of them slow, exceeded the median step)

@@ -150,9 +150,14 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
         # applying again changes nothing; revert restores the bytes
         r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st)
         assert r.returncode == 0 and "already-applied" in r.stdout
-        r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st, "--revert")
+        # revert with --restart-cmd: the file restored, the server restarted on it (its flags the original)
+        r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st, "--revert",
+                "--restart-cmd", f"sh {restart}", "--health-timeout", "300")
         assert r.returncode == 0 and "reverted" in r.stdout, r.stdout + r.stderr
+        assert "answers /health: it runs the original flags" in r.stdout, r.stdout
         assert launch.read_bytes() == original
+        info = server_info(url)
+        assert info["chunked_prefill_size"] == 1024 and not info.get("enable_mixed_chunk"), info
     finally:
         stop(tmp_path)
 

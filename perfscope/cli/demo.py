@@ -56,6 +56,12 @@ def command(
     console.rule("[bold]result")
     console.print(f"TPOT before: [bold]{s['tpot_ms_before']:.1f} ms[/]   after: [bold green]{s['tpot_ms_after']:.1f} ms[/]"
                   f"   ({s['speedup']:.1f}x faster)")
+    for key, what in (("tpot", "TPOT median"), ("step", "step median")):
+        ch = (s.get("change") or {}).get(key)
+        if ch:
+            from perfscope.analysis.change import describe
+
+            console.print(f"noise: {describe(ch, what)}", markup=False, soft_wrap=True)
     console.print(f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
                   f"{', '.join(s['findings_after']) or 'none'}")
     from perfscope.report.compare_terminal import prediction_line

@@ -146,7 +146,7 @@ def command(
     expect_sha256: Optional[str] = typer.Option(None, "--expect-sha256", help="Refuse unless the target still has this sha256 (from an earlier check)."),
     force: bool = typer.Option(False, "--force", help="--revert even if the file changed after the patch."),
     probe: bool = typer.Option(False, "--probe", help="Run a tiny plan/run of the chosen kernel on the host's GPU first and compare with the cast path."),
-    restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy."),
+    restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy. After --revert: restart it with CMD (the original takes effect) and wait healthy."),
     health_timeout: float = typer.Option(900.0, "--health-timeout", help="With --restart-cmd: seconds from starting CMD until /health must answer (each restart)."),
     out: Optional[Path] = _paths.out_option("--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
@@ -213,8 +213,8 @@ def command(
         raise InputError("--apply and --revert exclude each other")
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
-    if restart_cmd is not None and not apply_:
-        raise InputError("--restart-cmd goes with --apply")
+    if restart_cmd is not None and not (apply_ or revert_):
+        raise InputError("--restart-cmd goes with --apply or --revert")
     if restart_cmd is not None and not restart_cmd.strip():
         raise InputError("--restart-cmd is empty")
     if out is not None and restart_cmd is None:
@@ -281,6 +281,11 @@ def command(
                     return _finish(rep0, json_out)
         if revert_:
             rep = engine.revert(fix, fhost, req, env)
+            if rep.outcome.kind == "reverted":
+                from perfscope.fixengine.restart import after_revert
+
+                after_revert(fhost, req, rep, restart_cmd, health_timeout, launch=fix.kind == "launch",
+                             log=lambda m: err.print(m, markup=False))
         elif apply_:
             if restart_cmd:
                 from perfscope.fixengine.restart import BenchSpec, apply_with_restart

@@ -305,3 +305,28 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         f"{what} ({why}); the patch was reverted byte for byte "
         "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now"))
     return finish(rep)
+
+
+def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd: Optional[str],
+                 health_timeout: float, *, launch: bool, log: Callable[[str], None] = print) -> None:
+    """After a revert: restart the server with ``cmd`` and wait healthy (the original takes
+    effect), or say that the running server still runs what the fix changed."""
+    what = "flags" if launch else "code"
+    if not cmd:
+        rep.notes.append(f"the running server still has the fix's {what} (it was started before this revert): "
+                         f"restart it, or pass --restart-cmd CMD, for the original {what} to take effect")
+        return
+    from perfscope.capture.sglang_api import SGLangClient
+
+    if not req.server_url:
+        raise InputError("--restart-cmd needs the server's HTTP API to see it healthy again: --url (local) "
+                         "or --host with --port")
+    client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
+    log(f"restarting the server with the original {what}: {cmd} (healthy within {health_timeout:g}s)")
+    ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
+    rep.extra["restart"] = {"restart_cmd": cmd, "healthy": ok, "why": why or None}
+    if ok:
+        rep.notes.append(f"the server was restarted ({cmd}) and answers /health: it runs the original {what}")
+    else:
+        rep.outcome = Failed(f"{rep.path} was reverted byte for byte, but the restart failed ({why}): the server "
+                             f"may still run the fix's {what}, or not run at all: look at it now")
