@@ -33,7 +33,7 @@ def command(
     """Run the whole loop on a small MLA decode server that carries SGLang's FP8 KV-cast bug: start it
     (CPU by default, needs the `demo` extra: torch), measure TPOT, trace it through its profiling API,
     diagnose the trace, apply the fp8-kv-cast fix to a scratch copy of its source, restart, measure
-    and trace again, and write an HTML before/after comparison. Takes under a minute on 2 CPU cores (24 s measured on this project's 2-core box)."""
+    and trace again, and write an HTML before/after comparison. Takes one to a few minutes on CPU, depending on the machine's cores and load."""
     if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise InputError(f"--device {device}: expected cpu, cuda or cuda:N")
     if strategy not in ("auto", "native", "pages"):
