@@ -213,7 +213,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
     m = p.meta
     run = d.run or {}
     timings = d.timings
-    top = max(p.findings, key=lambda f: f.get("ms_per_step") or 0.0) if p.findings else None
+    top = p.findings[0] if p.findings else None  # the verdict's finding, as the terminal and Markdown show it
     gpus = run.get("gpu") or []
     return {
         "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)

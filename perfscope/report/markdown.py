@@ -38,6 +38,10 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
         cmds = fix_commands(d, f)
         if cmds:
             line += f" Fix: {_code(cmds[0])} (check + diff), then {_code(cmds[1])}."
+            from perfscope.report.fixcmd import where
+
+            if where(d):
+                line += f" ({where(d)[0].upper() + where(d)[1:]}.)"
         elif f.get("remedy"):
             line += f" Remedy: {f['remedy']}"
         rng = wording.predicted_range(f)

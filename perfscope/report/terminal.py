@@ -33,22 +33,12 @@ def _plural(n: int, word: str) -> str:
 
 
 def fix_commands(d: Diagnosis, f: dict) -> Optional[tuple[str, str]]:
-    """(check command, apply command) for a finding's fix module, aimed at the server the trace came
-    from when the run folder names it (``--host``, and ``--port`` when not SGLang's default)."""
-    if not f.get("fix"):
-        return None
-    run = d.run or {}
-    head = f"perfscope fix {f['fix']}"
-    check = f.get("fix_command") or head  # the finding's own check (diagnose adds --trace RUN)
-    rest = check[len(head):] if check.startswith(head) else ""
-    host = run.get("host")
-    if host:
-        head += f" --host {host}"
-    port = (run.get("server_info") or {}).get("port")
-    if host and isinstance(port, int) and port != 30000:
-        head += f" --port {port}"
-    cmd = head + rest
-    return cmd, cmd + " --apply"
+    """(check command, apply command) for a finding's fix module: :func:`perfscope.report.fixcmd.command`,
+    the one every renderer prints."""
+    from perfscope.report.fixcmd import command
+
+    cmd = command(d, f)
+    return (cmd, cmd + " --apply") if cmd else None
 
 
 def share_of(f: dict, cpu: bool = False) -> str:
@@ -113,7 +103,9 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
             body.append("fix:   [bold]the command under this box[/] [dim](one line, as long as it is)[/]")
         body.append("[dim]       (shows the diff, changes nothing; then add --apply)[/]")
         if remote:
-            body.append("[dim]       (a remote server: add --host HOST)[/]")
+            from perfscope.report.fixcmd import where
+
+            body.append(f"[dim]       ({escape(where(d, short=True) or '')})[/]")
     elif f.get("remedy"):
         body.append(f"remedy: {escape(f['remedy'])}")
     pred = f.get("predicted_step_ms_after_fix")
