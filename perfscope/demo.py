@@ -193,7 +193,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         check = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
                             "--strategy", cfg.strategy, "--json"], console)
         diff_path = out / "fix.diff"
-        atomic_write_text(diff_path, check.get("diff") or "")
+        atomic_write_text(diff_path, check.get("diff") or "", shared=True)
         console.print(patch_summary(check, diff_path))
         fixed = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
                             "--strategy", cfg.strategy, "--apply", "--json"], console)
@@ -226,5 +226,5 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         "html": str(html), "before": str(before), "after": str(after),
         "seconds": round(time.monotonic() - t0, 1),
     }
-    atomic_write_text(out / "demo.json", json.dumps(summary, indent=2, default=str))
+    atomic_write_text(out / "demo.json", json.dumps(summary, indent=2, default=str), shared=True)
     return summary

@@ -48,7 +48,7 @@ def store(out: Path, res, url: str, host: Optional[str], info: dict, argv: list[
     or as a run folder of its own (kind ``bench``). Returns the bench file's path."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / BENCH_FILE
-    atomic_write_text(path, json.dumps(res.to_dict(), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(res.to_dict(), indent=2) + "\n", shared=True)
     summary = run_summary(res)
     if (out / rundir.RUN_FILE).is_file():  # an existing run folder (e.g. a trace): add the bench to it
         rundir.update_run(out, timings={"bench": summary})

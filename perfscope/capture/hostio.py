@@ -418,7 +418,7 @@ class LocalHost(HostIO):
         total = os.path.getsize(path)
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
-        with open(path, "rb") as src, atomic_writer(local) as dst:
+        with open(path, "rb") as src, atomic_writer(local, shared=True) as dst:
             while b := src.read(1 << 20):
                 dst.write(b)
                 h.update(b)

@@ -134,7 +134,7 @@ def command(
         from perfscope.report.markdown import diagnosis_markdown
         from perfscope.util.files import atomic_write_text
 
-        atomic_write_text(markdown, diagnosis_markdown(d, top=top))
+        atomic_write_text(markdown, diagnosis_markdown(d, top=top), shared=True)
         err.print(f"markdown summary written: {markdown}", markup=False, highlight=False)
     if csv_dir is not None:
         from perfscope.report.markdown import write_csv

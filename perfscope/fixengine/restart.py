@@ -212,8 +212,8 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         b, a = record["tpot_ms_before"], record["tpot_ms_after"]
         record["speedup"] = round(b / a, 2) if b and a else None
         rep.extra["restart"] = record
-        atomic_write_text(out / RESTART_FILE, json.dumps(record, indent=2, default=str) + "\n")
-        atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
+        atomic_write_text(out / RESTART_FILE, json.dumps(record, indent=2, default=str) + "\n", shared=True)
+        atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n", shared=True)
         return rep
 
     if after_bytes is None:
@@ -233,7 +233,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     rep = engine.apply(fix, host, areq, env)
     if rep.outcome.kind != "applied":
         return finish(rep)
-    atomic_write_text(out / "fix.diff", rep.diff or "")
+    atomic_write_text(out / "fix.diff", rep.diff or "", shared=True)
     try:
         return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out,
                                    health_timeout, log, max_slowdown)

@@ -15,7 +15,6 @@ it) whatever the trace's size.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
@@ -318,13 +317,8 @@ def write_html(path: str | Path, html: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder; give the report's file name (e.g. {path / 'report.html'})")
-    mode = None
-    if not path.exists():  # a report is for sharing: the usual 0644 (less the umask), not mkstemp's 0600
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    try:
-        return atomic_write_text(path, html, mode=mode)
+    try:  # a report is for sharing: the umask's mode, as for every file perfscope writes for the user
+        return atomic_write_text(path, html, shared=True)
     except OSError as e:
         raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from None
 

@@ -105,14 +105,14 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
     for b, v in sorted(p.buckets.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         rows.append([b, round(v["ms_per_step"], 6), round(v["share"], 6)])
     rows.append(["(idle in step)", round(p.idle_ms_per_step or 0.0, 6), ""])
-    written = [atomic_write_text(folder / "buckets.csv", _csv(rows))]
+    written = [atomic_write_text(folder / "buckets.csv", _csv(rows), shared=True)]
     rows = [["rank", "op", "bucket", "sub", "ms_per_step", "share", "count_per_step", "launched_by", "name"]]
     for r in d.ranks:
         for o in r.ops:
             rows.append([r.rank if r.rank is not None else "", o["short"], o["bucket"], o.get("sub") or "",
                          round(o["ms_per_step"], 6), round(o["share"], 6), round(o["count_per_step"], 3),
                          op_where(o, wording.graph_word(r.meta)), o.get("name", "")])
-    written.append(atomic_write_text(folder / "ops.csv", _csv(rows)))
+    written.append(atomic_write_text(folder / "ops.csv", _csv(rows), shared=True))
     if len(d.ranks) > 1:
         buckets = sorted({b for r in d.ranks for b in r.buckets})
         rows = [["rank", "stage", "steps", "median_ms", "idle_ms_per_step", *[f"{b}_ms_per_step" for b in buckets]]]
@@ -120,5 +120,5 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
             rows.append([r.rank if r.rank is not None else "", r.stage or "", r.steps.get("count"),
                          r.steps.get("median_ms"), r.idle_ms_per_step,
                          *[round((r.buckets.get(b) or {}).get("ms_per_step", 0.0), 6) for b in buckets]])
-        written.append(atomic_write_text(folder / "ranks.csv", _csv(rows)))
+        written.append(atomic_write_text(folder / "ranks.csv", _csv(rows), shared=True))
     return written
