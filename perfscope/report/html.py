@@ -178,6 +178,30 @@ def op_columns(o: dict, graph: str = "CUDA graph") -> dict:
     }
 
 
+def code_spans(text: Any):
+    """``text`` escaped, its Markdown code spans (`x`) as <code> (the rules write their summaries
+    and remedies for the terminal and Markdown too): no raw backticks on the page."""
+    import re
+
+    from markupsafe import Markup, escape
+
+    return Markup(re.sub(r"`([^`\n]+)`", r"<code>\1</code>", str(escape("" if text is None else text))))
+
+
+def plain_lines(c: dict) -> dict:
+    """What the terminal's compare header says beyond the numbers, as plain text: the noise of each
+    side and the change's verdict, the machine check, predicted vs measured per finding."""
+    from rich.text import Text
+
+    from perfscope.analysis.change import describe
+    from perfscope.report.compare_terminal import moved_line, prediction_line
+
+    noise = [describe(ch, what) for key, what in (("step", "step median"), ("tpot", "TPOT median"))
+             if (ch := (c.get("change") or {}).get(key))]
+    return {"noise": noise, "moved": moved_line(c["moved_together"]) if c.get("moved_together") else None,
+            "predictions": [Text.from_markup(prediction_line(pr)).plain for pr in c.get("predictions") or []]}
+
+
 def count(n: Optional[float]) -> str:
     if n is None:
         return "-"
@@ -233,6 +257,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
         "tpot_ms": timings.get("tpot_ms"),
         "ttft_ms": timings.get("ttft_ms"),
         "top": top,
+        "cpu": p.steps.get("analysed_on") == "cpu-ops",  # a CPU-only trace: no GPU, no GPU idle
     }
 
 
@@ -264,7 +289,8 @@ def _env():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root / "templates")),
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value)
+    env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value,
+                       code=code_spans)
     env.globals.update(predicted_range=predicted_range, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
                        bucket_order=BUCKETS)
     return env
@@ -308,7 +334,9 @@ def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
                                 for r, lab in zip(dg.ranks, rank_labels(dg.ranks)[0])]
                          for side, dg in (("before", before), ("after", after))}}
     ranks_title = rank_labels(before.ranks)[1] if len(before.ranks) >= len(after.ranks) else rank_labels(after.ranks)[1]
+    cpu = all(cmp[k].get("analysed_on") == "cpu-ops" for k in ("before", "after"))
     return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], per_rank=data["per_rank"],
+                   said=plain_lines(cmp), cpu=cpu,
                    title=f"{cmp['before']['label']} vs {cmp['after']['label']}", ranks_title=ranks_title)
 
 
