@@ -11,6 +11,7 @@ from rich.table import Table
 
 from perfscope.analysis.change import describe as describe_change
 from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
+from perfscope.report.wording import per_step_count as _count
 
 
 def moved_line(m: dict) -> str:
@@ -31,8 +32,6 @@ def _signed(x: Optional[float]) -> str:
     return f"[{colour}]{s}{_fmt_ms(abs(x))}[/]"
 
 
-def _count(n: Optional[float]) -> str:
-    return "-" if n is None else f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.2g}"
 
 
 def prediction_line(pr: dict) -> str:
@@ -51,7 +50,11 @@ def prediction_line(pr: dict) -> str:
         line += (f"; kernels it assumed unchanged moved {d:+.2f} ms/step (largest {escape(str(top.get('short')))} "
                  f"{top.get('delta_ms', 0):+.2f})")
         if pr.get("error_with_measured_kernels_pct") is not None:
-            line += f": with their measured times the error is {pr['error_with_measured_kernels_pct']:+.1f}%"
+            e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
+            line += f": with their measured times the error is {e:+.1f}%"
+            if abs(e) > abs(e0):
+                line += (f" (larger than {e0:+.1f}%: the kernels' move had offset part of the step model's own "
+                         "error, which this shows alone)")
     if pr.get("host_work_added"):
         hb, ha = pr["host_step_ms"]
         line += f"; the fix added host work: the CPU step took {_fmt_ms(hb)} ms before, {_fmt_ms(ha)} ms after"

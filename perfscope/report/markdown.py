@@ -51,6 +51,9 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             line += (f" Predicted step after the fix: ~{wording.ms_range(rng)} ms ({speed} faster"
                      + ("; bound by the host: the top end is the profiled host's own work per step" if rng[0] < rng[1]
                         else "") + ").")
+            why = wording.saving_note(f, s.get("median_ms"))
+            if why:
+                line += f" ({why[0].upper() + why[1:]}.)"
         out += [line, ""]
     else:
         out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
@@ -69,7 +72,7 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     out += ["", f"**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
     for o in p.ops[:top]:
         out.append(f"| {_code(o['short'])} | {o['bucket']} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
-                   f"{o['count_per_step']:.0f} | {_cell(op_where(o, wording.graph_word(p.meta)))} |")
+                   f"{wording.per_step_count(o['count_per_step'])} | {_cell(op_where(o, wording.graph_word(p.meta)))} |")
     if p.findings:
         out += ["", "**Findings**", ""]
         for f in p.findings:

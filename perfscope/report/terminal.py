@@ -124,6 +124,9 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
         else:
             speed = f" ({step_ms / hi:.1f}x faster)" if fast else ""
             body.append(f"after: [bold green]~{_fmt_ms(hi)} ms[/] per step predicted, from {_fmt_ms(step_ms)} ms{speed}")
+        why = wording.saving_note(f, step_ms)
+        if why:
+            body.append(f"[dim]       ({escape(why)})[/]")
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{x['id']} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
@@ -239,7 +242,7 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
         where = op_where(o, wording.graph_word(p.meta))
         cell = f"[bold]{escape(o['short'])}[/]" + (f"\n[dim]  {escape(where)}[/]" if where else "")
         t.add_row(cell, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["ms_per_step"]), f"{o['share']:.1%}",
-                  f"{o['count_per_step']:.0f}")
+                  wording.per_step_count(o["count_per_step"]))
     return t
 
 
@@ -377,7 +380,7 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         t.add_column("ms/step", justify="right")
         t.add_column("n/step", justify="right")
         for o in p.cpu_ops[:top]:
-            t.add_row(escape(o["name"]), _fmt_ms(o["ms_per_step"]), f"{o['count_per_step']:.0f}")
+            t.add_row(escape(o["name"]), _fmt_ms(o["ms_per_step"]), wording.per_step_count(o["count_per_step"]))
         c.print(t)
     else:
         c.print(bucket_table(p))
