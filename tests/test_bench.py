@@ -216,6 +216,15 @@ def test_bench_table_reads_whole_on_80_columns(repro):
     assert any(re.search(r"output throughput [\d.]+ tok/s\s+duration [\d.]+ s\s+failed 0\s*$", ln) for ln in lines), r.stdout
     assert any(ln.strip() == "TPOT = (latency - TTFT) / (output_tokens - 1)" for ln in lines), r.stdout
     assert any(re.search(r"perfscope bench\s+\S+\s+in=8 out=3 conc=1 n=1/1\s*$", ln) for ln in lines), r.stdout
+    # the spread of the measurement, whole: one request has no interval, and says so
+    assert any(re.search(r"^TPOT median [\d.]+ ms, range [\d.]+-[\d.]+ \(n 1; no CI under 3\)\s*$", ln.strip())
+               for ln in lines), r.stdout
+    r = subprocess.run([sys.executable, "-m", "perfscope", "bench", "--url", repro, "--input-len", "8",
+                        "--output-len", "3", "--num-requests", "4", "--warmup", "0"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert any(re.search(r"^TPOT median [\d.]+ ms, 95% CI [\d.]+-[\d.]+, range [\d.]+-[\d.]+ \(n 4\)\s*$", ln.strip())
+               for ln in r.stdout.splitlines()), r.stdout
 
 
 def test_median_change_on_real_bench_rounds():
