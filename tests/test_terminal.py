@@ -250,3 +250,31 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
     flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
     assert ("with their measured times the error is -4.7% (larger than -2.5%: the kernels' move had offset part "
             "of the step model's own error") in flat, flat[:1500]
+
+
+def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_boundary():
+    """At 80 columns, piped: the floor's op lines wrap with their indent (not back to column 0), and a
+    long kernel name is cut at a word boundary with an ellipsis, never mid-word."""
+    from paths import REPO
+
+    r = screen(H200 / "mla_pool_eager.json.gz", "--model-config", REPO / "examples" / "h200_mla_repro.config.json",
+               "--context", "4096")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("  ops against"))
+    j = next(k for k, ln in enumerate(lines) if ln.startswith("Dominant ops"))
+    block = lines[i:j]
+    assert len(block) > 4 and all(ln.startswith("  ") for ln in block), block
+    ops = [ln for ln in block if ln.startswith("    ")]
+    assert len(ops) >= 4, block  # each op line and its continuation, indented
+    import json
+
+    js = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_eager.json.gz"), "--json",
+                         "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"), "--context", "4096"],
+                        capture_output=True, text=True, timeout=300)
+    names = [o.get("short") or o["name"] for o in json.loads(js.stdout)["roofline"]["ops"]]
+    cut = [ln.strip().split("…")[0] for ln in ops if "…" in ln]
+    assert cut, ops  # this trace's copy kernel has a long name
+    for prefix in cut:
+        full = next(n for n in names if n.startswith(prefix) and len(n) > len(prefix))
+        assert full[len(prefix)] in "_ <:,", (prefix, full)  # the cut falls on a boundary

@@ -316,10 +316,39 @@ def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
            f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"]
     for o in rows:
         tf = f", {o['achieved_tflops']:.1f} TFLOP/s" if o["flops"] else ""
-        out.append(f"[dim]    {escape(str(o['name'])[:48])}: {o['achieved_tb_s']:.2f} TB/s "
+        out.append(f"[dim]    {escape(_cut_name(str(o.get('short') or o['name'])))}: {o['achieved_tb_s']:.2f} TB/s "
                    f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
                    f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
     return out
+
+
+def _cut_name(name: str, limit: int = 48) -> str:
+    """A kernel name cut at a word boundary (``_``, space, ``<``, ``:``) before ``limit``, with an
+    ellipsis; never mid-word."""
+    if len(name) <= limit:
+        return name
+    cut = max(name.rfind(ch, 0, limit) for ch in ("_", " ", "<", ":", ","))
+    return (name[:cut] if cut > limit // 2 else name[:limit]) + "…"
+
+
+def hanging(markup: str):
+    """A line whose leading spaces stay the indent of every line it wraps onto (rich folds a long
+    line back to column 0)."""
+    from rich.table import Table as _Grid
+
+    body = markup.lstrip(" ")
+    style = ""
+    if markup.startswith("[dim]") and markup.endswith("[/]"):  # the style wraps the whole line
+        style, body = "dim", markup[len("[dim]"):-len("[/]")]
+    indent = len(body) - len(body.lstrip(" "))
+    body = body.lstrip(" ")
+    if not indent:
+        return markup
+    g = _Grid.grid(padding=0)
+    g.add_column(width=indent, no_wrap=True)
+    g.add_column(style=style)
+    g.add_row("", body)
+    return g
 
 
 def floor_lines(p: RankAnalysis) -> list[str]:
@@ -385,7 +414,7 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
     else:
         c.print(bucket_table(p))
         for line in floor_lines(p) + roofline_lines(p):
-            c.print(line)
+            c.print(hanging(line))
         c.print(ops_table(p, top))
     rt = ranks_table(d)
     if rt is not None:
