@@ -108,7 +108,12 @@ class Server:
 def _perfscope(args: list[str], console: Console, capture_json: bool = True) -> dict:
     """Run one `perfscope` command as the user would; return its --json output."""
     cmd = [sys.executable, "-m", "perfscope", *args]
-    console.print(f"[dim]$ perfscope {' '.join(args)}[/]")
+    import shlex
+
+    from rich.text import Text
+
+    # one line however long (a command folded at 80 columns in a log cannot be pasted back)
+    console.print(Text("$ perfscope " + shlex.join(args), style="dim"), soft_wrap=True)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode not in (0, 1):
         last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]

@@ -25,6 +25,11 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     (out,) = tmp_path.glob("perfscope-demo-*")
     assert s["before"] == str(out / "before") and s["html"] == str(out / "compare.html")
     assert s["findings_before"][0] == "fp8-kv-cast"
+    # its log (stderr with --json) pastes back: every command and path on one line, not folded at 80
+    log = r.stderr.splitlines()
+    ran = [ln for ln in log if ln.startswith("$ perfscope ")]
+    assert len(ran) >= 8 and all(ln.rstrip().endswith("--json") for ln in ran), ran
+    assert f"HTML comparison: {s['html']}" in log and f"run folders: {s['before']}  {s['after']}" in log
     assert "fp8-kv-cast" not in s["findings_after"]
     # a CPU-only trace has no GPU timeline: no idle-time rule may fire on it
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])

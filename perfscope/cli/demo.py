@@ -67,9 +67,11 @@ def command(
     from perfscope.report.compare_terminal import prediction_line
 
     for pr in s.get("predictions") or []:
-        console.print(prediction_line(pr))
-    console.print(f"patch: {s['diff']}", markup=False)
-    console.print(f"HTML comparison: {s['html']}\nrun folders: {s['before']}  {s['after']}\n"
-                  f"took {s['seconds']:.0f} s")
+        console.print(prediction_line(pr), soft_wrap=True)
+    # paths whole, one line each, however long (a log folded at 80 columns cannot be pasted)
+    console.print(f"patch: {s['diff']}", markup=False, soft_wrap=True)
+    console.print(f"HTML comparison: {s['html']}", markup=False, soft_wrap=True)
+    console.print(f"run folders: {s['before']}  {s['after']}", markup=False, soft_wrap=True)
+    console.print(f"took {s['seconds']:.0f} s", markup=False)
     if json_out:
         jsonout.emit(s)

@@ -193,7 +193,8 @@ def command(
       # byte for byte
       perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert
 
-    Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
+    Exit codes: 0 ok, 1 verification failed (after --restart-cmd: unhealthy or surely slower, the patch
+    reverted; or the change undecided at --bench-max-requests, the patch left applied),
     2 bad input, 3 host or server failure, 4 refused or does not apply here (skipped; nothing changed;
     a --revert with nothing to revert exits 0)."""
     from perfscope.fixengine import engine
