@@ -139,7 +139,9 @@ def test_fix_restarts_the_real_server_measures_and_reverts(real_site):
     assert rec["healthy"] is True and rec["reverted"] is None
     before = json.loads((d / "run2" / "before" / "bench.json").read_text())
     after = json.loads((d / "run2" / "after" / "bench.json").read_text())
-    assert before["requests"] == after["requests"] == 2 and not before["failed"] and not after["failed"]
+    # rounds of 2 until the keep-or-revert decision had its interval (3 a side at least, 8 at most)
+    assert 3 <= before["requests"] <= 8 and 3 <= after["requests"] <= 8, (before["requests"], after["requests"])
+    assert not before["failed"] and not after["failed"] and rec["decision"] == "keep", rec.get("change")
     assert before["server"]["version"] == after["server"]["version"] == "0.5.23"
     new_pid = int((d / "server.pid").read_text())
     assert new_pid != srv.pid and os.getpgid(new_pid) == new_pid  # a new real server, its own group
