@@ -37,7 +37,7 @@ class DemoConfig:
     threads: int = 0
     input_len: int = 32
     output_len: int = 8
-    requests: int = 2
+    requests: int = 3  # 3 a side: the fewest a before/after interval is drawn from
     steps: int = 4
     strategy: str = "auto"
     extra_server_args: list[str] = field(default_factory=list)
@@ -108,7 +108,12 @@ class Server:
 def _perfscope(args: list[str], console: Console, capture_json: bool = True) -> dict:
     """Run one `perfscope` command as the user would; return its --json output."""
     cmd = [sys.executable, "-m", "perfscope", *args]
-    console.print(f"[dim]$ perfscope {' '.join(args)}[/]")
+    import shlex
+
+    from rich.text import Text
+
+    # one line however long (a command folded at 80 columns in a log cannot be pasted back)
+    console.print(Text("$ perfscope " + shlex.join(args), style="dim"), soft_wrap=True)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode not in (0, 1):
         last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -193,7 +198,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         check = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
                             "--strategy", cfg.strategy, "--json"], console)
         diff_path = out / "fix.diff"
-        atomic_write_text(diff_path, check.get("diff") or "")
+        atomic_write_text(diff_path, check.get("diff") or "", shared=True)
         console.print(patch_summary(check, diff_path))
         fixed = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
                             "--strategy", cfg.strategy, "--apply", "--json"], console)
@@ -220,10 +225,11 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         "findings_after": [f["id"] for f in diag_a["findings"]],
         "fix": {k: fixed.get(k) for k in ("outcome", "strategy", "target", "path") if k in fixed},
         "compare": {k: cmp.get(k) for k in ("step", "tpot") if k in cmp},
+        "change": cmp.get("change") or {},  # the noise: spreads, intervals, verdicts (analysis/change.py)
         "predictions": cmp.get("predictions") or [],
         "diff": str(out / "fix.diff"),
         "html": str(html), "before": str(before), "after": str(after),
         "seconds": round(time.monotonic() - t0, 1),
     }
-    atomic_write_text(out / "demo.json", json.dumps(summary, indent=2, default=str))
+    atomic_write_text(out / "demo.json", json.dumps(summary, indent=2, default=str), shared=True)
     return summary

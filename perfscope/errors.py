@@ -8,7 +8,8 @@ traceback. Exit codes are stable so that a CI job can gate on them:
     1  the run worked and a gated finding was found (``--fail-on``), or a fix verification failed
     2  unusable input: missing/truncated/empty/non-Kineto trace, bad option, unknown version
     3  remote side: unreachable host, SSH auth refused, host key unknown or changed, server down
-    4  a fix was refused (not applicable, unknown variant, file changed since the check)
+    4  a fix was refused or does not apply here (skipped: e.g. no FP8 KV cache; unknown variant,
+       file changed since the check); a --revert with nothing to revert is 0
    70  internal error: a bug in perfscope (``PERFSCOPE_DEBUG=1`` prints its traceback)
   130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM, 129 by SIGHUP (128 + the signal number).
        The profiler is stopped, child processes are killed, and the run folder says it is incomplete.

@@ -216,3 +216,36 @@ def test_bench_table_reads_whole_on_80_columns(repro):
     assert any(re.search(r"output throughput [\d.]+ tok/s\s+duration [\d.]+ s\s+failed 0\s*$", ln) for ln in lines), r.stdout
     assert any(ln.strip() == "TPOT = (latency - TTFT) / (output_tokens - 1)" for ln in lines), r.stdout
     assert any(re.search(r"perfscope bench\s+\S+\s+in=8 out=3 conc=1 n=1/1\s*$", ln) for ln in lines), r.stdout
+    # the spread of the measurement, whole: one request has no interval, and says so
+    assert any(re.search(r"^TPOT median [\d.]+ ms, range [\d.]+-[\d.]+ \(n 1; no CI under 3\)\s*$", ln.strip())
+               for ln in lines), r.stdout
+    r = subprocess.run([sys.executable, "-m", "perfscope", "bench", "--url", repro, "--input-len", "8",
+                        "--output-len", "3", "--num-requests", "4", "--warmup", "0"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert any(re.search(r"^TPOT median [\d.]+ ms, 95% CI [\d.]+-[\d.]+, range [\d.]+-[\d.]+ \(n 4\)\s*$", ln.strip())
+               for ln in r.stdout.splitlines()), r.stdout
+
+
+def test_median_change_on_real_bench_rounds():
+    """The per-request TPOTs of real H200 bench runs (examples/gpu_loop/results): the cast fix is
+    improved with an interval far from 0; one run against itself is no change; a noisy side (its
+    first half against its second, as two rounds of the same server) keeps the fix's decision
+    undecided at a 10% threshold instead of keeping or reverting on it."""
+    from paths import GPU_LOOP
+    from perfscope.analysis.change import median_change
+    from perfscope.bench.store import tpot_samples
+    from perfscope.fixengine.restart import decide
+
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    bug, pages = tpot_samples(runs / "bug"), tpot_samples(runs / "pages")
+    assert len(bug) >= 3 and len(pages) >= 3
+    c = median_change(bug, pages)
+    assert c["verdict"] == "improved" and c["interval"][1] < -0.5 and c["before"]["n"] == len(bug), c
+    assert decide(bug, pages, 0.10)[0] == "keep"
+    assert median_change(bug, bug)["verdict"] == "no change"
+    assert decide(pages, bug, 0.10)[0] == "revert"
+    noisy = [3.6, 12.2, 4.1, 9.8, 5.0, 3.9, 11.0, 4.4]  # the spread of 8-request rounds of a loaded server
+    d, c = decide(noisy[:4], noisy[4:], 0.10)
+    assert d is None and c["interval"][0] < 0.10 < c["interval"][1], c
+    assert median_change([5.0, 5.1], [4.0, 4.1])["verdict"] is None  # too few samples: numbers, no verdict

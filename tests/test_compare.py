@@ -195,3 +195,41 @@ def test_cpu_only_runs_compare_as_platform_cpu():
     c = json.loads(r.stdout)
     assert (c["before"]["platform"], c["after"]["platform"]) == ("cpu", "cuda")
     assert {"field": "platform", "what": "platform", "before": "cpu", "after": "cuda"} in c["setup"]["flagged"]
+
+
+def test_the_change_has_its_noise_and_a_verdict(diag):
+    """Step medians with their spread and a bootstrap interval: the cast fix is 'improved' with an
+    interval far from 0; a trace against itself is 'no change'; the fix changed its own kernels
+    only, so nothing 'moved together'."""
+    c = compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_fp8_graph.json.gz"))
+    st = c["change"]["step"]
+    assert st["verdict"] == "improved" and st["before"]["n"] >= 5 and st["after"]["n"] >= 5, st
+    lo, hi = st["interval"]
+    assert lo <= st["change"] <= hi < -0.8 and st["before"]["min"] <= st["before"]["median"] <= st["before"]["max"]
+    assert "improved, 95% CI" in c["verdict"] and c["moved_together"] is None, c["verdict"]
+    same = compare(diag(H200 / "mla_pool_eager.json.gz"), diag(H200 / "mla_pool_eager.json.gz"))
+    assert same["change"]["step"]["verdict"] == "no change" and same["moved_together"] is None
+    assert "no change (noise +-5%)" in same["verdict"], same["verdict"]
+
+
+def test_kernels_the_fix_did_not_touch_moving_together_flag_the_machine(tmp_path, diag):
+    """The same real trace with every kernel 2.5x shorter (as a busier or slower-clocked machine
+    makes them, edited here from mla_pages_graph): the ops no finding expected to change moved
+    together, and compare says the machine changed; the terminal says it on one line."""
+    import gzip
+
+    src = H200 / "mla_pages_graph.json.gz"
+    d = json.loads(gzip.open(src).read())
+    for e in d["traceEvents"]:
+        if e.get("cat") == "kernel" and "dur" in e:
+            e["dur"] = e["dur"] * 0.4
+    fast = tmp_path / "fast.json.gz"
+    fast.write_bytes(gzip.compress(json.dumps(d).encode()))
+    c = compare(diag(src), diagnose([fast]))
+    m = c["moved_together"]
+    assert m is not None and m["direction"] == "faster" and 2.3 <= m["median_factor"] <= 2.7, m
+    assert m["share_of_time"] >= 0.6 and m["ops"] >= 2 and "machine changed" in c["verdict"]
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(src), str(fast)], capture_output=True,
+                       text=True, timeout=600, env={**__import__("os").environ, "COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    assert "the machine changed between runs?" in r.stdout and "not expected to change" in r.stdout

@@ -25,10 +25,18 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     (out,) = tmp_path.glob("perfscope-demo-*")
     assert s["before"] == str(out / "before") and s["html"] == str(out / "compare.html")
     assert s["findings_before"][0] == "fp8-kv-cast"
+    # its log (stderr with --json) pastes back: every command and path on one line, not folded at 80
+    log = r.stderr.splitlines()
+    ran = [ln for ln in log if ln.startswith("$ perfscope ")]
+    assert len(ran) >= 8 and all(ln.rstrip().endswith("--json") for ln in ran), ran
+    assert f"HTML comparison: {s['html']}" in log and f"run folders: {s['before']}  {s['after']}" in log
     assert "fp8-kv-cast" not in s["findings_after"]
     # a CPU-only trace has no GPU timeline: no idle-time rule may fire on it
     assert not {"eager-decode", "host-bubble", "overlap-off"} & set(s["findings_before"] + s["findings_after"])
     assert s["tpot_ms_before"] > 5 * s["tpot_ms_after"] > 0
+    # the before/after with its noise: the TPOT change's interval lies below 0, verdict improved
+    ch = s["change"]["tpot"]
+    assert ch["verdict"] == "improved" and ch["interval"][1] < 0 and ch["before"]["n"] >= 3, ch
     # predictions held to account: the before run's predicted step against the after run's. Each
     # step is paired with its own casts, so the prediction is a real step (it once was 0 ms: the mean
     # cast time of 4 steps, one of them slow, exceeded the median step)

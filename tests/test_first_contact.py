@@ -26,10 +26,11 @@ def test_local_fix_check_reads_the_server_on_the_port(sglang_server):
     assert "--disable-overlap-schedule" in srv.cmd and "--disable-cuda-graph" not in srv.cmd
     # fp8-kv-cast on a server whose KV pool is not FP8: nothing to fix (it said "the pages patch
     # applies cleanly", having read neither kv_cache_dtype nor the backend)
+    # (it does not apply: exit 4, said once, on stderr)
     r = cli("fix", "fp8-kv-cast", "--port", srv.port)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 4, r.stdout + r.stderr
     assert "kv_cache_dtype auto" in r.stdout and "backend torch_native" in r.stdout, r.stdout
-    assert "skipped: kv_cache_dtype is 'auto'" in r.stdout and "applies cleanly" not in r.stdout, r.stdout
+    assert "skipped: kv_cache_dtype is 'auto'" in r.stderr and "applies cleanly" not in r.stdout, r.stdout + r.stderr
     # eager-decode from an eager H200 trace, against this CPU server: refused for what the server is
     # (it proposed removing a --disable-cuda-graph the server was never started with)
     r = cli("fix", "eager-decode", "--trace", H200 / "mla_fp8_eager.json.gz", "--port", srv.port)

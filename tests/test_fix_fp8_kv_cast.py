@@ -347,3 +347,32 @@ def test_switching_strategy_needs_a_revert(tmp_path):
     req.overrides = {"compute_cap": "9.0", "flashinfer_version": "0.6.18"}
     rep = engine.apply(FIX, LocalFixHost(), req)
     assert rep.outcome.kind == "refused" and "revert it first" in rep.outcome.reason
+
+
+def _fix_cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "perfscope", "fix", "fp8-kv-cast", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_a_fix_that_does_not_apply_exits_4_and_says_it_once(tmp_path):
+    """The README's exit codes: a fix that does not apply here (no FP8 KV cache: skipped) or is
+    refused exits 4 with one error line; neither is also printed as a report line on stdout. A
+    --revert with nothing to revert is not an error (exit 0)."""
+    p = tmp_path / "flashinfer_mla_backend.py"
+    p.write_bytes(sglang_file("0.5.12", MLA))
+    st = ["--target-file", str(p), "--port", "0", "--state-dir", str(tmp_path / "s")]
+    r = _fix_cli(*st, "--kv-cache-dtype", "auto")
+    assert r.returncode == 4, r.stdout + r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "does not apply here" in err[0] and "kv_cache_dtype is 'auto'" in err[0], r.stderr
+    assert "kv_cache_dtype is 'auto'" not in r.stdout, r.stdout
+    r = _fix_cli(*st, "--kv-cache-dtype", "fp8_e4m3", "--strategy", "native", "--gpu-cc", "12.0",
+                 "--flashinfer-version", "0.6.18", "--apply")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert r.stderr.count("refused") == 1 and "refused" not in r.stdout and "SM12.0" in r.stderr, r.stdout + r.stderr
+    assert p.read_bytes() == sglang_file("0.5.12", MLA)
+    r = _fix_cli(*st, "--kv-cache-dtype", "fp8_e4m3", "--revert")
+    assert r.returncode == 0 and "nothing to revert" in r.stdout, r.stdout + r.stderr

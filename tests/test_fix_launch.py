@@ -404,6 +404,8 @@ def test_cli_loop_check_apply_revert_and_refusal_exit_codes(tmp_path):
     assert b"--disable-overlap-schedule" not in p.read_bytes()
     r = cli("fix", "overlap-off", "--launch-file", str(p), "--revert", *st)
     assert r.returncode == 0 and p.read_bytes() == original
+    # no --restart-cmd: the running server keeps what the fix changed, and the revert says so
+    assert "the running server still has the fix's flags" in r.stdout, r.stdout
     # a file it cannot read exactly: one line, exit 4, nothing written
     bad = write(tmp_path, "python -m sglang.launch_server --model-path $(cat m) --disable-overlap-schedule\n", "bad.sh")
     r = cli("fix", "overlap-off", "--launch-file", str(bad), "--apply", *st)

@@ -143,7 +143,7 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
         out_dir = tmp_path / "fix1"
         r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st, "--apply",
                 "--restart-cmd", f"sh {restart}", "--health-timeout", "300", "--out", str(out_dir),
-                "--bench-input-len", "64", "--bench-output-len", "8", "--bench-requests", "2",
+                "--bench-input-len", "64", "--bench-output-len", "8", "--bench-requests", "2", "--bench-max-requests", "8",
                 "--max-slowdown", "5", "--json")
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr + (tmp_path / "server.log").read_text()[-3000:]
         rep = json.loads(r.stdout)
@@ -158,9 +158,14 @@ def test_real_sglang_chunked_prefill_loop(tmp_path):
         # applying again changes nothing; revert restores the bytes
         r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st)
         assert r.returncode == 0 and "already-applied" in r.stdout
-        r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st, "--revert")
+        # revert with --restart-cmd: the file restored, the server restarted on it (its flags the original)
+        r = cli("fix", "chunked-prefill-interference", "--launch-file", str(launch), *st, "--revert",
+                "--restart-cmd", f"sh {restart}", "--health-timeout", "300")
         assert r.returncode == 0 and "reverted" in r.stdout, r.stdout + r.stderr
+        assert "answers /health: it runs the original flags" in r.stdout, r.stdout
         assert launch.read_bytes() == original
+        info = server_info(url)
+        assert info["chunked_prefill_size"] == 1024 and not info.get("enable_mixed_chunk"), info
     finally:
         stop(tmp_path)
 
@@ -189,7 +194,7 @@ def test_repro_slower_after_the_change_is_reverted_and_restarted(tmp_path):
         out_dir = tmp_path / "fix1"
         r = cli("fix", "overlap-off", "--launch-file", str(launch), *st, "--apply", "--restart-cmd", f"sh {restart}",
                 "--health-timeout", "120", "--out", str(out_dir), "--bench-input-len", "32", "--bench-output-len", "16",
-                "--bench-requests", "2", "--max-slowdown", "0.1")
+                "--bench-requests", "2", "--bench-max-requests", "6", "--max-slowdown", "0.1")
         assert r.returncode == 1, r.stdout + r.stderr
         assert "slower with the patch" in r.stderr and "reverted byte for byte" in r.stderr
         rec = json.loads((out_dir / "restart.json").read_text())

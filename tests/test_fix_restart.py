@@ -31,7 +31,7 @@ pytest.importorskip("torch")
 # step a few ms; small enough that every test here takes 10-25 s.
 SERVER_ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2", "--vocab-size", "256",
                "--max-total-tokens", "16384", "--threads", "1"]
-BENCH = ["--bench-input-len", "32", "--bench-output-len", "10", "--bench-requests", "1"]
+BENCH = ["--bench-input-len", "32", "--bench-output-len", "10", "--bench-requests", "1", "--bench-max-requests", "6"]
 MARKER = b"perfscope fp8-kv-cast"
 
 # $1: what the script does when mla_attention.py carries the patch: "ok" starts the server as
@@ -173,7 +173,13 @@ def test_restart_measures_before_and_after(site):
     assert rec["healthy"] is True and rec["outcome"] == "applied" and rec["reverted"] is None
     before = json.loads((out / "before" / "bench.json").read_text())
     after = json.loads((out / "after" / "bench.json").read_text())
-    assert before["requests"] == after["requests"] == 1 and not before["failed"] and not after["failed"]
+    # measured in rounds until the keep-or-revert decision had an interval (3 requests a side at least,
+    # --bench-max-requests 6 at most), every one stored
+    assert 3 <= before["requests"] <= 6 and 3 <= after["requests"] <= 6, (before["requests"], after["requests"])
+    assert not before["failed"] and not after["failed"]
+    assert len(rec["before_samples_ms"]) == before["requests"] and len(rec["after_samples_ms"]) == after["requests"]
+    assert rec["decision"] == "keep" and rec["change"]["verdict"] == "improved", rec["change"]
+    assert rec["change"]["interval"][1] < 0 and "CI" in " ".join(rep["notes"])
     # the restarted process runs the patched source: the whole-pool cast is gone
     assert before["server"]["kv_strategy"] == "pool" and after["server"]["kv_strategy"] != "pool"
     assert rec["tpot_ms_before"] == before["tpot_ms"] and rec["tpot_ms_after"] == after["tpot_ms"]

@@ -120,3 +120,30 @@ def test_help_prose_wraps_at_the_screen_not_at_the_source(name):
     # the root's own options are flags too
     if name is None:
         assert not re.search(r"<(bool|str|int|float|path)>", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("args", [(c,) for c in COMMANDS] + [("fix", f) for f in sorted(discover())])
+def test_help_cites_only_what_the_user_has(args):
+    """No document the user does not have (the project's notes) and no timing of the project's own
+    machine in any help; at 80 columns no option's help (the right-hand column: a URL, a path, a
+    flag it names) is cut with an ellipsis, it folds. (A long option name in the narrow left
+    column still is: typer draws that column.)"""
+    text = helptext(*args)
+    for word in ("field-facts", "this project's", "2-core box"):
+        assert word not in text, (args, word)
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    narrow = subprocess.run([sys.executable, "-m", "perfscope", *args, "--help"], capture_output=True, text=True,
+                            timeout=120, env=env).stdout
+    if args[0] == "fix" and len(args) > 1:
+        return  # a fix's own document (Markdown) is not the option table
+    cut = [ln for ln in narrow.splitlines() if "…" in ln and ln.index("…") > 30]
+    assert not cut, cut
+
+
+def test_one_default_output_length():
+    """trace, bench and fix --restart-cmd measure the same default output length."""
+    defaults = {}
+    for args, opt in ((("trace",), "--output-len"), (("bench",), "--output-len"), (("fix",), "--bench-output-len")):
+        cmd = get_command(app).commands[args[0]]
+        defaults[args[0]] = next(p.default for p in cmd.params if opt in p.opts)
+    assert defaults == {"trace": 128, "bench": 128, "fix": 128}, defaults

@@ -90,3 +90,29 @@ def test_repair_in_one_field_per_line_layout():
     assert t.meta.repaired_names == 1
     assert [f.name for f in t.frames] == ['torch/profiler/_cupti_monitor.py(0): "finish_reason"']
     assert [o.name for o in t.cpu_ops] == ["aten::copy_"]
+
+
+def test_a_folder_with_a_json_array_beside_the_trace_skips_it_with_a_note(tmp_path):
+    """TraceLens writes execution_details.json (a JSON array) into the capture folder: diagnose
+    FOLDER analyses the trace and says it skipped the array (not "not valid JSON", exit 2); a
+    folder with nothing but the array is one line, exit 2, naming the file it skipped."""
+    import shutil
+
+    from perfscope.load.discover import discover
+
+    shutil.copy(TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz", tmp_path)
+    (tmp_path / "execution_details.json").write_text('\n  [{"name": "aten::mm", "count": 3}, [1, 2]]\n')
+    ts = discover([tmp_path])
+    assert [f.path.name for f in ts.files] == ["sglang_Qwen3-8B_decode.json.gz"]
+    assert [s["why"] for s in ts.skipped] == ["not a profiler trace (not a JSON object)"]
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(tmp_path)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 JSON file that is not a profiler trace: execution_details.json" in r.stdout
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "execution_details.json").write_text("[]")
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(only)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no trace files" in r.stderr and "execution_details.json" in r.stderr and "Traceback" not in r.stderr

@@ -59,3 +59,30 @@ def test_csv_per_rank_table_and_bad_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     r = run(ranks[0], "--csv", tmp_path / "file")
     assert r.returncode == 2 and "not a folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_user_files_follow_the_umask(tmp_path):
+    """--markdown, --csv and --html files (and a run folder's run.json) are written with the mode
+    the umask gives, as the user's other tools write theirs (mkstemp's 0600 made the Markdown and
+    CSV private while the HTML was shared); the umask is the user's: 027 gives 0640."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    from paths import H200
+
+    def run(umask: int, sub: str) -> dict:
+        out = tmp_path / sub
+        out.mkdir()
+        code = (f"import os, sys; os.umask({umask}); from perfscope.cli import main; "
+                f"sys.argv = ['perfscope', 'diagnose', {str(H200 / 'mla_pool_graph.json.gz')!r}, '--markdown', "
+                f"{str(out / 's.md')!r}, '--csv', {str(out / 'csv')!r}, '--html', {str(out / 'r.html')!r}]; main()")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        files = [out / "s.md", out / "r.html", *sorted((out / "csv").glob("*.csv"))]
+        assert len(files) >= 4
+        return {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in files}
+
+    assert set(run(0o022, "a").values()) == {0o644}
+    assert set(run(0o027, "b").values()) == {0o640}

@@ -209,3 +209,73 @@ def test_compare_tables_fit_80_columns(tmp_path):
     assert "Top ops that changed" in r.stdout and "n/step" in r.stdout, r.stdout
     assert boxed_lines_cropped(r.stdout) == [], r.stdout
     assert max(map(len, r.stdout.splitlines())) <= 80
+
+
+def test_a_cost_between_steps_says_why_the_step_saves_less():
+    """host-bubble costs 1.36 ms per step, mostly between steps; its fix predicts the step itself
+    only 0.08 ms shorter: the verdict says where the rest goes (the step cycle), at 80 and 200
+    columns, and the Markdown summary says it too."""
+    for cols in (80, 200):
+        r = screen(H200 / "mla_pages_graph.json.gz", columns=cols)
+        assert r.returncode == 0, r.stderr
+        flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
+        assert "costs 1.36 ms per step" in flat and "~7.01 ms per step predicted, from 7.10 ms" in flat
+        assert "is mostly between steps (1.28 ms): it comes off the step cycle (8.38 ms -> ~7.01 ms)" in flat, flat[:900]
+
+
+def test_an_op_in_some_steps_only_counts_a_fraction_not_zero():
+    """index_elementwise_kernel runs in 9 of 10 decode steps of this real SGLang trace: 0.9 per step
+    in the n column (it was rounded to a whole number, and an op in 2 of 5 steps showed 0)."""
+    from paths import GPU_LOOP
+    from perfscope.report.wording import per_step_count as count
+
+    trace = next((GPU_LOOP / "h200-2026-12-01-sglang" / "pool-default" / "runs" / "default-pages" / "traces")
+                 .glob("*DECODE.trace.json.gz"))
+    r = screen(trace, "--top", "40", columns=200)
+    assert r.returncode == 0, r.stderr
+    ns = [ln.rstrip("│ ").split()[-1] for ln in r.stdout.splitlines() if "index_elementwise_kernel" in ln and "│" in ln]
+    assert "0.9" in ns, ns
+    assert [count(x) for x in (0.2, 0.4, 0.9, 8.0, 12.4)] == ["0.2", "0.4", "0.9", "8", "12"]
+
+
+def test_compare_says_why_the_measured_kernels_make_the_error_larger():
+    """BEFORE's cast prediction on the H200 loop: -2.5% off; with the kernels it assumed unchanged put
+    in at their measured times -4.7%: the line says why the error grew instead of leaving it bare."""
+    from paths import GPU_LOOP
+
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    env = {**os.environ, "COLUMNS": "400"}
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
+    assert ("with their measured times the error is -4.7% (larger than -2.5%: the kernels' move had offset part "
+            "of the step model's own error") in flat, flat[:1500]
+
+
+def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_boundary():
+    """At 80 columns, piped: the floor's op lines wrap with their indent (not back to column 0), and a
+    long kernel name is cut at a word boundary with an ellipsis, never mid-word."""
+    from paths import REPO
+
+    r = screen(H200 / "mla_pool_eager.json.gz", "--model-config", REPO / "examples" / "h200_mla_repro.config.json",
+               "--context", "4096")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("  ops against"))
+    j = next(k for k, ln in enumerate(lines) if ln.startswith("Dominant ops"))
+    block = lines[i:j]
+    assert len(block) > 4 and all(ln.startswith("  ") for ln in block), block
+    ops = [ln for ln in block if ln.startswith("    ")]
+    assert len(ops) >= 4, block  # each op line and its continuation, indented
+    import json
+
+    js = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_eager.json.gz"), "--json",
+                         "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"), "--context", "4096"],
+                        capture_output=True, text=True, timeout=300)
+    names = [o.get("short") or o["name"] for o in json.loads(js.stdout)["roofline"]["ops"]]
+    cut = [ln.strip().split("…")[0] for ln in ops if "…" in ln]
+    assert cut, ops  # this trace's copy kernel has a long name
+    for prefix in cut:
+        full = next(n for n in names if n.startswith(prefix) and len(n) > len(prefix))
+        assert full[len(prefix)] in "_ <:,", (prefix, full)  # the cut falls on a boundary

@@ -18,6 +18,14 @@
               prediction held constant) and the error once their measured times are put in; the
               host's CPU step range on each side (``host_step_ms``) and ``host_work_added`` when
               AFTER's is much longer (the fix added host work the prediction assumed away)
+    change    the noise around step and TPOT: per side the spread (n, min, p10, median, p90, max) of
+              the per-step times (and of the per-request TPOTs, when the run folders have them), the
+              change of the median with its bootstrap interval and a verdict: improved / regressed /
+              no change within a noise threshold (``perfscope.analysis.change``)
+    moved_together  ops the fixed findings were not expected to change (not their changed kernels)
+              whose time per launch moved the same way by more than 20%, most of those ops' time:
+              the machine (its load, its clocks) changed between the runs, and the step's change is
+              not all the fix's; None when they did not
     setup     GPU, model, world size, ranks, analysed phase on each side; ``differs`` when they are not
               the same (comparing them is allowed, the report flags it); config/version differences listed
     verdict   one sentence
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from perfscope.analysis import change as chg
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis
 
@@ -99,6 +108,7 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
         "tpot_ms": timings.get("tpot_ms"),
         "ttft_ms": timings.get("ttft_ms"),
         "tpot_source": timings.get("source"),
+        "tpot_samples_ms": timings.get("tpot_samples_ms"),
         "versions": (d.run or {}).get("versions") or {},
         "config": {k: info[k] for k in CONFIG_KEYS if k in info},
         "findings": [f["id"] for f in p.findings],
@@ -289,23 +299,81 @@ def _ops(ob: list[dict], oa: list[dict], limit: int) -> list[dict]:
     return rows[:limit]
 
 
+MOVED = 1.2  # an op "moved" when its time per launch changed by this factor or more
+MOVED_SHARE = 0.6  # ... and ops that moved one way hold this share of the unexpected ops' time
+
+
+def step_samples(r) -> list[float]:
+    """The per-step times the step median is taken over (GPU work of steps that launched
+    kernels; else each step's CPU range), as the analysis computes it."""
+    gpu = [m["gpu_ms"] for m in r.per_step if m.get("kernels")]
+    return gpu or [m["cpu_ms"] for m in r.per_step]
+
+
+def _moved_together(ob: list[dict], oa: list[dict], expected: set, step_before: Optional[float]) -> Optional[dict]:
+    """Ops the fix was not expected to change (not in ``expected``, by kernel name) that moved
+    together: one direction, by MOVED or more per launch, MOVED_SHARE of those ops' time, at least
+    two ops and a tenth of the step. A fix changes its own kernels; when the others all move, the
+    machine did."""
+    kb = _ops_by_key([o for o in ob if o.get("name") not in expected])
+    ka = _ops_by_key([o for o in oa if o.get("name") not in expected])
+    rows = []
+    for k in kb:
+        if k not in ka:
+            continue
+        b, a = kb[k], ka[k]
+        if b["ms"] <= 0 or a["ms"] <= 0 or not b["count"] or not a["count"]:
+            continue
+        rows.append((b["ms"], (a["ms"] / a["count"]) / (b["ms"] / b["count"]), k))
+    total = sum(w for w, _, _ in rows)
+    if len(rows) < 2 or not total or (step_before and total < 0.1 * step_before):
+        return None
+    for way, test in (("faster", lambda r: r <= 1 / MOVED), ("slower", lambda r: r >= MOVED)):
+        moved = [(w, r, k) for w, r, k in rows if test(r)]
+        share = sum(w for w, _, _ in moved) / total
+        if len(moved) >= 2 and share >= MOVED_SHARE:
+            ratios = sorted(r for _, r, _ in moved)
+            med = ratios[len(ratios) // 2]
+            return {"direction": way, "ops": len(moved), "of_ops": len(rows), "share_of_time": round(share, 3),
+                    "median_factor": round(1 / med if way == "faster" else med, 2),
+                    "examples": [k[0] for _, _, k in sorted(moved, key=lambda x: -x[0])[:3]]}
+    return None
+
+
 def _fmt(ms: Optional[float]) -> str:
     if ms is None:
         return "?"
     return f"{ms:.3f}" if abs(ms) < 1 else f"{ms:.2f}" if abs(ms) < 100 else f"{ms:.1f}"
 
 
-def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict) -> str:
+def change_words(c: Optional[dict]) -> str:
+    """``improved, 95% CI -66% to -64%`` (or ``no change within +-5%, ...``): the verdict of a
+    :func:`perfscope.analysis.change.median_change`, short."""
+    if not c or not c.get("verdict"):
+        return (c or {}).get("why") or ""
+    lo, hi = c["interval"]
+    v = c["verdict"] if c["verdict"] != "no change" else f"no change (noise +-{c['noise']:.0%})"
+    return f"{v}, {c['confidence']:.0%} CI {lo:+.1%} to {hi:+.1%}"
+
+
+def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict, change: Optional[dict] = None,
+             moved: Optional[dict] = None) -> str:
     b, a = step["before_ms"], step["after_ms"]
+    words = change_words((change or {}).get("step"))
     if not b or a is None:
-        head = "step time not comparable (no timed steps on one side)"
+        head, how = "step time not comparable (no timed steps on one side)", ""
     elif a < b:
-        head = f"decode step {_fmt(b)} ms -> {_fmt(a)} ms ({b / a:.2f}x faster)" if a else f"decode step {_fmt(b)} ms -> 0 ms"
+        head, how = f"decode step {_fmt(b)} ms -> {_fmt(a)} ms", f"{b / a:.2f}x faster" if a else ""
     elif a > b:
-        head = f"decode step {_fmt(b)} ms -> {_fmt(a)} ms ({a / b:.2f}x slower)"
+        head, how = f"decode step {_fmt(b)} ms -> {_fmt(a)} ms", f"{a / b:.2f}x slower"
     else:
-        head = f"decode step unchanged at {_fmt(b)} ms"
+        head, how = f"decode step unchanged at {_fmt(b)} ms", ""
+    if b and a is not None and (how or words):
+        head += " (" + ": ".join(x for x in (how, words) if x) + ")"
     parts = [head]
+    if moved:
+        parts.append(f"the machine changed between runs? {moved['ops']} ops the fix was not expected to change "
+                     f"moved together ({moved['median_factor']:.2f}x {moved['direction']})")
     if buckets and abs(buckets[0]["delta_ms"]) >= 0.01:
         top = buckets[0]
         parts.append(f"{top['bucket']} {'+' if top['delta_ms'] > 0 else ''}{_fmt(top['delta_ms'])} ms/step")
@@ -319,8 +387,10 @@ def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict) -> st
 
 
 def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("before", "after"),
-            configs: tuple[Optional[dict], Optional[dict]] = (None, None), top_ops: int = 15) -> dict[str, Any]:
-    """The data diff of two diagnoses (see the module docstring for the keys)."""
+            configs: tuple[Optional[dict], Optional[dict]] = (None, None), top_ops: int = 15,
+            tpot_samples: Optional[tuple[Optional[list], Optional[list]]] = None) -> dict[str, Any]:
+    """The data diff of two diagnoses (see the module docstring for the keys). ``tpot_samples``:
+    the per-request TPOTs of each side (a run folder's bench.json), when its run.json lacks them."""
     pb, pa = before.primary, after.primary
     sb = side_summary(before, labels[0], configs[0])
     sa = side_summary(after, labels[1], configs[1])
@@ -340,6 +410,15 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
     buckets = _buckets(pb.buckets, pa.buckets)
     findings = _findings(pb.findings, pa.findings)
     setup = _setup(sb, sa)
+    change = {"step": chg.median_change(step_samples(pb), step_samples(pa))}
+    samples = (tpot_samples[0] if tpot_samples else None) or sb.get("tpot_samples_ms"), \
+        (tpot_samples[1] if tpot_samples else None) or sa.get("tpot_samples_ms")
+    if samples[0] and samples[1]:
+        change["tpot"] = chg.median_change(samples[0], samples[1])
+    after_ids = {f["id"] for f in pa.findings}
+    expected = {k for f in pb.findings if f["id"] not in after_ids
+                for k in ((f.get("evidence") or {}).get("prediction") or {}).get("changed_kernels") or []}
+    moved = _moved_together(pb.ops, pa.ops, expected, bms)
     return {
         "tool": "perfscope",
         "kind": "compare",
@@ -358,6 +437,8 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
                                     after_unprofiled=sa.get("tpot_source") == "bench",
                                     gpu_after=pa.kernel_ms_per_step),
         "ops": _ops(pb.ops, pa.ops, top_ops),
+        "change": change,
+        "moved_together": moved,
         "setup": setup,
-        "verdict": _verdict(step, buckets, findings, setup),
+        "verdict": _verdict(step, buckets, findings, setup, change, moved),
     }

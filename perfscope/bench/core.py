@@ -116,19 +116,51 @@ def measure(client, *, input_len: int = 256, output_len: int = 128, concurrency:
             info = client.server_info()
         except PerfscopeError:
             info = {}
+    return measure_until(client, None, input_len=input_len, output_len=output_len, concurrency=concurrency,
+                         num_requests=num_requests, max_requests=num_requests, warmup=warmup, seed=seed,
+                         temperature=temperature, ignore_eos=ignore_eos, timeout=timeout, on_request=on_request,
+                         server_info=info, ids=ids)
+
+
+def measure_until(client, enough: Optional[Callable[[list[float]], bool]], *, input_len: int = 256,
+                  output_len: int = 128, concurrency: int = 1, num_requests: int = 8, max_requests: int = 8,
+                  warmup: int = 2, seed: int = 0, temperature: float = 0.0, ignore_eos: bool = True,
+                  timeout: Optional[float] = None, on_request: Optional[Callable[[RequestTiming], None]] = None,
+                  server_info: Optional[dict] = None, ids: Optional[tuple[int, int]] = None) -> BenchResult:
+    """:func:`measure` in rounds of ``num_requests``: after each round ``enough(tpots_ms)`` (every
+    completed request's TPOT so far) says whether to stop; at most ``max_requests`` in all. Round
+    ``i`` sends the prompts of seed ``seed + i`` (two sides measured this way send the same
+    prompts round by round). ``enough=None``: one round."""
+    if output_len < 2:
+        raise PerfscopeError("output_len must be at least 2 (TPOT needs two tokens)")
+    info = server_info or {}
     ids = id_range(ids)
     if warmup > 0:
         warm = make_prompts(warmup, input_len, seed + 1_000_003, ids)
         drive_decode(client, min(concurrency, warmup), input_len, output_len, num_requests=warmup, prompts=warm,
                      temperature=temperature, ignore_eos=ignore_eos, timeout=timeout)
-    prompts = make_prompts(num_requests, input_len, seed, ids)
     t0 = time.perf_counter()
-    res = drive_decode(client, concurrency, input_len, output_len, num_requests=num_requests, prompts=prompts,
-                       temperature=temperature, ignore_eos=ignore_eos, timeout=timeout, on_done=on_request)
+    res: list[RequestTiming] = []
+    sent, rnd = 0, 0
+    max_requests = max(max_requests, num_requests)
+    while sent < max_requests:
+        n = min(num_requests, max_requests - sent)
+        prompts = make_prompts(n, input_len, seed + rnd, ids)
+        got = drive_decode(client, concurrency, input_len, output_len, num_requests=n, prompts=prompts,
+                           temperature=temperature, ignore_eos=ignore_eos, timeout=timeout, on_done=on_request)
+        for t in got:
+            t.index += sent
+        res.extend(got)
+        sent += n
+        rnd += 1
+        if enough is None or enough([t.tpot_s * 1e3 for t in res if t.ok and t.tpot_s is not None]):
+            break
     dur = time.perf_counter() - t0
     workload = {"input_len": input_len, "output_len": output_len, "concurrency": concurrency,
-                "num_requests": num_requests, "warmup": warmup, "seed": seed, "temperature": temperature,
+                "num_requests": sent, "warmup": warmup, "seed": seed, "temperature": temperature,
                 "ignore_eos": ignore_eos}
+    if rnd > 1:
+        workload["rounds"] = rnd
     server = {k: info.get(k) for k in ("version", "model_path", "kv_cache_dtype", "attention_backend",
                                         "disable_cuda_graph", "max_total_num_tokens", "kv_strategy") if k in info}
     out = summarize(res, dur, workload, server)

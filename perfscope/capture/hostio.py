@@ -507,7 +507,7 @@ class LocalHost(HostIO):
         done = 0
         h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
         try:
-            with os.fdopen(fd, "rb") as src, atomic_writer(local) as dst:
+            with os.fdopen(fd, "rb") as src, atomic_writer(local, shared=True) as dst:
                 while b := src.read(1 << 20):
                     dst.write(b)
                     h.update(b)

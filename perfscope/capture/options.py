@@ -12,7 +12,7 @@ class TraceOptions:
     engine: str = "sglang"  # or "vllm"
     concurrency: int = 1
     input_len: int = 256
-    output_len: int = 256
+    output_len: int = 128
     timeout: float = 300.0  # for the whole wait for complete traces, per host
     http_timeout: float = 30.0
     api_key: str | None = field(default=None, repr=False)  # never written anywhere

@@ -247,7 +247,7 @@ def write_run(run_dir: str | Path, *, command: Iterable[str] = (), kind: str = "
         for k, v in extra.items():
             data.setdefault(k, v)
     path = run_dir / RUN_FILE
-    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n", shared=True)
     return path
 
 
@@ -262,7 +262,7 @@ def update_run(run_dir: str | Path, **fields: Any) -> Path:
         else:
             data[k] = v
     path = run_dir / RUN_FILE
-    atomic_write_text(path, json.dumps(_jsonable(data), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2) + "\n", shared=True)
     return path
 
 
@@ -294,7 +294,7 @@ def mark_incomplete(run_dir: str | Path, *, reason: str, command: Iterable[str] 
             "created": _now(), "kind": "trace", "status": "incomplete", "incomplete_reason": reason[:500],
             "command": list(command), "host": host, "engine": engine, "files": []}
     path = run_dir / RUN_FILE
-    atomic_write_text(path, json.dumps(_jsonable(data), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2) + "\n", shared=True)
     return path
 
 

@@ -79,6 +79,27 @@ def _console() -> Console:
     return rich_utils._get_rich_console()
 
 
+def _fold_option_help() -> None:
+    """An option's help that holds a word longer than its column (a URL, a path) folds onto the next
+    line instead of being cut with an ellipsis (rich's table default): the help column of typer's
+    option table is narrow on an 80-column screen."""
+    from typer import rich_utils
+
+    inner = rich_utils._get_parameter_help
+    if getattr(inner, "_folds", False):
+        return
+
+    def folded(*args, **kwargs):
+        cell = inner(*args, **kwargs)  # rich Columns of Text (help, default, required)
+        for item in getattr(cell, "renderables", None) or [cell]:
+            if hasattr(item, "overflow"):
+                item.overflow = "fold"
+        return cell
+
+    folded._folds = True
+    rich_utils._get_parameter_help = folded
+
+
 class Command(TyperCommand):
     """A perfscope command: its help ends with ``examples`` (set per command by :func:`command_class`)."""
 
@@ -86,6 +107,7 @@ class Command(TyperCommand):
 
     def format_help(self, ctx, formatter) -> None:
         _flags_as_flags(self, ctx)
+        _fold_option_help()
         super().format_help(ctx, formatter)
         if self.examples:
             _console().print(examples_panel(self.examples))

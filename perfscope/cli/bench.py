@@ -52,12 +52,29 @@ def _fmt(v, nd=2) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def tpot_spread(res) -> str:
+    """``TPOT median 5.05 ms, 95% CI 4.80-5.30, range 3.60-12.20 (n 8)``: how far one
+    measurement can be trusted before it is compared with another."""
+    from perfscope.analysis.change import median_interval, spread
+
+    xs = [r["tpot_ms"] for r in res.per_request if r.get("ok") and r.get("tpot_ms") is not None]
+    sp = spread(xs)
+    if not sp["n"]:
+        return "TPOT: no request measured"
+    line = f"TPOT median {_fmt(sp['median'])} ms"
+    iv = median_interval(xs)
+    if iv is not None:
+        line += f", 95% CI {_fmt(sp['median'] * (1 + iv[0]))}-{_fmt(sp['median'] * (1 + iv[1]))}"
+    line += f", range {_fmt(sp['min'])}-{_fmt(sp['max'])} (n {sp['n']}"
+    return line + ("; no CI under 3)" if iv is None else ")")
+
+
 def _table(res, label: str) -> Table:
     w = res.workload
     title = (f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
              f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}")
     caption = [f"output throughput {_fmt(res.throughput_tok_s, 1)} tok/s   duration {res.duration_s:.1f} s   "
-               f"failed {res.failed}", "TPOT = (latency - TTFT) / (output_tokens - 1)"]
+               f"failed {res.failed}", tpot_spread(res), "TPOT = (latency - TTFT) / (output_tokens - 1)"]
     # the table is at least as wide as its title and caption lines (rich clips that to the screen),
     # so they are not folded at the narrow table's edge ("failed" at the end of a line, "0" on the next)
     t = Table(title=title, title_justify="left", min_width=max(len(title), *map(len, caption)))

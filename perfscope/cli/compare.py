@@ -67,7 +67,11 @@ def command(
     la, lb = label_of(after), label_of(before)
     if la == lb:
         la, lb = f"{la} (after)", f"{lb} (before)"
-    c = compare(db, da, labels=(lb, la), configs=(cb, ca), top_ops=max(top, 15))
+    from perfscope.bench.store import tpot_samples
+
+    samples = tuple(tpot_samples(p) if p.is_dir() and d.timings.get("source") == "bench" else None
+                    for p, d in ((before, db), (after, da)))
+    c = compare(db, da, labels=(lb, la), configs=(cb, ca), top_ops=max(top, 15), tpot_samples=samples)
     if html is not None:
         from perfscope.report.html import render_compare, write_html
 

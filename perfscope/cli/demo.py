@@ -33,7 +33,7 @@ def command(
     """Run the whole loop on a small MLA decode server that carries SGLang's FP8 KV-cast bug: start it
     (CPU by default, needs the `demo` extra: torch), measure TPOT, trace it through its profiling API,
     diagnose the trace, apply the fp8-kv-cast fix to a scratch copy of its source, restart, measure
-    and trace again, and write an HTML before/after comparison. Takes under a minute on 2 CPU cores (24 s measured on this project's 2-core box)."""
+    and trace again, and write an HTML before/after comparison. Takes one to a few minutes on CPU, depending on the machine's cores and load."""
     if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise InputError(f"--device {device}: expected cpu, cuda or cuda:N")
     if strategy not in ("auto", "native", "pages"):
@@ -56,14 +56,22 @@ def command(
     console.rule("[bold]result")
     console.print(f"TPOT before: [bold]{s['tpot_ms_before']:.1f} ms[/]   after: [bold green]{s['tpot_ms_after']:.1f} ms[/]"
                   f"   ({s['speedup']:.1f}x faster)")
+    for key, what in (("tpot", "TPOT median"), ("step", "step median")):
+        ch = (s.get("change") or {}).get(key)
+        if ch:
+            from perfscope.analysis.change import describe
+
+            console.print(f"noise: {describe(ch, what)}", markup=False, soft_wrap=True)
     console.print(f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
                   f"{', '.join(s['findings_after']) or 'none'}")
     from perfscope.report.compare_terminal import prediction_line
 
     for pr in s.get("predictions") or []:
-        console.print(prediction_line(pr))
-    console.print(f"patch: {s['diff']}", markup=False)
-    console.print(f"HTML comparison: {s['html']}\nrun folders: {s['before']}  {s['after']}\n"
-                  f"took {s['seconds']:.0f} s")
+        console.print(prediction_line(pr), soft_wrap=True)
+    # paths whole, one line each, however long (a log folded at 80 columns cannot be pasted)
+    console.print(f"patch: {s['diff']}", markup=False, soft_wrap=True)
+    console.print(f"HTML comparison: {s['html']}", markup=False, soft_wrap=True)
+    console.print(f"run folders: {s['before']}  {s['after']}", markup=False, soft_wrap=True)
+    console.print(f"took {s['seconds']:.0f} s", markup=False)
     if json_out:
         jsonout.emit(s)

@@ -130,8 +130,9 @@ def command(
                              completed=done, total=total),
                          on_done=lambda done, total: prog.update(
                              task, description=f"analysed {done}/{total} trace files", completed=done, total=total))
-    if len(paths) == 1:
-        _fix_commands_with_trace(d, paths[0])
+    from perfscope.report.fixcmd import point_at
+
+    point_at(d, paths)
     if html is not None:
         from perfscope.report.html import write_diagnosis_html
 
@@ -140,7 +141,7 @@ def command(
         from perfscope.report.markdown import diagnosis_markdown
         from perfscope.util.files import atomic_write_text
 
-        atomic_write_text(markdown, diagnosis_markdown(d, top=top))
+        atomic_write_text(markdown, diagnosis_markdown(d, top=top), shared=True)
         err.print(f"markdown summary written: {markdown}", markup=False, highlight=False)
     if csv_dir is not None:
         from perfscope.report.markdown import write_csv
@@ -153,14 +154,3 @@ def command(
         terminal.render(d, Console(), top=top)
     gate(d.primary.findings, fail_on)
     return 0
-
-
-def _fix_commands_with_trace(d, path: Path) -> None:
-    """Each finding's "fix:" command reads this trace (``--trace``): the fix picks its value and
-    predicts the step from the finding, e.g. eager-decode's --cuda-graph-max-bs from the batch sizes."""
-    import shlex
-
-    for r in d.ranks:
-        for f in r.findings:
-            if f.get("fix") and f.get("fix_command"):
-                f["fix_command"] = f"perfscope fix {f['fix']} --trace {shlex.quote(str(path))}"

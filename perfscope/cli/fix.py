@@ -146,12 +146,13 @@ def command(
     expect_sha256: Optional[str] = typer.Option(None, "--expect-sha256", help="Refuse unless the target still has this sha256 (from an earlier check)."),
     force: bool = typer.Option(False, "--force", help="--revert even if the file changed after the patch."),
     probe: bool = typer.Option(False, "--probe", help="Run a tiny plan/run of the chosen kernel on the host's GPU first and compare with the cast path."),
-    restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy."),
+    restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy. After --revert: restart it with CMD (the original takes effect) and wait healthy."),
     health_timeout: float = typer.Option(900.0, "--health-timeout", help="With --restart-cmd: seconds from starting CMD until /health must answer (each restart)."),
     out: Optional[Path] = _paths.out_option("--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
-    bench_output_len: int = typer.Option(64, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
-    bench_requests: int = typer.Option(4, "--bench-requests", min=1, help="With --restart-cmd: measured requests (after 1 warm-up), before and after."),
+    bench_output_len: int = typer.Option(128, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
+    bench_requests: int = typer.Option(8, "--bench-requests", min=1, help="With --restart-cmd: measured requests per round (after 1 warm-up); rounds go on while the keep-or-revert decision needs them."),
+    bench_max_requests: int = typer.Option(32, "--bench-max-requests", min=1, help="With --restart-cmd: at most this many measured requests per side; the change still undecided then: exit 1, the patch stays applied."),
     max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
@@ -176,7 +177,9 @@ def command(
     the command line the server was started with are printed, nothing is written. --trace RUN lets
     the fix pick its value from the finding (e.g. --cuda-graph-max-bs from the batch sizes seen).
     With --restart-cmd the change is reverted (and the server restarted again) when the server is
-    unhealthy or TPOT is more than --max-slowdown slower.
+    unhealthy or TPOT is surely more than --max-slowdown slower: kept or reverted on the bootstrap
+    interval of the TPOT median's change, measured in rounds of --bench-requests until that interval
+    decides (at most --bench-max-requests per side), never on one noisy number.
 
     Examples:
 
@@ -190,8 +193,10 @@ def command(
       # byte for byte
       perfscope fix eager-decode --host gpu-box --launch-file run.sh --revert
 
-    Exit codes: 0 ok, 1 verification failed (server unhealthy after --restart-cmd: patch reverted),
-    2 bad input, 3 host or server failure, 4 refused (nothing changed)."""
+    Exit codes: 0 ok, 1 verification failed (after --restart-cmd: unhealthy or surely slower, the patch
+    reverted; or the change undecided at --bench-max-requests, the patch left applied),
+    2 bad input, 3 host or server failure, 4 refused or does not apply here (skipped; nothing changed;
+    a --revert with nothing to revert exits 0)."""
     from perfscope.fixengine import engine
     from perfscope.fixengine.registry import get
 
@@ -209,8 +214,8 @@ def command(
         raise InputError("--apply and --revert exclude each other")
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
-    if restart_cmd is not None and not apply_:
-        raise InputError("--restart-cmd goes with --apply")
+    if restart_cmd is not None and not (apply_ or revert_):
+        raise InputError("--restart-cmd goes with --apply or --revert")
     if restart_cmd is not None and not restart_cmd.strip():
         raise InputError("--restart-cmd is empty")
     if out is not None and restart_cmd is None:
@@ -277,20 +282,27 @@ def command(
                     return _finish(rep0, json_out)
         if revert_:
             rep = engine.revert(fix, fhost, req, env)
+            if rep.outcome.kind == "reverted":
+                from perfscope.fixengine.restart import after_revert
+
+                after_revert(fhost, req, rep, restart_cmd, health_timeout, launch=fix.kind == "launch",
+                             log=lambda m: err.print(m, markup=False))
         elif apply_:
             if restart_cmd:
                 from perfscope.fixengine.restart import BenchSpec, apply_with_restart
 
                 rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
-                                                         num_requests=bench_requests), max_slowdown=max_slowdown,
+                                                         num_requests=bench_requests,
+                                                         max_requests=max(bench_max_requests, bench_requests)),
+                                         max_slowdown=max_slowdown,
                                          log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
         else:
             rep, _, _ = engine.plan(fix, fhost, req, env)
         rep.extra.update(extra)
-        return _finish(rep, json_out)
+        return _finish(rep, json_out, revert=revert_)
 
 
 def _trace_facts(trace: Path) -> dict:
@@ -322,8 +334,12 @@ def _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, acc
     return SSHFixHost(session)
 
 
-def _finish(rep, json_out: bool) -> int:
+def _finish(rep, json_out: bool, revert: bool = False) -> int:
+    """Print the report; a fix that was refused, does not apply (skipped; a --revert with nothing
+    to revert is not that: exit 0) or failed ends as one error line with its exit code, said once."""
     out = Console(highlight=False, soft_wrap=True)
+    kind = rep.outcome.kind
+    ends_in_error = kind in ("refused", "failed") or (kind == "skipped" and not revert)
     if json_out:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
     else:
@@ -349,12 +365,14 @@ def _finish(rep, json_out: bool) -> int:
             out.print(f"note: {n}", markup=False)
         if rep.diff and rep.outcome.kind == "checked":
             sys.stdout.write(term(rep.diff, keep="\n\t"))  # the host's file: no control character reaches the terminal
-        out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
+        if not ends_in_error:  # the error line below says it
+            out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
         if rep.outcome.kind == "checked" and rep.sha256_before:
             out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)
-    kind = rep.outcome.kind
     if kind == "refused":
         raise FixRefused(f"{rep.fix} refused, nothing changed: {rep.outcome.reason}")
+    if kind == "skipped" and not revert:
+        raise FixRefused(f"{rep.fix} does not apply here, nothing changed (skipped: {rep.outcome.reason})")
     if kind == "failed":
         raise GateFailed(f"{rep.fix} failed: {rep.outcome.reason}")
     return 0

@@ -55,5 +55,8 @@ def command(
     cfg = _load_config(config)
     out = output or _paths.resolve(default_output(paths))
     d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
+    from perfscope.report.fixcmd import point_at
+
+    point_at(d, paths)
     write_diagnosis_html(out, d, cfg, announce=Console(stderr=True))
     return 0

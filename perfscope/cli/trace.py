@@ -115,7 +115,7 @@ def command(
                                                  "(default: on for SGLang 0.4.7+)."),
     profile_prefix: Optional[str] = typer.Option(None, "--profile-prefix", metavar="PREFIX",
                                                  help="SGLang 0.5.10+: start the trace file names with PREFIX "
-                                                      "(PREFIX-<id>-TP-<rank>...trace.json.gz)."),
+                                                      "(then the run id, TP rank and the rest of SGLang's name)."),
     gpu_only: bool = typer.Option(False, "--gpu-only",
                                   help="SGLang on a GPU: record GPU activity only (kernels and CUDA runtime calls, "
                                        "no CPU ops, stacks or shapes), so the host's timeline carries almost none of "
@@ -123,7 +123,7 @@ def command(
                                        "own time per step."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Parallel request streams while profiling."),
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
-    output_len: int = typer.Option(256, "--output-len", min=1, help="Generated tokens per request (ignore_eos); requests still streaming when the traces are complete are cut."),
+    output_len: int = typer.Option(128, "--output-len", min=1, help="Generated tokens per request (ignore_eos; 128, as bench and fix --bench-output-len); requests still streaming when the traces are complete are cut."),
     timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
     bench: int = typer.Option(0, "--bench", min=0, metavar="N",

@@ -19,7 +19,14 @@ The sequence:
    must not be the one that served before CMD (a CMD that failed to stop the old server leaves
    it answering, and the new one cannot bind the port);
 5. measure again: ``after/bench.json``. A benchmark that fails counts as an unhealthy server;
-6. unhealthy, or slower than before by more than ``max_slowdown`` (TPOT median; default 10%):
+6. decide on the change of the TPOT median and its bootstrap interval
+   (:mod:`perfscope.analysis.change`), never on one noisy number: both sides are measured in
+   rounds of ``num_requests`` (the same prompts round by round), BEFORE until its median is known
+   to +-5%, AFTER until the interval of the change lies wholly above ``max_slowdown`` (slower:
+   revert) or wholly at or below it (keep), each side at most ``max_requests``. Undecided at the
+   bound: the patch stays, the record says so, and the command ends ``Failed`` (exit 1) with the
+   interval, for the user to decide (``--revert`` undoes it);
+7. unhealthy, or surely slower than before by more than ``max_slowdown`` (default 10%):
    revert the file byte for byte, run CMD again and wait again (the same bound), and end
    ``Failed`` with one line saying what happened and whether the server answers again.
 
@@ -57,21 +64,53 @@ class BenchSpec:
     """The workload measured before and after (fixed prompts: the two runs compare)."""
 
     input_len: int = 256
-    output_len: int = 64
-    num_requests: int = 4
+    output_len: int = 128
+    num_requests: int = 8  # one round; more rounds while the decision needs them
     warmup: int = 1
     concurrency: int = 1
+    max_requests: int = 32  # per side, all rounds together
 
 
-def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None):
-    from perfscope.bench.core import measure
+def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None, enough=None):
+    from perfscope.bench.core import measure_until
     from perfscope.capture.vocab import is_loopback_url, token_ids
 
     # prompt ids inside the model's vocabulary: its config.json, read where the server runs
     io = getattr(host, "io", None) if host is not None and (host.remote or is_loopback_url(client.base_url)) else None
     ids, _ = token_ids(info, io)
-    return measure(client, input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency,
-                   num_requests=spec.num_requests, warmup=spec.warmup, server_info=info, ids=ids)
+    return measure_until(client, enough, input_len=spec.input_len, output_len=spec.output_len,
+                         concurrency=spec.concurrency, num_requests=spec.num_requests,
+                         max_requests=max(spec.max_requests, spec.num_requests), warmup=spec.warmup,
+                         server_info=info, ids=ids)
+
+
+def _before_known(tpots: list[float]) -> bool:
+    """BEFORE's median is known well enough to decide against: to +-NOISE."""
+    from perfscope.analysis.change import NOISE, median_interval
+
+    iv = median_interval(tpots)
+    return iv is not None and max(-iv[0], iv[1]) <= NOISE
+
+
+def decide(before: list[float], after: list[float], max_slowdown: float) -> tuple[Optional[str], dict]:
+    """("revert" | "keep" | None: undecided, the change with its interval). Revert only when the
+    whole interval of the TPOT median's change lies above ``max_slowdown``; keep only when it
+    lies wholly at or below it."""
+    from perfscope.analysis.change import median_change
+
+    c = median_change(before, after)
+    if not c.get("interval"):
+        return None, c
+    lo, hi = c["interval"]
+    if lo > max_slowdown:
+        return "revert", c
+    if hi <= max_slowdown:
+        return "keep", c
+    return None, c
+
+
+def _samples(res) -> list[float]:
+    return [r["tpot_ms"] for r in res.per_request if r.get("ok") and r.get("tpot_ms") is not None]
 
 
 def _store(folder: Path, res, url: str, host: FixHost, info: dict, argv: list[str]) -> dict:
@@ -154,7 +193,8 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     t0 = time.monotonic()
     client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
     argv = ["perfscope", "fix", fix.id, "--apply", "--restart-cmd", cmd, "--bench-input-len", str(spec.input_len),
-            "--bench-output-len", str(spec.output_len), "--bench-requests", str(spec.num_requests)]
+            "--bench-output-len", str(spec.output_len), "--bench-requests", str(spec.num_requests),
+            "--bench-max-requests", str(spec.max_requests)]
 
     # 1. check: only a patch that will be written is worth measuring and restarting for
     rep, after_bytes, _ = engine.plan(fix, host, req, env)
@@ -172,8 +212,8 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         b, a = record["tpot_ms_before"], record["tpot_ms_after"]
         record["speedup"] = round(b / a, 2) if b and a else None
         rep.extra["restart"] = record
-        atomic_write_text(out / RESTART_FILE, json.dumps(record, indent=2, default=str) + "\n")
-        atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
+        atomic_write_text(out / RESTART_FILE, json.dumps(record, indent=2, default=str) + "\n", shared=True)
+        atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n", shared=True)
         return rep
 
     if after_bytes is None:
@@ -182,16 +222,18 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
 
     # 2. before
     info = client.server_info()
-    log(f"measuring before the patch ({spec.num_requests} requests, in={spec.input_len} out={spec.output_len}) ...")
-    res = _measure(client, info, spec, host)
+    log(f"measuring before the patch (rounds of {spec.num_requests} requests until its TPOT median is known to "
+        f"+-5%, at most {max(spec.max_requests, spec.num_requests)}; in={spec.input_len} out={spec.output_len}) ...")
+    res = _measure(client, info, spec, host, _before_known)
     record["before"] = _store(out / "before", res, client.base_url, host, info, argv)
+    record["before_samples_ms"] = _samples(res)
 
     # 3. apply, refused if the file changed while we measured
     areq = dataclasses.replace(req, expect_sha256=req.expect_sha256 or rep.sha256_before)
     rep = engine.apply(fix, host, areq, env)
     if rep.outcome.kind != "applied":
         return finish(rep)
-    atomic_write_text(out / "fix.diff", rep.diff or "")
+    atomic_write_text(out / "fix.diff", rep.diff or "", shared=True)
     try:
         return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out,
                                    health_timeout, log, max_slowdown)
@@ -212,28 +254,39 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
     if ok:
         try:
             info2 = client.server_info()
-            log("healthy; measuring after the patch ...")
-            res2 = _measure(client, info2, spec, host)
+            log("healthy; measuring after the patch (rounds until the change is decided) ...")
+            before = record["before_samples_ms"]
+            res2 = _measure(client, info2, spec, host, lambda a: decide(before, a, max_slowdown)[0] is not None)
         except PerfscopeError as e:
             ok, why = False, f"healthy, but the benchmark failed: {e}"
         else:
             record["after"] = _store(out / "after", res2, client.base_url, host, info2, argv)
+            record["after_samples_ms"] = _samples(res2)
     record["healthy"] = ok
     slower = False
     if ok:
-        b, a = _tpot(record["before"]), _tpot(record["after"])
-        gain = getattr(fix, "keep_only_if_faster", 0.0)  # the fix is kept only when TPOT drops beyond the noise
-        if b and a and a > b * (1.0 + max_slowdown):
+        from perfscope.analysis.change import describe
+
+        # a fix kept only when it is faster beyond the noise (keep_only_if_faster: a fraction) decides
+        # against that gain; any other against --max-slowdown
+        gain = getattr(fix, "keep_only_if_faster", 0.0)
+        decision, c = decide(record["before_samples_ms"], record["after_samples_ms"], -gain if gain else max_slowdown)
+        record["change"] = c
+        record["decision"] = decision or "undecided"
+        said = describe(c)
+        if decision == "revert":
             slower = True
-            why = (f"TPOT median {b:.2f} ms -> {a:.2f} ms: {a / b - 1:.0%} slower, more than --max-slowdown "
-                   f"{max_slowdown:.0%}")
-        elif gain and b and a and a > b * (1.0 - gain):
-            slower = True
-            why = (f"TPOT median {b:.2f} ms -> {a:.2f} ms: not faster by more than {gain:.0%} (the noise); "
-                   f"{fix.id} keeps its change only when it is")
+            why = (f"{said}; not faster by more than {gain:.0%}: {fix.id} keeps its change only when it is" if gain
+                   else f"{said}; surely more than --max-slowdown {max_slowdown:.0%} slower")
+        elif decision == "keep":
+            rep.notes.append(f"{said}; kept (" + (f"faster by more than {gain:.0%}" if gain else
+                             f"not more than --max-slowdown {max_slowdown:.0%} slower") + f"); run folder {out}")
+            return finish(rep)
         else:
-            if b and a:
-                rep.notes.append(f"TPOT median {b:.2f} ms -> {a:.2f} ms ({b / a:.2f}x faster); run folder {out}")
+            rep.outcome = Failed(
+                f"undecided after {c['before']['n']} + {c['after']['n']} requests: {said}; the interval spans "
+                f"--max-slowdown {max_slowdown:.0%}, so the patch is neither kept on this evidence nor reverted: "
+                f"it stays applied (measure again with perfscope bench; perfscope fix {fix.id} --revert undoes it)")
             return finish(rep)
     record["slower"] = slower
 
@@ -257,3 +310,28 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         f"{what} ({why}); the patch was reverted byte for byte "
         "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now"))
     return finish(rep)
+
+
+def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd: Optional[str],
+                 health_timeout: float, *, launch: bool, log: Callable[[str], None] = print) -> None:
+    """After a revert: restart the server with ``cmd`` and wait healthy (the original takes
+    effect), or say that the running server still runs what the fix changed."""
+    what = "flags" if launch else "code"
+    if not cmd:
+        rep.notes.append(f"the running server still has the fix's {what} (it was started before this revert): "
+                         f"restart it, or pass --restart-cmd CMD, for the original {what} to take effect")
+        return
+    from perfscope.capture.sglang_api import SGLangClient
+
+    if not req.server_url:
+        raise InputError("--restart-cmd needs the server's HTTP API to see it healthy again: --url (local) "
+                         "or --host with --port")
+    client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
+    log(f"restarting the server with the original {what}: {cmd} (healthy within {health_timeout:g}s)")
+    ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
+    rep.extra["restart"] = {"restart_cmd": cmd, "healthy": ok, "why": why or None}
+    if ok:
+        rep.notes.append(f"the server was restarted ({cmd}) and answers /health: it runs the original {what}")
+    else:
+        rep.outcome = Failed(f"{rep.path} was reverted byte for byte, but the restart failed ({why}): the server "
+                             f"may still run the fix's {what}, or not run at all: look at it now")

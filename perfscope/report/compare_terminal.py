@@ -7,8 +7,18 @@ from typing import Optional
 from rich.panel import Panel
 from rich.table import Table
 
+from perfscope.analysis.change import describe as describe_change
 from perfscope.report.escape import Console, markup as escape
 from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
+from perfscope.report.wording import per_step_count as _count
+
+
+def moved_line(m: dict) -> str:
+    """What ``moved_together`` says: which ops moved, how far, why it matters."""
+    return (f"{m['ops']} of {m['of_ops']} ops the fix was not expected to change moved together, "
+            f"{m['median_factor']:.2f}x {m['direction']} per launch ({m['share_of_time']:.0%} of their time; e.g. "
+            f"{', '.join(m['examples'])}): the machine's load or clocks changed, and the step's change is not all "
+            "the fix's")
 
 
 def _signed(x: Optional[float]) -> str:
@@ -21,8 +31,6 @@ def _signed(x: Optional[float]) -> str:
     return f"[{colour}]{s}{_fmt_ms(abs(x))}[/]"
 
 
-def _count(n: Optional[float]) -> str:
-    return "-" if n is None else f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.2g}"
 
 
 def prediction_line(pr: dict) -> str:
@@ -41,7 +49,11 @@ def prediction_line(pr: dict) -> str:
         line += (f"; kernels it assumed unchanged moved {d:+.2f} ms/step (largest {escape(str(top.get('short')))} "
                  f"{top.get('delta_ms', 0):+.2f})")
         if pr.get("error_with_measured_kernels_pct") is not None:
-            line += f": with their measured times the error is {pr['error_with_measured_kernels_pct']:+.1f}%"
+            e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
+            line += f": with their measured times the error is {e:+.1f}%"
+            if abs(e) > abs(e0):
+                line += (f" (larger than {e0:+.1f}%: the kernels' move had offset part of the step model's own "
+                         "error, which this shows alone)")
     if pr.get("host_work_added"):
         hb, ha = pr["host_step_ms"]
         line += f"; the fix added host work: the CPU step took {_fmt_ms(hb)} ms before, {_fmt_ms(ha)} ms after"
@@ -77,6 +89,12 @@ def header(c: dict) -> Panel:
         t = c["tpot"]
         r = f"   ratio {t['ratio']:.3f}" if t.get("ratio") is not None else ""
         lines.append(f"TPOT (client): [bold]{_fmt_ms(t['before_ms'])} -> {_fmt_ms(t['after_ms'])} ms[/]{r}")
+    for key, what in (("step", "step median"), ("tpot", "TPOT median")):
+        ch = (c.get("change") or {}).get(key)
+        if ch:
+            lines.append(f"[dim]noise:[/] {escape(describe_change(ch, what))}")
+    if c.get("moved_together"):
+        lines.append(f"[bold yellow]the machine changed between runs?[/] {escape(moved_line(c['moved_together']))}")
     for pr in c.get("predictions") or []:
         lines.append(prediction_line(pr))
     if c["setup"]["differs"]:

@@ -15,7 +15,6 @@ it) whatever the trace's size.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
@@ -28,7 +27,8 @@ from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.terminal import _fmt_ms, op_where
-from perfscope.report.wording import evidence_pairs, gpu_arch, graph_word, ms_range, predicted_range, prediction_basis
+from perfscope.report.wording import (evidence_pairs, gpu_arch, graph_word, ms_range, predicted_range,
+                                     prediction_basis, per_step_count as count, saving_note)
 from perfscope.util.files import atomic_write_text, resource_dir
 
 # One colour per bucket (the hues of the terminal's BUCKET_STYLE), and the idle gaps.
@@ -179,10 +179,30 @@ def op_columns(o: dict, graph: str = "CUDA graph") -> dict:
     }
 
 
-def count(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    return f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.2g}"
+def code_spans(text: Any):
+    """``text`` escaped, its Markdown code spans (`x`) as <code> (the rules write their summaries
+    and remedies for the terminal and Markdown too): no raw backticks on the page."""
+    import re
+
+    from markupsafe import Markup, escape
+
+    return Markup(re.sub(r"`([^`\n]+)`", r"<code>\1</code>", str(escape("" if text is None else text))))
+
+
+def plain_lines(c: dict) -> dict:
+    """What the terminal's compare header says beyond the numbers, as plain text: the noise of each
+    side and the change's verdict, the machine check, predicted vs measured per finding."""
+    from rich.text import Text
+
+    from perfscope.analysis.change import describe
+    from perfscope.report.compare_terminal import moved_line, prediction_line
+
+    noise = [describe(ch, what) for key, what in (("step", "step median"), ("tpot", "TPOT median"))
+             if (ch := (c.get("change") or {}).get(key))]
+    return {"noise": noise, "moved": moved_line(c["moved_together"]) if c.get("moved_together") else None,
+            "predictions": [Text.from_markup(prediction_line(pr)).plain for pr in c.get("predictions") or []]}
+
+
 
 
 def op_table_columns(ops: list[dict]) -> dict:
@@ -213,7 +233,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
     m = p.meta
     run = d.run or {}
     timings = d.timings
-    top = max(p.findings, key=lambda f: f.get("ms_per_step") or 0.0) if p.findings else None
+    top = p.findings[0] if p.findings else None  # the verdict's finding, as the terminal and Markdown show it
     gpus = run.get("gpu") or []
     return {
         "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)
@@ -234,6 +254,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
         "tpot_ms": timings.get("tpot_ms"),
         "ttft_ms": timings.get("ttft_ms"),
         "top": top,
+        "cpu": p.steps.get("analysed_on") == "cpu-ops",  # a CPU-only trace: no GPU, no GPU idle
     }
 
 
@@ -265,8 +286,9 @@ def _env():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root / "templates")),
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value)
-    env.globals.update(predicted_range=predicted_range, prediction_basis=prediction_basis, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
+    env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value,
+                       code=code_spans)
+    env.globals.update(saving_note=saving_note, predicted_range=predicted_range, prediction_basis=prediction_basis, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
                        bucket_order=BUCKETS)
     return env
 
@@ -309,7 +331,9 @@ def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
                                 for r, lab in zip(dg.ranks, rank_labels(dg.ranks)[0])]
                          for side, dg in (("before", before), ("after", after))}}
     ranks_title = rank_labels(before.ranks)[1] if len(before.ranks) >= len(after.ranks) else rank_labels(after.ranks)[1]
+    cpu = all(cmp[k].get("analysed_on") == "cpu-ops" for k in ("before", "after"))
     return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], per_rank=data["per_rank"],
+                   said=plain_lines(cmp), cpu=cpu,
                    title=f"{cmp['before']['label']} vs {cmp['after']['label']}", ranks_title=ranks_title)
 
 
@@ -318,13 +342,8 @@ def write_html(path: str | Path, html: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder; give the report's file name (e.g. {path / 'report.html'})")
-    mode = None
-    if not path.exists():  # a report is for sharing: the usual 0644 (less the umask), not mkstemp's 0600
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    try:
-        return atomic_write_text(path, html, mode=mode)
+    try:  # a report is for sharing: the umask's mode, as for every file perfscope writes for the user
+        return atomic_write_text(path, html, shared=True)
     except OSError as e:
         raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from None
 

@@ -33,6 +33,10 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
         cmds = fix_commands(d, f)
         if cmds:
             line += f" Fix: {_code(cmds[0])} (check + diff), then {_code(cmds[1])}."
+            from perfscope.report.fixcmd import where
+
+            if where(d):
+                line += f" ({where(d)[0].upper() + where(d)[1:]}.)"
         elif f.get("remedy"):
             line += f" Remedy: {_text(f['remedy'])}"
         rng = wording.predicted_range(f)
@@ -42,6 +46,9 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms"
                      + (f" (range {wording.ms_range(rng)})" if rng[0] < rng[1] else "")
                      + f", {s['median_ms'] / pred:.1f}x faster" + (f"; {basis}" if basis else "") + ".")
+            why = wording.saving_note(f, s.get("median_ms"))
+            if why:
+                line += f" ({_text(why[0].upper() + why[1:])}.)"
         out += [line, ""]
     else:
         out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
@@ -60,7 +67,7 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     out += ["", f"**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
     for o in p.ops[:top]:
         out.append(f"| {_code(o['short'], in_table=True)} | {_text(o['bucket'])} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
-                   f"{o['count_per_step']:.0f} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
+                   f"{wording.per_step_count(o['count_per_step'])} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
     if p.findings:
         out += ["", "**Findings**", ""]
         for f in p.findings:
@@ -96,14 +103,14 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
     for b, v in sorted(p.buckets.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         rows.append([b, round(v["ms_per_step"], 6), round(v["share"], 6)])
     rows.append(["(idle in step)", round(p.idle_ms_per_step or 0.0, 6), ""])
-    written = [atomic_write_text(folder / "buckets.csv", _csv(rows))]
+    written = [atomic_write_text(folder / "buckets.csv", _csv(rows), shared=True)]
     rows = [["rank", "op", "bucket", "sub", "ms_per_step", "share", "count_per_step", "launched_by", "name"]]
     for r in d.ranks:
         for o in r.ops:
             rows.append([r.rank if r.rank is not None else "", o["short"], o["bucket"], o.get("sub") or "",
                          round(o["ms_per_step"], 6), round(o["share"], 6), round(o["count_per_step"], 3),
                          op_where(o, wording.graph_word(r.meta)), o.get("name", "")])
-    written.append(atomic_write_text(folder / "ops.csv", _csv(rows)))
+    written.append(atomic_write_text(folder / "ops.csv", _csv(rows), shared=True))
     if len(d.ranks) > 1:
         buckets = sorted({b for r in d.ranks for b in r.buckets})
         rows = [["rank", "stage", "steps", "median_ms", "idle_ms_per_step", *[f"{b}_ms_per_step" for b in buckets]]]
@@ -111,5 +118,5 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
             rows.append([r.rank if r.rank is not None else "", r.stage or "", r.steps.get("count"),
                          r.steps.get("median_ms"), r.idle_ms_per_step,
                          *[round((r.buckets.get(b) or {}).get("ms_per_step", 0.0), 6) for b in buckets]])
-        written.append(atomic_write_text(folder / "ranks.csv", _csv(rows)))
+        written.append(atomic_write_text(folder / "ranks.csv", _csv(rows), shared=True))
     return written

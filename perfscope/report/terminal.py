@@ -33,22 +33,12 @@ def _plural(n: int, word: str) -> str:
 
 
 def fix_commands(d: Diagnosis, f: dict) -> Optional[tuple[str, str]]:
-    """(check command, apply command) for a finding's fix module, aimed at the server the trace came
-    from when the run folder names it (``--host``, and ``--port`` when not SGLang's default)."""
-    if not f.get("fix"):
-        return None
-    run = d.run or {}
-    head = f"perfscope fix {f['fix']}"
-    check = f.get("fix_command") or head  # the finding's own check (diagnose adds --trace RUN)
-    rest = check[len(head):] if check.startswith(head) else ""
-    host = run.get("host")
-    if host:
-        head += f" --host {host}"
-    port = (run.get("server_info") or {}).get("port")
-    if host and isinstance(port, int) and port != 30000:
-        head += f" --port {port}"
-    cmd = head + rest
-    return cmd, cmd + " --apply"
+    """(check command, apply command) for a finding's fix module: :func:`perfscope.report.fixcmd.command`,
+    the one every renderer prints."""
+    from perfscope.report.fixcmd import command
+
+    cmd = command(d, f)
+    return (cmd, cmd + " --apply") if cmd else None
 
 
 def share_of(f: dict, cpu: bool = False) -> str:
@@ -113,7 +103,9 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
             body.append("fix:   [bold]the command under this box[/] [dim](one line, as long as it is)[/]")
         body.append("[dim]       (shows the diff, changes nothing; then add --apply)[/]")
         if remote:
-            body.append("[dim]       (a remote server: add --host HOST)[/]")
+            from perfscope.report.fixcmd import where
+
+            body.append(f"[dim]       ({escape(where(d, short=True) or '')})[/]")
     elif f.get("remedy"):
         body.append(f"remedy: {escape(f['remedy'])}")
     pred = f.get("predicted_step_ms_after_fix")
@@ -128,6 +120,9 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
         basis = wording.prediction_basis(f)
         if basis and ((f.get("evidence") or {}).get("prediction") or {}).get("bound") == "host":
             body.append(f"[dim]       ({basis})[/]")  # host-bound: what the point is made of
+        why = wording.saving_note(f, step_ms)
+        if why:
+            body.append(f"[dim]       ({escape(why)})[/]")
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{escape(x['id'])} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
     return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
@@ -243,7 +238,7 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
         where = op_where(o, wording.graph_word(p.meta))
         cell = f"[bold]{escape(o['short'])}[/]" + (f"\n[dim]  {escape(where)}[/]" if where else "")
         t.add_row(cell, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["ms_per_step"]), f"{o['share']:.1%}",
-                  f"{o['count_per_step']:.0f}")
+                  wording.per_step_count(o["count_per_step"]))
     return t
 
 
@@ -317,10 +312,39 @@ def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
            f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"]
     for o in rows:
         tf = f", {o['achieved_tflops']:.1f} TFLOP/s" if o["flops"] else ""
-        out.append(f"[dim]    {escape(str(o['name'])[:48])}: {o['achieved_tb_s']:.2f} TB/s "
+        out.append(f"[dim]    {escape(_cut_name(str(o.get('short') or o['name'])))}: {o['achieved_tb_s']:.2f} TB/s "
                    f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
                    f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
     return out
+
+
+def _cut_name(name: str, limit: int = 48) -> str:
+    """A kernel name cut at a word boundary (``_``, space, ``<``, ``:``) before ``limit``, with an
+    ellipsis; never mid-word."""
+    if len(name) <= limit:
+        return name
+    cut = max(name.rfind(ch, 0, limit) for ch in ("_", " ", "<", ":", ","))
+    return (name[:cut] if cut > limit // 2 else name[:limit]) + "…"
+
+
+def hanging(markup: str):
+    """A line whose leading spaces stay the indent of every line it wraps onto (rich folds a long
+    line back to column 0)."""
+    from rich.table import Table as _Grid
+
+    body = markup.lstrip(" ")
+    style = ""
+    if markup.startswith("[dim]") and markup.endswith("[/]"):  # the style wraps the whole line
+        style, body = "dim", markup[len("[dim]"):-len("[/]")]
+    indent = len(body) - len(body.lstrip(" "))
+    body = body.lstrip(" ")
+    if not indent:
+        return markup
+    g = _Grid.grid(padding=0)
+    g.add_column(width=indent, no_wrap=True)
+    g.add_column(style=style)
+    g.add_row("", body)
+    return g
 
 
 def floor_lines(p: RankAnalysis) -> list[str]:
@@ -381,12 +405,12 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         t.add_column("ms/step", justify="right")
         t.add_column("n/step", justify="right")
         for o in p.cpu_ops[:top]:
-            t.add_row(escape(o["name"]), _fmt_ms(o["ms_per_step"]), f"{o['count_per_step']:.0f}")
+            t.add_row(escape(o["name"]), _fmt_ms(o["ms_per_step"]), wording.per_step_count(o["count_per_step"]))
         c.print(t)
     else:
         c.print(bucket_table(p))
         for line in floor_lines(p) + roofline_lines(p):
-            c.print(line)
+            c.print(hanging(line))
         c.print(ops_table(p, top))
     rt = ranks_table(d)
     if rt is not None:

@@ -45,6 +45,36 @@ def prediction_basis(f: dict) -> Optional[str]:
     return f"GPU work ~{ms(gpu)} ms; the host's own work ~{ms(host.get('point'))} ms per step ({src}): {bound}"
 
 
+def per_step_count(n: Optional[float]) -> str:
+    """A count per step: whole numbers as such, a fraction (an op in some steps only: 0.4 per step)
+    with two digits, never rounded to 0."""
+    if n is None:
+        return "-"
+    return f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.2g}"
+
+
+def saving_note(f: dict, step_ms: Optional[float]) -> Optional[str]:
+    """Why a finding's cost and its predicted saving differ, when they do (None: they agree within
+    20%). A cost between steps (a share of the step cycle) comes off the cycle, not off the step;
+    anything else: the step model replays the step without it, and the rest is hidden."""
+    pred = f.get("predicted_step_ms_after_fix")
+    cost = f.get("ms_per_step")
+    if not isinstance(pred, (int, float)) or pred <= 0 or not step_ms or not isinstance(cost, (int, float)) \
+            or cost <= 0:
+        return None
+    saving = step_ms - pred
+    if abs(saving - cost) <= 0.2 * cost:
+        return None
+    ev = f.get("evidence") or {}
+    cycle, gap = ev.get("step_cycle_ms"), ev.get("gap_between_steps_ms")
+    if f.get("share_of") == "the step cycle" and isinstance(cycle, (int, float)) and isinstance(gap, (int, float)):
+        return (f"the {ms(cost)} ms it costs is mostly between steps ({ms(gap)} ms): it comes off the step cycle "
+                f"({ms(cycle)} ms -> ~{ms(cycle - cost)} ms), while the step itself saves only its "
+                f"{ms(max(saving, 0.0))} ms inside")
+    return (f"the step saves {ms(max(saving, 0.0))} ms of the {ms(cost)} ms this costs: the prediction replays "
+            "the step without it, and the rest is hidden behind other work")
+
+
 def ms_range(r: tuple[float, float]) -> str:
     """'1.02-2.79' or '6.42' (a point)."""
     return ms(r[0]) if r[0] == r[1] else f"{ms(r[0])}-{ms(r[1])}"

@@ -132,15 +132,26 @@ def _resolve(path: Path) -> Path:
     return path
 
 
+def umask_mode() -> int:
+    """0666 less the process umask: the mode ``open()`` gives a new file (mkstemp gives 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike, mode: int | None = None,
-                  tmp_dir: str | os.PathLike | None = None) -> Iterator[IO[bytes]]:
+                  tmp_dir: str | os.PathLike | None = None, shared: bool = False) -> Iterator[IO[bytes]]:
     """A binary file object for ``path`` written by the rules in the module docstring; the new
     content replaces the old only when the ``with`` block ends without an exception.
 
     ``tmp_dir``: where the temporary file lives, when it is on the target's file system (else the
     target's folder): the fix engine keeps it in its state folder, so that a kill at any moment
-    leaves no stray file in a package folder."""
+    leaves no stray file in a package folder.
+
+    ``shared``: a file for the user (a report, a run folder's files, a trace): a new one gets the
+    mode the umask gives (:func:`umask_mode`), as any file the user's tools write, not mkstemp's
+    0600; an existing one keeps its mode either way."""
     target = _resolve(Path(path))
     try:
         st = os.stat(target)
@@ -154,6 +165,8 @@ def atomic_writer(path: str | os.PathLike, mode: int | None = None,
     target.parent.mkdir(parents=True, exist_ok=True)
     if mode is None and st is not None:
         mode = st.st_mode & 0o7777
+    elif mode is None and shared:
+        mode = umask_mode()
     where = target.parent
     if tmp_dir is not None:
         with contextlib.suppress(OSError):
@@ -175,15 +188,15 @@ def atomic_writer(path: str | os.PathLike, mode: int | None = None,
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None,
-                       tmp_dir: str | os.PathLike | None = None) -> Path:
+                       tmp_dir: str | os.PathLike | None = None, shared: bool = False) -> Path:
     """Write ``data`` to ``path`` with :func:`atomic_writer`; returns ``path``."""
-    with atomic_writer(path, mode=mode, tmp_dir=tmp_dir) as f:
+    with atomic_writer(path, mode=mode, tmp_dir=tmp_dir, shared=shared) as f:
         f.write(data)
     return Path(path)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None, shared: bool = False) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode, shared=shared)
 
 
 def resource_dir(name: str) -> Path:

@@ -4,6 +4,9 @@
   var DATA = JSON.parse(document.getElementById("perfscope-data").textContent);
   var COLORS = DATA.bucket_colors, ORDER = DATA.bucket_order, IDLE = DATA.idle_color;
   var CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+  /* a CPU-only trace (its CPU ops analysed): no GPU, no streams, no "GPU idle" */
+  var CPU = DATA.diagnosis ? DATA.diagnosis.steps.analysed_on === "cpu-ops"
+    : !!(DATA.compare && DATA.compare.before.analysed_on === "cpu-ops" && DATA.compare.after.analysed_on === "cpu-ops");
   var FONT = { family: "-apple-system, Segoe UI, Roboto, Arial, sans-serif", size: 12 };
 
   /* Plotly draws axis labels, legend names and hover text as a small HTML subset (<a href>, <b>,
@@ -26,12 +29,12 @@
   function used(rows, get) {  /* buckets with time somewhere in rows, in the canonical order */
     return ORDER.filter(function (b) { return rows.some(function (r) { return (get(r, b) || 0) > 0; }); });
   }
-  function stacked(xs, rows, get, idle) {
+  function stacked(xs, rows, get, idle, idleName) {
     var traces = used(rows, get).map(function (b) {
       return { type: "bar", name: plotlyText(b), x: xs, y: rows.map(function (r) { return get(r, b) || 0; }),
                marker: { color: COLORS[b] || "#ccc" }, hovertemplate: plotlyText(b) + ": %{y:.3f} ms<extra>%{x}</extra>" };
     });
-    if (idle) traces.push({ type: "bar", name: "GPU idle", x: xs, y: rows.map(idle),
+    if (idle) traces.push({ type: "bar", name: idleName || "GPU idle", x: xs, y: rows.map(idle),
                             marker: { color: IDLE }, hovertemplate: "idle: %{y:.3f} ms<extra>%{x}</extra>" });
     return traces;
   }
@@ -39,8 +42,12 @@
   /* ---- charts ---------------------------------------------------------------------------- */
   function chartBuckets(el) {
     var d = DATA.diagnosis, steps = d.per_step;
-    var xs = steps.map(function (s, i) { return plotlyText(s.label || ("step " + (s.index !== undefined ? s.index : i))); });
-    var traces = stacked(xs, steps, function (s, b) { return s.buckets[b]; }, function (s) { return s.idle_ms || 0; });
+    /* one bar per step: SGLang labels every decode step alike (step[DECODE bs=1]), and a category axis
+       stacks bars of the same label into one */
+    var xs = steps.map(function (s, i) { return plotlyText("#" + (s.index !== undefined ? s.index : i) + (s.label ? " " + s.label : "")); });
+    var cpu = d.steps.analysed_on === "cpu-ops";
+    var traces = stacked(xs, steps, function (s, b) { return s.buckets[b]; }, function (s) { return s.idle_ms || 0; },
+                         cpu ? "idle" : "GPU idle");
     Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step" } },
       xaxis: { type: "category", title: { text: (d.steps.phase || "") + " step" } } }), CONFIG);
   }
@@ -60,9 +67,14 @@
     c.buckets.forEach(function (r) { byName[r.bucket] = r; });
     var traces = stacked(xs, rows, function (i, b) {
       var r = byName[b]; return r ? (i === 0 ? r.before_ms : r.after_ms) : 0;
-    }, function (i) { return (i === 0 ? c.idle.before_ms : c.idle.after_ms) || 0; });
-    Plotly.newPlot(el, traces, baseLayout({ yaxis: { title: { text: "ms per step" } },
-      xaxis: { type: "category" } }), CONFIG);
+    }, function (i) { return (i === 0 ? c.idle.before_ms : c.idle.after_ms) || 0; },
+    c.before.analysed_on === "cpu-ops" && c.after.analysed_on === "cpu-ops" ? "idle" : "GPU idle");
+    /* sides 20x or more apart: a linear axis draws the smaller as a sliver (943 ms vs 7 ms: nothing); a log axis shows both */
+    var tot = [c.step.before_ms || 0, c.step.after_ms || 0];
+    var log = Math.min(tot[0], tot[1]) > 0 && Math.max(tot[0], tot[1]) / Math.min(tot[0], tot[1]) >= 20;
+    var y = { title: { text: "ms per step" + (log ? " (log scale: the sides differ 20x or more)" : "") } };
+    if (log) y.type = "log";
+    Plotly.newPlot(el, traces, baseLayout({ yaxis: y, xaxis: { type: "category" } }), CONFIG);
   }
   function chartCompareRanks(el) {
     var rows = [], xs = [];
@@ -113,7 +125,7 @@
     });
   }
   function timelineTraces(tl, a, b, nbin) {
-    var IDLE_ROW = "GPU idle", rowOf = function (s) { return plotlyText("stream " + s); };
+    var IDLE_ROW = CPU ? "idle" : "GPU idle", rowOf = function (s) { return plotlyText((CPU ? "thread " : "stream ") + s); };
     var groups = {}, counts = {};
     tl.kernels.forEach(function (k) { counts[k[4]] = (counts[k[4]] || 0) + 1; });
     tl.streams.forEach(function (st) {
@@ -137,7 +149,7 @@
       });
     var idle = binRow(tl.gaps.map(function (g) { return [g[0], g[1], "idle", ""]; }), a, b, nbin,
                       function () { return "idle"; });
-    traces.unshift({ type: "bar", orientation: "h", name: "GPU idle (" + tl.gaps.length + " gaps, " + fmt(tl.idle_ms) + " ms)",
+    traces.unshift({ type: "bar", orientation: "h", name: IDLE_ROW + " (" + tl.gaps.length + " gaps, " + fmt(tl.idle_ms) + " ms)",
       x: idle.map(function (r) { return r.x1 - r.x0; }), base: idle.map(function (r) { return r.x0; }),
       y: idle.map(function () { return IDLE_ROW; }),
       hovertext: idle.map(function (r) {

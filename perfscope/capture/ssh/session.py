@@ -282,7 +282,7 @@ class SSHSession:
 
         h = hashlib.sha256()
         try:
-            with self._sftp_lock, atomic_writer(local) as dst:
+            with self._sftp_lock, atomic_writer(local, shared=True) as dst:
                 sftp = self.sftp()
                 total = sftp.stat(remote).st_size or 0
                 done = 0
