@@ -242,8 +242,9 @@ def test_a_long_output_len_does_not_hold_the_trace(repro_server, tmp_path, capsy
 
 
 def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, capsys, monkeypatch):
-    """--bench N: after the trace, the same workload is measured with no profiler running and
-    stored in the run folder; diagnose then reports that TPOT, not the profiled one."""
+    """--bench N: before the profiler is armed (a GPU trace leaves CUPTI attached to the server), the
+    same workload is measured with no profiler running and stored in the run folder; diagnose then
+    reports that TPOT, not the profiled one."""
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
     rc, stdout, err = run_cli(
@@ -252,6 +253,7 @@ def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, 
          "--json"], capsys)
     assert rc == 0, err
     assert "without the profiler" in err
+    assert err.index("measuring without the profiler first") < err.index("profiler armed")
     bench = json.loads((out / "bench.json").read_text())
     assert bench["requests"] == 2 and bench["workload"]["output_len"] == 8 and bench["tpot_ms"] > 0
     t = rundir.read_run(out).timings

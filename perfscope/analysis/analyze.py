@@ -99,6 +99,13 @@ def pass_steps(st: State) -> None:
                         "analysis (the profiler's clock went back for them)")
     if st.cpu_only:
         st.notes.append(CPU_ONLY_NOTE)
+        dev = str(st.config.get("device") or "").lower()
+        if dev in ("cuda", "gpu") or (dev == "" and st.trace.meta.device_name):
+            # measured on the H200: SGLang servers started with TEARDOWN_CUPTI=1 (torch 2.11, CUDA 13)
+            # wrote GPU traces without a single kernel (examples/gpu_loop/results/h200-2026-12-01-predict)
+            st.notes.append("the server runs on a GPU, yet its trace recorded no GPU kernel: a server started "
+                            "with TEARDOWN_CUPTI=1 in its environment traces so (torch 2.11, CUDA 13, H200); "
+                            "restart it without that variable and trace again")
 
 
 STEPS_MIN_GPU_SHARE = 0.05  # steps holding less of the trace's GPU time than this: the whole trace is analysed

@@ -25,8 +25,10 @@ class TraceOptions:
     # GPU activity only (kernels, CUDA runtime calls): the host timeline without the CPU-op profiler's
     # per-event cost, read by diagnose for the host's own time per step (perfscope.analysis.hosttime)
     gpu_only: bool = False
+    # SGLang on a GPU: a short GPU-only profile first, in the run folder's host-timing/ (rundir.HOST_TIMING_DIR)
+    host_timing: bool = True
     keep_remote: bool = False
     poll_s: float = 1.0
     seed: int = 0
-    bench_requests: int = 0  # > 0: measure TPOT without the profiler afterwards (perfscope bench)
+    bench_requests: int = 0  # > 0: measure TPOT without the profiler first, before any profile (perfscope bench)
     python: str | None = None  # the server's interpreter, for its versions (else found, when it may be run)

@@ -80,10 +80,11 @@ def profile_activities(info: Optional[dict], gpus: Optional[list] = None) -> lis
 # trace to 1.20 ms after it (70 requests), the scheduler's fastest 40-step window from 1.04 to
 # 1.18 ms. perfscope cannot detach CUPTI from outside the process; it says so.
 GPU_TRACE_AFTER_NOTE = (
-    "a GPU trace leaves CUPTI attached to the server's process (Kineto finalizes it only when the server "
-    "runs with TEARDOWN_CUPTI=1): a host-bound server can stay a little slower until it restarts (real "
-    "SGLang on an H200, batch 1: fastest TPOT 1.03 ms before the trace, 1.20 ms after it). For a "
-    "before/after speed comparison, bench before tracing or after a restart.")
+    "a GPU trace leaves CUPTI attached to the server's process: a host-bound server can stay slower until "
+    "it restarts (real SGLang on an H200, batch 1: TPOT 1.07-1.68 ms before a trace, 1.45-1.92 ms after). "
+    "TEARDOWN_CUPTI=1 in the server's environment is no cure there: torch 2.11 / CUDA 13 servers started "
+    "with it wrote GPU traces without a single kernel. For a before/after speed comparison, bench before "
+    "tracing (trace --bench does) or after a restart.")
 
 
 def gpu_trace_after_note(activities: Optional[list] = None, gpu_server: bool = False) -> Optional[str]:

@@ -115,6 +115,11 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         gpu = io.nvidia_smi()
         ids, ids_from = token_ids(info, io if ep.target is not None or is_loopback_url(ep.url) else None)
         say(f"load: prompt token ids {ids[0]}..{ids[1] - 1} ({ids_from})")
+        # without any profiler first: a GPU trace leaves CUPTI attached to the server (its host slower after)
+        bench_res = _bench_measure(api, opts, info, say, ids) if opts.bench_requests and not cancel.is_set() else None
+        if opts.host_timing and opts.engine == "sglang" and not opts.gpu_only and server_has_gpu(info, gpu) \
+                and not cancel.is_set():
+            _host_timing(ep, opts, out_dir, command, log, cancel, say)
         by_stage = opts.by_stage
         if by_stage is None:
             by_stage = opts.engine == "sglang" and _version_tuple(version) >= (0, 4, 7)
@@ -247,30 +252,52 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
         if after_note:
             say(f"note: {after_note}")
-        if opts.bench_requests and not cancel.is_set():
-            timings = dict(timings, bench=_bench(api, opts, out_dir, url, label if ep.target else None, info, say,
-                                                 ids))
+        if bench_res is not None:
+            timings = dict(timings, bench=_bench_store(bench_res, opts, out_dir, url, label if ep.target else None,
+                                                       info))
         return HostResult(label, out_dir, files, timings, info)
 
 
-def _bench(api, opts: TraceOptions, out_dir: Path, url: str, host: str | None, info: dict, say,
-           ids: tuple[int, int] | None = None) -> dict:
-    """TPOT without the profiler: ``perfscope bench`` with the trace's workload, stored in the run
-    folder (``bench.json``, ``timings.bench`` in run.json), which diagnose and compare prefer."""
-    from perfscope.bench import measure
-    from perfscope.bench.store import run_summary, store
+def _host_timing(ep: Endpoint, opts: TraceOptions, out_dir: Path, command: list[str], log, cancel, say) -> None:
+    """A short GPU-only profile (kernels and CUDA runtime calls, no CPU ops) before the full one, as a
+    run folder of its own in ``out_dir/host-timing``: its host timeline carries CUPTI's cost but not the
+    CPU profiler's, and diagnose reads the host's time per step from it (perfscope.analysis.hosttime).
+    An extra: when it fails, the trace goes on and the predictions use the full trace's host time."""
+    from dataclasses import replace
 
-    say(f"measuring without the profiler: 1 warm-up + {opts.bench_requests} request(s) "
+    sub = replace(opts, gpu_only=True, steps=min(opts.steps, 10), bench_requests=0, host_timing=False)
+    say("host timing: a short GPU-only profile first (no CPU ops recorded: the host as unprofiled as it gets)")
+    try:
+        trace_host(ep, sub, out_dir / rundir.HOST_TIMING_DIR, command=command + ["(host timing: --gpu-only)"],
+                   log=lambda m: log(f"  {m}"), cancel=cancel)
+    except PerfscopeError as e:
+        say(f"note: the host-timing profile failed ({e}); predictions scale the full trace's host time instead")
+
+
+def _bench_measure(api, opts: TraceOptions, info: dict, say, ids: tuple[int, int] | None = None):
+    """TPOT without the profiler, before any profile of this run: ``perfscope bench`` with the trace's
+    workload."""
+    from perfscope.bench import measure
+
+    say(f"measuring without the profiler first: 1 warm-up + {opts.bench_requests} request(s) "
         f"(in={opts.input_len} out={opts.output_len} concurrency={opts.concurrency})")
     res = measure(api, input_len=opts.input_len, output_len=opts.output_len, concurrency=opts.concurrency,
                   num_requests=opts.bench_requests, warmup=1, seed=opts.seed, timeout=opts.http_timeout,
                   server_info=info, ids=ids)
+    say(f"TPOT without the profiler: {res.tpot_ms:.2f} ms (TTFT {res.ttft_ms:.1f} ms)")
+    return res
+
+
+def _bench_store(res, opts: TraceOptions, out_dir: Path, url: str, host: str | None, info: dict) -> dict:
+    """The bench taken before the trace, stored in the run folder (``bench.json``, ``timings.bench``
+    in run.json), which diagnose and compare prefer."""
+    from perfscope.bench.store import run_summary, store
+
     argv = ["perfscope", "bench", "--url" if host is None else "--host", url if host is None else host,
             "--engine", opts.engine, "--input-len", str(opts.input_len), "--output-len", str(opts.output_len),
             "--concurrency", str(opts.concurrency), "--num-requests", str(opts.bench_requests), "--warmup", "1",
             "--seed", str(opts.seed)]
     store(out_dir, res, url, host, info, argv)
-    say(f"TPOT without the profiler: {res.tpot_ms:.2f} ms (TTFT {res.ttft_ms:.1f} ms)")
     return run_summary(res)
 
 

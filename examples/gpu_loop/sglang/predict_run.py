@@ -1,14 +1,17 @@
 """Predicted vs measured TPOT on the real SGLang, one device call per model: for each KV pool size,
 an unmodified SGLang 0.5.13.post1 (FP8 KV pool, FlashInfer MLA, CUDA graphs for batch 1-16, overlap
-scheduler on) is benched without the profiler, then traced twice (``perfscope trace --gpu-only``:
-kernels and CUDA runtime calls only, the host timeline nearly free of the profiler's cost; and the
-full trace, CPU ops with stacks and shapes), at concurrency 1 and 16. Then ``perfscope fix fp8-kv-cast
+scheduler on) is traced at concurrency 1 and 16 by ``perfscope trace --bench N``: the bench without
+any profiler first, then a short GPU-only profile (kernels and CUDA runtime calls only, the host
+timeline nearly free of the CPU profiler's cost: RUN/host-timing), then the full trace (CPU ops with
+stacks and shapes). Then ``perfscope fix fp8-kv-cast
 --strategy pages --apply --restart-cmd`` patches the installed SGLang and restarts every server, and
 each fixed server is benched fresh (before any trace: a GPU trace leaves CUPTI attached), benched
 again three times, traced, and benched three times more (the lasting after-trace cost), one server
 with ``TEARDOWN_CUPTI=1`` in its environment and one without. ``--revert`` restores the file byte for
 byte. The predictions are made afterwards from the bug runs by ``perfscope diagnose`` (on any
-machine): ``examples/gpu_loop/sglang/predict_table.py`` prints predicted vs measured.
+machine): ``examples/gpu_loop/sglang/predict_table.py`` prints predicted vs measured. (The results in
+``results/h200-2026-12-01-predict`` were taken by an earlier form of this script, with a separate
+``perfscope bench``, ``trace --gpu-only`` and ``trace`` per case, arranged into the same layout.)
 
     python3 examples/gpu_loop/sglang/predict_run.py --payload payload/site.tar.xz --model dense \\
         --pools 495000,3000000 --out $OUT --deadline 560
@@ -108,10 +111,11 @@ def main() -> int:
         r["tpot_per_request"] = [round(q["tpot_ms"], 4) for q in b.get("per_request") or [] if q.get("tpot_ms")]
         return r | {"concurrency": conc}
 
-    def trace(name: str, port: int, w: dict, conc: int, dest: Path, gpu_only: bool) -> dict:
+    def trace(name: str, port: int, w: dict, conc: int, dest: Path, bench_n: int = 0) -> dict:
         args = ["trace", "--url", f"http://127.0.0.1:{port}", "--steps", 8, "--input-len", w["input_len"],
-                "--output-len", w["output_len"], "--concurrency", conc, "--out", dest, "--timeout", 90, "--json"]
-        rc, so, se = perfscope(name, args + (["--gpu-only"] if gpu_only else []), timeout=120)
+                "--output-len", w["output_len"], "--concurrency", conc, "--out", dest, "--timeout", 90, "--json",
+                "--bench", bench_n] + ([] if bench_n else ["--no-host-timing"])
+        rc, so, se = perfscope(name, args, timeout=240)
         return {"rc": rc, "dir": str(dest), "stderr": se[-400:] if rc else ""}
 
     procs: dict = {}
@@ -185,16 +189,13 @@ echo $! > {shlex.quote(str(pidf))}
             port, R = ports[p], {}
             S.setdefault("bug", {})[str(p)] = R
             big = p > 1_000_000
-            R["bench_c1"] = bench(f"bench-bug-{p}-c1", port, C1, 3 if big else 5, 1, runs / f"{p}-bug-c1")
-            R["bench_c16"] = bench(f"bench-bug-{p}-c16", port, C16, 16, 16, runs / f"{p}-bug-c16")
-            h.save()
-            for conc, w in ((1, C1), (16, C16)):
+            for conc, w, n in ((1, C1, 3 if big else 5), (16, C16, 16)):
                 if h.left() < 200:
                     break
-                for gpu_only in (True, False):
-                    d = runs / f"{p}-bug-c{conc}" / ("gpu-only" if gpu_only else "full")
-                    R[f"trace_c{conc}_{'gpu' if gpu_only else 'full'}"] = trace(
-                        f"trace-bug-{p}-c{conc}-{'gpu' if gpu_only else 'full'}", port, w, conc, d, gpu_only)
+                # one command: the bench without any profiler first, the GPU-only host-timing profile
+                # (RUN/host-timing), then the full trace: the run folder diagnose reads as it is
+                R[f"trace_c{conc}"] = trace(f"trace-bug-{p}-c{conc}", port, w, conc, runs / f"{p}-bug-c{conc}",
+                                            bench_n=n)
             h.save()
         # ---------------------------------------------------------------- the fix, restarting every server
         rs = work / "restart-all.sh"
@@ -222,10 +223,10 @@ echo $! > {shlex.quote(str(pidf))}
             h.save()
             if h.left() < 70:
                 continue
-            R["trace_c1_full"] = trace(f"trace-fixed-{p}-c1-full", port, C1, 1, runs / f"{p}-fixed-c1" / "full", False)
+            R["trace_c1_full"] = trace(f"trace-fixed-{p}-c1-full", port, C1, 1, runs / f"{p}-fixed-c1" / "full")
             if h.left() > 60:
                 R["trace_c16_full"] = trace(f"trace-fixed-{p}-c16-full", port, C16, 16,
-                                            runs / f"{p}-fixed-c16" / "full", False)
+                                            runs / f"{p}-fixed-c16" / "full")
             R["alive_after_traces"] = healthy(port)
             R["after_trace_c1"] = [bench(f"bench-fixed-{p}-post{i}", port, C1, 10, 1) for i in range(3)
                                    if h.left() > 25]
