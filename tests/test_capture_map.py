@@ -72,7 +72,7 @@ def test_vllm_full_graph_from_a_capture_folder():
     d = diagnose([VLLM], capture=[VLLM_CAP_DIR]).to_dict()
     assert any("421 of 421 kernels" in n and "capture_32_FULL" in n for n in d["notes"]), d["notes"]
     moe = d["ops"][0]
-    assert moe["sub"] == "moe" and moe["op_chain"] == ["vllm::moe_forward"]
+    assert (moe["bucket"], moe["sub"]) == ("moe", "gemm") and moe["op_chain"] == ["vllm::moe_forward"]
     attn = next(o for o in d["ops"] if o["bucket"] == "attention")
     assert attn["op_chain"] == ["vllm::unified_attention_with_output"]
     gemm = next(o for o in d["ops"] if o["short"].startswith("Cijk_"))
