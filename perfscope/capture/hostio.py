@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
-from perfscope.util.files import atomic_writer, local_write_error, sha256_file
+from perfscope.util.files import atomic_writer, copy_hashed, local_write_error, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
 # saves the server tens of seconds per trace)
@@ -504,17 +503,9 @@ class LocalHost(HostIO):
 
     def fetch(self, path, local, expected_sha256, progress=None):
         fd, total = self._open_trace(path)
-        done = 0
-        h = hashlib.sha256()  # hashed as copied (as the SFTP download does), not read a second time
         try:
             with os.fdopen(fd, "rb") as src, atomic_writer(local, shared=True) as dst:
-                while b := src.read(1 << 20):
-                    dst.write(b)
-                    h.update(b)
-                    done += len(b)
-                    if progress:
-                        progress(done, total)
-                digest = h.hexdigest()
+                digest = copy_hashed(src, dst, total, progress)  # as the SFTP download does
                 if expected_sha256 and digest != expected_sha256:
                     raise RemoteError(f"{path} changed while it was copied (sha256 mismatch)")
         except OSError as e:

@@ -49,6 +49,20 @@ def _sha256_stream(f: IO[bytes], chunk: int) -> str:
     return h.hexdigest()
 
 
+def copy_hashed(src: IO[bytes], dst: IO[bytes], total: int = 0, progress=None, chunk: int = 1 << 20) -> str:
+    """Copy ``src`` to ``dst`` in blocks, hashing as it goes (the copy is not read a second time);
+    ``progress(done_bytes, total)`` after each block. Returns the sha256 of what was copied."""
+    h = hashlib.sha256()
+    done = 0
+    while b := src.read(chunk):
+        dst.write(b)
+        h.update(b)
+        done += len(b)
+        if progress:
+            progress(done, total)
+    return h.hexdigest()
+
+
 def read_regular(path: str | os.PathLike, cap: int, bound_var: str, unit: str = "MB",
                  what: str = "the file", hint: str = "save it to a file and pass its path") -> bytearray:
     """The bytes of a *regular* file of at most ``cap`` bytes, read once through one descriptor:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import posixpath
 import re
@@ -278,26 +277,15 @@ class SSHSession:
         """Copy a remote file here atomically (temp file + rename) and return its sha256. With
         ``expected_sha256`` a mismatch deletes the copy and raises :class:`RemoteError`.
         ``progress(done_bytes, total_bytes)`` is called as data arrives."""
-        from perfscope.util.files import atomic_writer
+        from perfscope.util.files import atomic_writer, copy_hashed
 
-        h = hashlib.sha256()
         try:
             with self._sftp_lock, atomic_writer(local, shared=True) as dst:
                 sftp = self.sftp()
                 total = sftp.stat(remote).st_size or 0
-                done = 0
                 with sftp.open(remote, "rb") as src:
                     src.prefetch(total)
-                    while True:
-                        block = src.read(1 << 20)
-                        if not block:
-                            break
-                        dst.write(block)
-                        h.update(block)
-                        done += len(block)
-                        if progress:
-                            progress(done, total)
-                digest = h.hexdigest()
+                    digest = copy_hashed(src, dst, total, progress)
                 if expected_sha256 and digest != expected_sha256:
                     raise RemoteError(
                         f"{remote} from {self.target.label} arrived damaged: sha256 {digest[:12]}... "
