@@ -211,16 +211,36 @@ def test_compare_tables_fit_80_columns(tmp_path):
     assert max(map(len, r.stdout.splitlines())) <= 80
 
 
-def test_a_cost_between_steps_says_why_the_step_saves_less():
-    """host-bubble costs 1.36 ms per step, mostly between steps; its fix predicts the step itself
-    only 0.08 ms shorter: the verdict says where the rest goes (the step cycle), at 80 and 200
-    columns, and the Markdown summary says it too."""
+def test_a_cost_between_steps_says_why_the_step_saves_less(tmp_path):
+    """host-bubble on the graph stepbench trace, in a run folder whose bench measured the profiled step
+    cycle (the host as slow unprofiled): it costs ~1.3 ms per step, mostly between steps; its fix
+    predicts the step itself barely shorter: the verdict says where the rest goes (the step cycle), at
+    80 and 200 columns."""
+    import json
+
+    from perfscope.analysis.diagnose import diagnose
+    from perfscope.capture.rundir import write_run
+
+    src = H200 / "mla_pages_graph.json.gz"
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    (run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz").write_bytes(src.read_bytes())
+    step = diagnose([src]).primary.steps["median_ms"]
+    write_run(run, command=["perfscope", "trace"], engine="sglang", workload={"concurrency": 1},
+              timings={"tpot_ms": 9.0, "bench": {"tpot_ms": step + 1.28, "concurrency": 1}},
+              files=[{"path": "traces/1730000000.0-TP-0-DECODE.trace.json.gz"}])
+    f = next(x for x in json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(run), "--json"],
+                                                  capture_output=True, text=True, timeout=300).stdout)["findings"]
+             if x["id"] == "host-bubble")
+    ev = f["evidence"]
     for cols in (80, 200):
-        r = screen(H200 / "mla_pages_graph.json.gz", columns=cols)
+        r = screen(run, columns=cols)
         assert r.returncode == 0, r.stderr
         flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
-        assert "costs 1.36 ms per step" in flat and "~7.01 ms per step predicted, from 7.10 ms" in flat
-        assert "is mostly between steps (1.28 ms): it comes off the step cycle (8.38 ms -> ~7.01 ms)" in flat, flat[:900]
+        assert f"costs {f['ms_per_step']:.2f} ms per step" in flat
+        assert f"~{f['predicted_step_ms_after_fix']:.2f} ms per step predicted" in flat
+        assert (f"is mostly between steps ({ev['gap_between_steps_ms']:.2f} ms): it comes off the step cycle "
+                f"({ev['step_cycle_ms']:.2f} ms -> ~{ev['step_cycle_ms'] - f['ms_per_step']:.2f} ms)") in flat, flat[:900]
 
 
 def test_an_op_in_some_steps_only_counts_a_fraction_not_zero():
@@ -239,8 +259,9 @@ def test_an_op_in_some_steps_only_counts_a_fraction_not_zero():
 
 
 def test_compare_says_why_the_measured_kernels_make_the_error_larger():
-    """BEFORE's cast prediction on the H200 loop: -2.5% off; with the kernels it assumed unchanged put
-    in at their measured times -4.7%: the line says why the error grew instead of leaving it bare."""
+    """BEFORE's cast prediction on the H200 loop against AFTER's bench TPOT: with the kernels it assumed
+    unchanged put in at their measured times the error grows: the line says why instead of leaving it
+    bare."""
     from paths import GPU_LOOP
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
@@ -249,8 +270,15 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
-    assert ("with their measured times the error is -4.7% (larger than -2.5%: the kernels' move had offset part "
-            "of the step model's own error") in flat, flat[:1500]
+    import json
+
+    c = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"),
+                                   "--json"], capture_output=True, text=True, timeout=300).stdout)
+    pr = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")
+    e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
+    assert abs(e) > abs(e0) and pr["measured_tpot_ms"]  # held to AFTER's bench: the error grew with the kernels
+    assert (f"with their measured times the error is {e:+.1f}% (larger than {e0:+.1f}%: the kernels' move had offset "
+            "part of the step model's own error") in flat, flat[:1500]
 
 
 def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_boundary():

@@ -257,7 +257,7 @@ def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], s
             row.update({"unchanged_kernels_delta_ms": _r(d), "unchanged_kernels_largest": unchanged["largest"]})
             if model.get("bound") == "gpu" and str(model.get("launch_bound_steps", "")).startswith("0/"):
                 # a GPU-bound step moves with its kernels (a launch- or host-bound one does not)
-                row["error_with_measured_kernels_pct"] = round((pred + d - step_after) / step_after * 100, 1)
+                row["error_with_measured_kernels_pct"] = round((pred + d - meas) / meas * 100, 1)
         if host and host[0] and host[1]:
             # the other half of the assumption: the host's own time per step (its CPU step range),
             # which a GPU-side fix leaves alone; a fix that adds host work (Python, launches) breaks it

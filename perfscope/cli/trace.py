@@ -131,10 +131,10 @@ def command(
                                    "requests of the same workload (perfscope bench), stored in the run folder: "
                                    "diagnose holds its predictions and idle findings to it. (A GPU trace leaves "
                                    "CUPTI attached to the server: a bench after it measures a slower host.)"),
-    host_timing: bool = typer.Option(True, "--host-timing/--no-host-timing",
-                                     help="SGLang on a GPU: first a short GPU-only profile (as --gpu-only) into "
-                                          "RUN/host-timing/, whose host timeline the CPU profiler did not slow; "
-                                          "diagnose reads the host's time per step from it for its predictions."),
+    no_host_timing: bool = typer.Option(False, "--no-host-timing",
+                                        help="Skip the short GPU-only profile that SGLang on a GPU gets first "
+                                             "(RUN/host-timing/: its host timeline the CPU profiler did not slow; "
+                                             "diagnose reads the host's time per step from it)."),
     api_key_env: Optional[str] = _apikey.option(),
     keep_remote: bool = typer.Option(False, "--keep-remote", help="Leave the traces on the host after the copy."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PY",
@@ -203,7 +203,7 @@ def command(
         port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
-        profile_prefix=profile_prefix, gpu_only=gpu_only, python=python, host_timing=host_timing,
+        profile_prefix=profile_prefix, gpu_only=gpu_only, python=python, host_timing=not no_host_timing,
     )
     argv = scrub_argv(_canonical_argv(ctx))
     from perfscope.errors import redact

@@ -55,11 +55,17 @@ class PinnedFile:
             raise FixRefused(f"{self.path} changed since the check ({what}): nothing written; check again")
 
     def read(self) -> bytes:
+        """The held file's bytes, at most PERFSCOPE_MAX_FIX_FILE_MB (as an unpinned read)."""
+        from perfscope.util.limits import max_fix_file_bytes, too_big
+
         self.check()
+        cap = max_fix_file_bytes()
         parts, off = [], 0
         while chunk := os.pread(self.fd, 1 << 20, off):
             parts.append(chunk)
             off += len(chunk)
+            if off > cap:
+                raise InputError(f"{self.path}: " + too_big("the file", cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB"))
         return b"".join(parts)
 
     def replace(self, data: bytes, tmp_dir: Optional[str] = None) -> None:
