@@ -57,7 +57,10 @@ cd "$D"
 pid=$!
 echo $pid > "$D/server.pid"
 i=0
-while [ $i -lt 20 ]; do
+# a bad flag makes the server exit once SGLang has imported enough to parse it: 10-30 s on a loaded
+# 2-core box, so that case waits up to 60 s (it ends as soon as the server does); a good start 10 s
+n=20; [ -n "$EXTRA" ] && n=120
+while [ $i -lt $n ]; do
     # exited (a zombie until this shell ends: kill -0 would still succeed, so ask ps)
     case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
         ""|Z*) echo "the server exited at once (see $D/server.log)" >&2; exit 3;;
