@@ -234,9 +234,9 @@ def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Option
         return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": "bench",
                 "how": f"the bench's {'median inter-token latency' if b.get('itl_p50_ms') else 'TPOT'} without the "
                        f"profiler, {c:.2f} ms, against {gpu_ms:.2f} ms of GPU work per step"}
-    from perfscope.analysis.stepmodel import host_busy
+    from perfscope.analysis.stepmodel import host_busy_of
 
-    busy = sorted(host_busy(trace, [s for s in steps if s.kernels]).values())
+    busy = sorted(host_busy_of(trace, steps).values())
     h = estimate(busy[len(busy) // 10] / 1e3 if busy else None, profile_kind(trace), 0.0,
                  config.get("host_timing"))
     if h is None:

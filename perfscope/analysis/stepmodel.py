@@ -459,6 +459,13 @@ def _host_busy_once(trace: Trace, steps: list[Step], by_corr: dict, index: Trace
     return hit[1]
 
 
+def host_busy_of(trace: Trace, steps: list[Step]) -> dict:
+    """:func:`host_busy` of these steps with the analysis' shared indexes, once per trace (read only):
+    the idle rules and the predictions read the same numbers."""
+    by_corr, index = _indexes(trace)
+    return _host_busy_once(trace, steps, by_corr, index)
+
+
 def _replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> tuple[StepReplay, dict]:
     """The step's :class:`StepReplay` and its replay with the recorded durations, built once per trace."""
     memo = trace.memo["stepmodel"]["replay"]
