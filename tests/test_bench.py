@@ -249,3 +249,21 @@ def test_median_change_on_real_bench_rounds():
     d, c = decide(noisy[:4], noisy[4:], 0.10)
     assert d is None and c["interval"][0] < 0.10 < c["interval"][1], c
     assert median_change([5.0, 5.1], [4.0, 4.1])["verdict"] is None  # too few samples: numbers, no verdict
+
+
+def test_blame_tells_the_patch_from_the_host_on_real_rounds():
+    """A-B-A after a revert for slowness, on the real H200 rounds: the patched side (here the bug's
+    slow rounds standing for a slow patch) against the original measured again. When the original
+    is fast again the patch was slower; when it measures as slow (the host moved), the host."""
+    from paths import GPU_LOOP
+    from perfscope.bench.store import tpot_samples
+    from perfscope.fixengine.restart import blame
+
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    slow, fast = tpot_samples(runs / "bug"), tpot_samples(runs / "pages")
+    who, c = blame(slow, fast, 0.10)
+    assert who == "patch" and c["interval"][0] > 0.10, c
+    assert blame(slow, slow, 0.10)[0] == "host"
+    assert blame(fast, slow, 0.10)[0] == "host"  # the original is slower again than the patched: not the patch
+    noisy = [3.6, 12.2, 4.1, 9.8, 5.0, 3.9, 11.0, 4.4]
+    assert blame(noisy[:4], noisy[4:], 0.10)[0] is None

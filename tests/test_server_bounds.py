@@ -126,11 +126,14 @@ def _trace(port, tmp_path, env=None, timeout="60"):
     srv = tmp_path / "srv"
     srv.mkdir(exist_ok=True)
     # the address space is capped at 3 GB, so that a client without the bounds fails (MemoryError,
-    # exit 70) instead of taking the machine's memory
+    # exit 70) instead of taking the machine's memory. The peak is VmHWM, this process image's own
+    # high-water mark: getrusage's ru_maxrss carries over the forking parent's peak through exec
+    # (Linux keeps it in the signal struct), and pytest grows past 1 GB in a whole run
     code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
             "from perfscope.cli import main\n"
             "try:\n    main()\nfinally:\n"
-            "    print('peak-rss-kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+            "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
+            "    print('peak-rss-kb', hwm[0].split()[1], file=sys.stderr)\n")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", code, "trace", "--url", f"http://127.0.0.1:{port}", "--remote-dir", str(srv),
                         "--steps", "2", "--output-len", "4", "--input-len", "4", "--timeout", timeout,

@@ -28,7 +28,10 @@ The sequence:
    interval, for the user to decide (``--revert`` undoes it);
 7. unhealthy, or surely slower than before by more than ``max_slowdown`` (default 10%):
    revert the file byte for byte, run CMD again and wait again (the same bound), and end
-   ``Failed`` with one line saying what happened and whether the server answers again.
+   ``Failed`` with one line saying what happened and whether the server answers again;
+8. reverted as slower: measure the original once more (``again/bench.json``, an A-B-A design,
+   see :func:`blame`): when it is as slow as the patched server was, the host moved (background
+   load, drift), not necessarily the patch, and the line says so.
 
 ``restart.json`` (the record: command, TPOT before/after, healthy, reverted, ...) and ``fix.json``
 (the final report) are written last, atomically, whatever the outcome; nothing in the run folder
@@ -107,6 +110,17 @@ def decide(before: list[float], after: list[float], max_slowdown: float) -> tupl
     if hi <= max_slowdown:
         return "keep", c
     return None, c
+
+
+def blame(after: list[float], again: list[float], max_slowdown: float) -> tuple[Optional[str], dict]:
+    """Who made it slower, once a patch was reverted as slower: the original server measured again
+    after the revert (``again``; an A-B-A design) against the patched one (``after``). "patch" when
+    the patched TPOT median lies surely more than ``max_slowdown`` above the original's again; "host"
+    when the original measures as slow now (the change lies wholly at or below ``max_slowdown``):
+    the host's background load or drift moved both, not the patch; None: undecided. Returns the
+    verdict and the change from AFTER to AGAIN's side (``decide(again, after)``)."""
+    verdict, c = decide(again, after, max_slowdown)
+    return {"revert": "patch", "keep": "host"}.get(verdict or ""), c
 
 
 def _samples(res) -> list[float]:
@@ -306,10 +320,43 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
                              f"({rwhy}), the server restarted: " + ("healthy" if ok2 else f"still unhealthy ({why2})"))
         return finish(rep)
     rep.sha256_after = rep.sha256_before
+    said_again = ""
+    if slower and ok2 and not getattr(fix, "keep_only_if_faster", 0.0):
+        said_again = _measure_again(client, spec, host, record, out, argv, log, max_slowdown)
     rep.outcome = Failed(
         f"{what} ({why}); the patch was reverted byte for byte "
-        "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now"))
+        "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now")
+        + said_again)
     return finish(rep)
+
+
+def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Path, argv: list[str], log,
+                   max_slowdown: float) -> str:
+    """The original, back after a revert for slowness, measured once more (``again/bench.json``):
+    was the patch slower, or the host? Returns the clause the outcome line ends with."""
+    from perfscope.analysis.change import describe
+
+    after = record.get("after_samples_ms") or []
+    log("measuring the original again, to tell the patch's slowdown from the host's ...")
+    try:
+        info = client.server_info()
+        res = _measure(client, info, spec, host, lambda a: blame(after, a, max_slowdown)[0] is not None)
+    except PerfscopeError as e:
+        record["blame"] = "unmeasured"
+        return f"; the original could not be measured again ({e})"
+    record["again"] = _store(out / "again", res, client.base_url, host, info, argv)
+    record["again_samples_ms"] = _samples(res)
+    who, c = blame(after, record["again_samples_ms"], max_slowdown)
+    record["blame"] = who or "undecided"
+    record["change_again"] = c
+    said = describe(c, "TPOT median original-again -> patched")
+    if who == "patch":
+        return f"; the original, measured again, is faster than the patched ({said}): the patch was slower"
+    if who == "host":
+        return (f"; but the original, measured again, is as slow as the patched ({said}): the host got slower "
+                "(background load or drift), not necessarily the patch: measure again on a quiet host "
+                "(perfscope bench) before trying the fix again")
+    return f"; the original, measured again, does not tell the patch from the host ({said})"
 
 
 def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd: Optional[str],
