@@ -327,9 +327,12 @@ def test_restart_against_a_keyed_server(keyed_site):
     # the key, named by its variable: measured, patched, restarted, measured again
     out = site.dir / "run-keyed"
     r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--api-key-env", "REPRO_API_KEY",
-             "--health-timeout", "60", "--out", str(out), "--json", *BENCH)
+             "--health-timeout", "60", "--out", str(out), "--json", "--bench-concurrency", "2", *BENCH)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "restart.json").read_text())
+    # measured as asked: 2 requests in flight on both sides, recorded in each bench and in the workload
+    assert rec["workload"]["concurrency"] == 2
+    assert [json.loads((out / s / "bench.json").read_text())["concurrency"] for s in ("before", "after")] == [2, 2]
     assert rec["healthy"] is True and rec["tpot_ms_before"] > 4 * rec["tpot_ms_after"] > 0, rec
     assert _calls(site) == ["ok patched"]
     written = "".join(f.read_text() for f in out.rglob("*") if f.is_file())

@@ -5,6 +5,8 @@ token/expert alignment op (sgl-kernel, CUDA only) with a torch stand-in; the GEM
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -114,6 +116,10 @@ def test_check_apply_revert_on_a_copy_of_the_install(install_copy, tmp_path, mon
     assert det.variant == "default" and det.facts["batches"] == [1, 4]
     assert any("tune_script.py" in n for n in rep.notes) and _tree(root) == before
     assert any("runs its default config" in n for n in rep.notes) and "bounded at 240 s" in rep.strategy_reason
+    # fix --budget SECONDS (the request's budget_s) bounds the tuning instead, and the check shows it
+    breq = dataclasses.replace(req, facts={**req.facts, "budget_s": 60.0})
+    brep, _, _ = engine.plan(fix, host, breq)
+    assert "bounded at 60 s" in brep.strategy_reason and any("--budget-s 60.0" in n for n in brep.notes)
 
     rep = engine.apply(fix, host, req)
     assert rep.outcome.kind == "applied", rep.outcome.reason
@@ -213,3 +219,18 @@ def test_apply_makes_the_triton_folder_and_revert_removes_it(install_copy, tmp_p
     assert json.loads(Path(rep.manifest).read_text())["created_dir"] == str(made)
     rep = engine.revert(fix, LocalFixHost(), req)
     assert rep.outcome.kind == "reverted" and not made.exists() and _tree(root) == before
+
+
+def test_budget_is_refused_where_it_means_nothing(tmp_path):
+    """--budget bounds GPU time a fix spends on the server: only untuned-fused-moe's tuning has one;
+    out of 10-3600 s, or on another fix: one line, exit 2, nothing read or changed."""
+    import sys
+
+    from paths import REPO
+
+    for args, want in ((["fp8-kv-cast", "--budget", "60"], "fp8-kv-cast spends no GPU time"),
+                       (["untuned-fused-moe", "--budget", "3"], "expected 10-3600 seconds")):
+        r = subprocess.run([sys.executable, "-m", "perfscope", "fix", *args], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and want in lines[0], r.stderr

@@ -56,6 +56,11 @@ class UntunedFusedMoeFix(FixModule):
     budget_s = BUDGET_S
     max_candidates = 0  # 0: the whole pruned space (tests on CPU cap it: Triton's interpreter is slow)
 
+    def bound_s(self, env: Environment) -> float:
+        """The tuning's bound: ``fix --budget`` (the request's ``budget_s``), else the fix's own."""
+        b = (env.facts or {}).get("budget_s")
+        return float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 else self.budget_s
+
     # ---- facts read on the host
     def gather(self, host, env: Environment) -> None:
         f = env.facts
@@ -120,7 +125,7 @@ class UntunedFusedMoeFix(FixModule):
     def detect(self, target: TargetSpec, data: bytes, env: Environment) -> Detection:
         m = (env.facts or {}).get("moe") or {}
         now = m.get("loads_now") or {}
-        facts = {"shape": m.get("shape"), "batches": m.get("batches"), "loads_now": now}
+        facts = {"shape": m.get("shape"), "batches": m.get("batches"), "loads_now": now, "budget_s": self.bound_s(env)}
         if data:
             try:
                 cfg = json.loads(data)
@@ -146,13 +151,13 @@ class UntunedFusedMoeFix(FixModule):
         b = det.facts.get("batches") or [1]
         n = len(b)
         return StrategyChoice("tune", f"tune SGLang's kernel at batch {', '.join(map(str, b))} ({n} sizes, pruned "
-                                      f"space, bounded at {self.budget_s:.0f} s of GPU time on the server's GPU)")
+                                      f"space, bounded at {self.bound_s(env):.0f} s of GPU time on the server's GPU)")
 
     def tune_argv(self, env: Environment, det: Detection, out: str, script: str) -> list[str]:
         s = det.facts["shape"]
         return [env.python or "python3", script, "--E", str(s["E"]), "--N", str(s["N"]), "--hidden", str(s["hidden"]),
                 "--topk", str(s["topk"]), "--batches", ",".join(map(str, det.facts.get("batches") or [1])),
-                "--budget-s", str(self.budget_s), "--out", out] + (
+                "--budget-s", str(self.bound_s(env)), "--out", out] + (
                     ["--max-candidates", str(self.max_candidates), "--iters", "1"] if self.max_candidates else [])
 
     def prepare(self, host, env, target, path, det) -> Optional[str]:
@@ -166,7 +171,7 @@ class UntunedFusedMoeFix(FixModule):
         try:
             script, out = tmp + "/tune_script.py", tmp + "/tuned.json"
             host.write_bytes_atomic(script, (HERE / "tune_script.py").read_bytes())
-            r = host.run(self.tune_argv(env, det, out, script), timeout=self.budget_s + 300)
+            r = host.run(self.tune_argv(env, det, out, script), timeout=self.bound_s(env) + 300)
             try:
                 res = json.loads(r.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
@@ -193,7 +198,8 @@ class UntunedFusedMoeFix(FixModule):
                      + "\n").encode()
             notes.append("the values shown are SGLang's defaults for these batch sizes: --apply replaces them with "
                          "the tuner's winners")
-            argv = self.tune_argv(Environment(python="PYTHON"), det, "OUT", "tune_script.py")
+            argv = self.tune_argv(Environment(python="PYTHON", facts={"budget_s": det.facts.get("budget_s")}), det, "OUT",
+                                  "tune_script.py")
             notes.append("tuning runs on the server's GPU: " + " ".join(shlex.quote(x) for x in argv))
         else:
             for m, v in (det.facts.get("tune") or {}).get("per_batch", {}).items():

@@ -76,8 +76,9 @@ def align_block_size_torch(topk_ids, block_size: int, num_experts: int, *args, *
     return sorted_ids, expert_ids, torch.tensor([total], dtype=torch.int32)
 
 
-class Stop(Exception):
-    pass
+class Stop(BaseException):
+    """SIGTERM: a BaseException, so that no ``except Exception`` (a candidate that fails to compile is
+    skipped that way) swallows the stop and tunes on."""
 
 
 def _stop(*_):

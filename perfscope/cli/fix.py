@@ -152,6 +152,8 @@ def command(
     bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
     bench_output_len: int = typer.Option(128, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
     bench_requests: int = typer.Option(8, "--bench-requests", min=1, help="With --restart-cmd: measured requests per round (after 1 warm-up); rounds go on while the keep-or-revert decision needs them."),
+    bench_concurrency: int = typer.Option(1, "--bench-concurrency", min=1, help="With --restart-cmd: requests in flight while measuring (a fix whose gain grows with the batch, such as untuned-fused-moe, is measured at the served concurrency)."),
+    budget: Optional[float] = typer.Option(None, "--budget", metavar="SECONDS", help="Fixes that spend GPU time on the server (untuned-fused-moe's tuning): its bound in seconds (default: the fix's own, shown by the check)."),
     bench_max_requests: int = typer.Option(32, "--bench-max-requests", min=1, help="With --restart-cmd: at most this many measured requests per side; the change still undecided then: exit 1, the patch stays applied."),
     max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -227,6 +229,11 @@ def command(
     if max_slowdown < 0:
         raise InputError(f"--max-slowdown {max_slowdown:g}: expected a fraction >= 0")
     fix = get(fix_id)
+    if budget is not None:
+        if not hasattr(fix, "budget_s"):
+            raise InputError(f"--budget: {fix.id} spends no GPU time on the server (only untuned-fused-moe's tuning has a bound)")
+        if not 10 <= budget <= 3600:
+            raise InputError(f"--budget {budget:g}: expected 10-3600 seconds")
     if fix.kind == "launch":
         if target_file or sglang_root:
             raise InputError(f"{fix.id} edits the launch command, not a source file: give --launch-file F")
@@ -236,6 +243,8 @@ def command(
     elif launch_file:
         raise InputError(f"{fix.id} patches the server's source, not its launch command: --launch-file does not apply")
     facts = _trace_facts(trace) if trace is not None else {}
+    if budget is not None:
+        facts["budget_s"] = float(budget)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     if port is None:
         # the traced server's port, not whatever else listens on 30000 here (another server's process
@@ -293,7 +302,7 @@ def command(
 
                 rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
-                                                         num_requests=bench_requests,
+                                                         num_requests=bench_requests, concurrency=bench_concurrency,
                                                          max_requests=max(bench_max_requests, bench_requests)),
                                          max_slowdown=max_slowdown,
                                          log=lambda m: err.print(m, markup=False))

@@ -208,7 +208,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
     argv = ["perfscope", "fix", fix.id, "--apply", "--restart-cmd", cmd, "--bench-input-len", str(spec.input_len),
             "--bench-output-len", str(spec.output_len), "--bench-requests", str(spec.num_requests),
-            "--bench-max-requests", str(spec.max_requests)]
+            "--bench-max-requests", str(spec.max_requests), "--bench-concurrency", str(spec.concurrency)]
 
     # 1. check: only a patch that will be written is worth measuring and restarting for
     rep, after_bytes, _ = engine.plan(fix, host, req, env)
