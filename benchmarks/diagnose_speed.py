@@ -14,7 +14,7 @@ on a shared box wall time measures the neighbours. Printed, each with its target
             the reader alone (perfscope.load.load_trace) / the floor   (target <= 0.75)
             peak RSS / the JSON size                                    (target <= 1.5)
   - graph:  the same for a CUDA-graph decode trace of about --graph-mb MB of JSON, built from the
-            real H200 graph trace (mla_pool_graph.json.gz): its events repeated, each copy shifted
+            real H200 graph trace (mla_pool_graph.json.xz): its events repeated, each copy shifted
             in time and in its correlation / external / Python ids (Kineto's own layout, more steps)
   - HTA and TraceLens on each trace beside it, when installed (perfscope's CPU time / theirs)
   - ranks:  N rank files on this box's C cores (distinct files: copies of TRACE, each with its own
@@ -25,7 +25,11 @@ on a shared box wall time measures the neighbours. Printed, each with its target
 regressions, loose enough for a loaded CI box). --readme rewrites README.md's speed paragraph
 (between its ``speed-benchmark`` markers) with the lines printed here. --only eager measures TRACE
 alone (what CI runs).
-Default TRACE: ../shared/traces/h200-mla-fp8-kv/mla_pool_eager_120steps.json.gz (210 MB of JSON).
+Default TRACE: built in a temporary folder from the real H200 eager trace in the repository
+(tests/traces/corpus/h200-mla-fp8-kv/mla_pool_eager.json.xz, 5 decode steps of 60 MLA layers with
+CPU ops, shapes and stacks): its events repeated as for the graph trace, 24 copies (120 steps,
+about 171 MB of JSON as orjson writes it; the profiler's own spacing made a 120-step original of
+210 MB), written as gzip like a profiler's output.
 """
 
 from __future__ import annotations
@@ -43,11 +47,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces" / "h200-mla-fp8-kv"
-DEFAULT = TRACES / "mla_pool_eager_120steps.json.gz"
-GRAPH_SOURCE = TRACES / "mla_pool_graph.json.gz"
+TRACES = REPO / "tests" / "traces" / "corpus" / "h200-mla-fp8-kv"
+EAGER_SOURCE = TRACES / "mla_pool_eager.json.xz"
+EAGER_MB = 210.0
+EAGER_COPIES = 24  # 5 steps each: 120 decode steps
+EAGER_NAME = "mla_pool_eager_x120steps.json.gz"
+GRAPH_SOURCE = TRACES / "mla_pool_graph.json.xz"
 README = REPO / "README.md"
 BEGIN, END = "<!-- speed-benchmark:begin -->", "<!-- speed-benchmark:end -->"
 GATE = 1.5
@@ -86,6 +94,10 @@ def line_regex(kind: str) -> re.Pattern:
 
 def child(kind: str, paths: list[str]) -> None:
     """One measurement in this (fresh) process: prints its peak RSS (CPU time is the parent's to read)."""
+    if kind == "build":
+        src, out, copies, mb = paths
+        print(build_repeated_trace(Path(src), float(mb), Path(out), int(copies) or None))
+        return
     if kind == "orjson":
         import orjson
 
@@ -121,8 +133,11 @@ def child(kind: str, paths: list[str]) -> None:
                 raise
         finally:
             sys.stdout = sys.__stdout__
-    peak_kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    # this process image's own peak (VmHWM): getrusage's RUSAGE_SELF would carry the forking parent's
+    # peak over through exec (Linux keeps it), and the parent may have built a large trace
+    with open("/proc/self/status") as f:
+        hwm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    peak_kb = max(hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     print(json.dumps({"rss_mb": peak_kb * 1024 / 1e6}))
 
 
@@ -164,16 +179,16 @@ def json_mb(path: Path) -> float:
         return sum(len(b) for b in iter(lambda: f.read(1 << 24), b"")) / 1e6
 
 
-def build_graph_trace(src: Path, target_mb: float, out: Path) -> int:
-    """A CUDA-graph decode trace of about ``target_mb`` MB: ``src``'s events repeated, each copy after
-    the last in time, with its correlation, external and Python ids (and flow ids) offset past the
-    previous copy's, so every copy is events of its own (its own launches, kernels, steps). Returns
-    the number of events."""
+def build_repeated_trace(src: Path, target_mb: float, out: Path, copies: Optional[int] = None) -> int:
+    """A decode trace of about ``target_mb`` MB of JSON (or of ``copies`` copies), as gzip: ``src``'s
+    events (a real trace, .json.gz or .json.xz) repeated, each copy after the last in time, with its
+    correlation, external and Python ids (and flow ids) offset past the previous copy's, so every copy
+    is events of its own (its own launches, kernels, steps). Returns the number of events."""
     import orjson
 
-    with gzip.open(src) as f:
-        raw = f.read()
-    top = orjson.loads(raw)
+    from perfscope.load.reader import read_bytes
+
+    top = orjson.loads(read_bytes(src))
     events = top["traceEvents"]
     t_lo = min(e["ts"] for e in events if "ts" in e)
     t_hi = max(e["ts"] + e.get("dur", 0) for e in events if "ts" in e)
@@ -182,7 +197,7 @@ def build_graph_trace(src: Path, target_mb: float, out: Path) -> int:
     top_id = 1 + max([abs(int(v)) for e in events for k, v in (e.get("args") or {}).items()
                       if k in id_keys and isinstance(v, int)] +
                      [abs(int(e["id"])) for e in events if isinstance(e.get("id"), int)] + [0])
-    copies = max(1, math.ceil(target_mb * 1e6 / len(orjson.dumps(top))))  # written as orjson writes it
+    copies = copies or max(1, math.ceil(target_mb * 1e6 / len(orjson.dumps(top))))  # written as orjson writes it
     out_events = []
     for c in range(copies):
         for e in events:
@@ -207,6 +222,14 @@ def build_graph_trace(src: Path, target_mb: float, out: Path) -> int:
     with gzip.open(out, "wb", compresslevel=1) as f:
         f.write(orjson.dumps(top))
     return len(out_events)
+
+
+def build_in_child(src: Path, out: Path, copies: Optional[int] = None, mb: float = EAGER_MB) -> int:
+    """:func:`build_repeated_trace` in a child process: the benchmark's own process stays small (the
+    children it measures are forked from it)."""
+    r = subprocess.run([sys.executable, __file__, "--child", "build", str(src), str(out), str(copies or 0), str(mb)],
+                       capture_output=True, text=True, check=True)
+    return int(r.stdout.strip().splitlines()[-1])
 
 
 def rank_files(src: Path, n: int, folder: Path) -> list[Path]:
@@ -287,7 +310,8 @@ def rewrite_readme(block: str, readme: Path = README) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trace", nargs="?", default=str(DEFAULT))
+    ap.add_argument("trace", nargs="?", help="a .json.gz trace (default: the 120-step eager trace built from the "
+                    "repository's real H200 one)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--graph-mb", default="50", help="MB of JSON of the CUDA-graph trace; several, comma-separated "
                     "(e.g. 50,200,1000), print the time per event at each size")
@@ -301,17 +325,27 @@ def main() -> int:
     if a.child:
         child(a.child[0], a.child[1:])
         return 0
-    trace = Path(a.trace)
-    if not trace.is_file():
-        print(f"{trace}: no such trace (the benchmark reads the real traces in ../shared/traces)", file=sys.stderr)
-        return 2
+    with tempfile.TemporaryDirectory() as d:
+        if a.trace:
+            trace = Path(a.trace)
+            if not trace.is_file() or not trace.name.endswith(".json.gz"):
+                print(f"{trace}: no such .json.gz trace", file=sys.stderr)
+                return 2
+        else:
+            trace = Path(d) / EAGER_NAME
+            events = build_in_child(EAGER_SOURCE, trace, EAGER_COPIES)
+            print(f"built {trace.name} from {EAGER_SOURCE.name}: {events} events", flush=True)
+        return run(a, trace)
+
+
+def run(a, trace: Path) -> int:
     print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds", flush=True)
     lines, eager = trace_lines("eager", trace, a.rounds, json_mb(trace))
     if a.only != "eager":
         for mb in (float(x) for x in a.graph_mb.split(",")):
             with tempfile.TemporaryDirectory() as d:
                 graph = Path(d) / f"mla_pool_graph_x{mb:.0f}MB.json.gz"
-                events = build_graph_trace(GRAPH_SOURCE, mb, graph)
+                events = build_in_child(GRAPH_SOURCE, graph, mb=mb)
                 more, res = trace_lines("graph", graph, a.rounds, json_mb(graph))
                 print(f"graph  {events} events: diagnose {res['cpu'] / events * 1e6:.2f} us CPU per event, the floor "
                       f"{res['floor'] / events * 1e6:.2f} us", flush=True)

@@ -1,4 +1,4 @@
-"""Benchmark (not a test): what an HTML report adds over the diagnosis itself, on the 210 MB trace.
+"""Benchmark (not a test): what an HTML report adds over the diagnosis itself, on the 120-step eager trace.
 
     python benchmarks/html_overhead.py [TRACE] [--runs N]
 
@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "traces" / "h200-mla-fp8-kv" / "mla_pool_eager_120steps.json.gz"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from diagnose_speed import EAGER_COPIES, EAGER_MB, EAGER_SOURCE, build_repeated_trace  # noqa: E402
 
 
 def timed(cmd: list[str]) -> float:
@@ -28,17 +29,24 @@ def timed(cmd: list[str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("trace", nargs="?", default=str(DEFAULT))
+    ap.add_argument("trace", nargs="?", help="default: the 120-step eager trace diagnose_speed.py builds")
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "report.html"
-        base = [sys.executable, "-m", "perfscope", "diagnose", a.trace, "--json"]
-        plain, html = [], []
-        for _ in range(a.runs):
-            plain.append(timed(base))
-            html.append(timed(base + ["--html", str(out)]))
-        size = out.stat().st_size
+        if not a.trace:
+            a.trace = str(Path(tmp) / "mla_pool_eager_x120steps.json.gz")
+            build_repeated_trace(EAGER_SOURCE, EAGER_MB, Path(a.trace), EAGER_COPIES)
+        measure(a, Path(tmp))
+
+
+def measure(a, tmp: Path) -> None:
+    out = tmp / "report.html"
+    base = [sys.executable, "-m", "perfscope", "diagnose", a.trace, "--json"]
+    plain, html = [], []
+    for _ in range(a.runs):
+        plain.append(timed(base))
+        html.append(timed(base + ["--html", str(out)]))
+    size = out.stat().st_size
 
     from perfscope.analysis.diagnose import diagnose
     from perfscope.report.html import render_diagnosis

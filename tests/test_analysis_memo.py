@@ -16,10 +16,10 @@ from perfscope.analysis.sampling_path import _step_overrides, step_overrides
 from perfscope.analysis.steps import find_steps
 from perfscope.load import load_trace
 
-MOE_B300 = TRACES / "public/TraceLens/evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.gz"
+MOE_B300 = TRACES / "public/TraceLens/evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.xz"
 
 
-@pytest.mark.parametrize("path", [MOE_B300, KERNEL_MIX / "sample_topp.json.gz", H200 / "mla_pool_graph.json.gz"],
+@pytest.mark.parametrize("path", [MOE_B300, KERNEL_MIX / "sample_topp.json.gz", H200 / "mla_pool_graph.json.xz"],
                          ids=lambda p: p.name)
 def test_tables_answer_as_the_regexes_do(path):
     trace = load_trace(path)
@@ -44,7 +44,7 @@ def test_tables_answer_as_the_regexes_do(path):
 def test_an_analysis_leaves_nothing_holding_its_trace():
     """The step model's replays refer back to the trace: kept in its memo after the analysis, they would keep
     the whole trace alive until a garbage collection (a worker's next rank file parsed on top of it)."""
-    trace = load_trace(H200 / "mla_pool_eager.json.gz")
+    trace = load_trace(H200 / "mla_pool_eager.json.xz")
     ra = analyze_trace(trace)
     assert "CPU launch timeline replay" in str(ra.findings)  # the step model replayed its steps
     assert trace.memo == {}

@@ -1,4 +1,4 @@
-"""The bucket table on the real kernel names of every trace in ../shared/traces (NVIDIA and AMD).
+"""The bucket table on the real kernel names of every trace in tests/traces/corpus (NVIDIA and AMD).
 
 Each expectation names a kernel that really occurs in a shared trace (the test fails if the name
 is no longer found there, so the table is never tested on invented names), and the bucket it must
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES
+from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES, topen
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
 from perfscope.load.reader import load_trace
 
 SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et", "908_results")  # a duplicate of a smaller file; not Kineto (x2)
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"  # DeepSeek's H800 DualPipe trace
-ALL = sorted(p for p in list(TRACES.rglob("*.json.gz")) + list(KERNEL_MIX.glob("*.json.gz")) + [DEEPSEEK_TRAIN]
+ALL = sorted(p for p in list(TRACES.rglob("*.json.xz")) + list(KERNEL_MIX.glob("*.json.xz")) + [DEEPSEEK_TRAIN]
              if not any(s in p.name for s in SKIP))
 
 # Inference traces (and the inference-like public ones): "other" must stay below this share of kernel time
@@ -43,20 +43,20 @@ def find(path: Path, pattern: str) -> list[tuple[str, str]]:
     return hits
 
 
-SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
-SGL_PD = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
-VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"
-VLLM_PIECE = TRACELENS / "inference/vllm_prefilldecode_piecewise/graph_execution.json.gz"
-B200 = TRACELENS / "b200/eager_trace.json.gz"
-H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
-MI300 = TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
-XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.gz"
-V100 = HTA / "df_index_resolver/df_index_resolver.json.gz"
-MI250 = HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
-A100 = HTA / "negative_queue_length_values_check/rank0.json.gz"
-CONTROL = HTA / "trace_diff/control/control.json.gz"
-SAMPLED = HTA / "trace_filter/sampled_rank-0.json.gz"
-CONV = HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"  # V100 cuDNN CNN training
+SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
+SGL_PD = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
+VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"
+VLLM_PIECE = TRACELENS / "inference/vllm_prefilldecode_piecewise/graph_execution.json.xz"
+B200 = TRACELENS / "b200/eager_trace.json.xz"
+H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
+MI300 = TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
+XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.xz"
+V100 = HTA / "df_index_resolver/df_index_resolver.json.xz"
+MI250 = HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.xz"
+A100 = HTA / "negative_queue_length_values_check/rank0.json.xz"
+CONTROL = HTA / "trace_diff/control/control.json.xz"
+SAMPLED = HTA / "trace_filter/sampled_rank-0.json.xz"
+CONV = HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.xz"  # V100 cuDNN CNN training
 FI_EAGER = KERNEL_MIX / "fi_decode_eager.json.gz"  # FlashInfer 0.6.18 on an H200 (make_traces.py)
 FI_GRAPH = KERNEL_MIX / "fi_decode_graph.json.gz"
 TORCH_TOPP = KERNEL_MIX / "sample_topp.json.gz"
@@ -71,11 +71,11 @@ PAGES_FIX = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/pages/traces").gl
 # (trace, regex on the real kernel name, expected "bucket/sub" or "bucket")
 EXPECT = [
     # the FP8 KV cast and its fix's kernels
-    (H200 / "mla_pool_eager.json.gz", r"direct_copy_kernel_cuda.*LoadWithCast", "copy/cast"),
-    (H200 / "mla_pool_graph.json.gz", r"direct_copy_kernel_cuda.*LoadWithCast", "copy/cast"),
-    (H200 / "mla_pages_graph.json.gz", r"vectorized_gather_kernel", "copy/gather"),
+    (H200 / "mla_pool_eager.json.xz", r"direct_copy_kernel_cuda.*LoadWithCast", "copy/cast"),
+    (H200 / "mla_pool_graph.json.xz", r"direct_copy_kernel_cuda.*LoadWithCast", "copy/cast"),
+    (H200 / "mla_pages_graph.json.xz", r"vectorized_gather_kernel", "copy/gather"),
     # attention, NVIDIA and AMD
-    (H200 / "mla_fp8_graph.json.gz", r"flashinfer::mla::BatchMLAPagedAttentionKernel", "attention"),
+    (H200 / "mla_fp8_graph.json.xz", r"flashinfer::mla::BatchMLAPagedAttentionKernel", "attention"),
     (SGL_PD, r"^_ZN7ck_tile.*Fmha", "attention"),
     (SGL_DECODE, r"paged_attention_ll4mi_QKV_mfma16_kernel", "attention"),
     (SGL_DECODE, r"paged_attention_ll4mi_reduce_kernel", "attention"),
@@ -86,8 +86,8 @@ EXPECT = [
     (B200, r"^fmhaSm100aKernel", "attention"),
     (H100, r"pytorch_flash::flash_fwd_kernel", "attention"),
     # GEMMs: cuBLAS(Lt), nvjet, hipBLASLt, volta/ampere sgemm, cutlass, gemv, convolutions
-    (H200 / "mla_fp8_graph.json.gz", r"^nvjet_sm90_tst", "gemm/gemm"),
-    (H200 / "mla_fp8_graph.json.gz", r"cublasLt::splitKreduce_kernel", "gemm/gemm"),
+    (H200 / "mla_fp8_graph.json.xz", r"^nvjet_sm90_tst", "gemm/gemm"),
+    (H200 / "mla_fp8_graph.json.xz", r"cublasLt::splitKreduce_kernel", "gemm/gemm"),
     (SGL_DECODE, r"^Cijk_Alik_Bljk", "gemm/gemm"),
     (MI250, r"^Cijk_Ailk_Bjlk", "gemm/gemm"),
     (H100, r"^sm90_xmma_gemm", "gemm/gemm"),
@@ -280,7 +280,7 @@ def _raw_events(path: Path) -> list:
     import gzip
     import json
 
-    with gzip.open(path) as f:
+    with topen(path) as f:
         d = json.load(f)
     return d["traceEvents"] if isinstance(d, dict) else d
 
@@ -351,7 +351,7 @@ def test_moe_router_topk_is_not_sampling(name):
     # logits after the step's last GEMM). They read 18% "sampling", and made the file look like an LLM.
     from perfscope.analysis.diagnose import diagnose
 
-    path = MOE_B300 / f"{name}.json.gz"
+    path = MOE_B300 / f"{name}.json.xz"
     t = load_trace(path)
     sorts = [k for k in t.kernels if re.search(r"gatherTopK|bitonicSort", k.name)]
     assert sorts and all(classify(k.name, k.kind)[0] == "sampling" for k in sorts)  # by name alone
@@ -393,7 +393,7 @@ def test_torch_native_moe_layer_is_the_moe_bucket(name):
     # GEMMs `moe/gemm` and the rest `moe/other` / `moe/routing` (the top-k)
     from perfscope.analysis.diagnose import diagnose
 
-    path = MOE_B300 / f"{name}.json.gz"
+    path = MOE_B300 / f"{name}.json.xz"
     t = load_trace(path)
     inside = _in_ranges(t, r"^MoE\[")
     assert inside and {classify(k.name, k.kind)[0] for k in inside} >= {"gemm", "copy"}  # by name alone
@@ -430,7 +430,7 @@ def test_mid_step_topk_without_moe_layer_stays_other():
     # top-k mid-step is no expert routing
     from perfscope.analysis.diagnose import diagnose
 
-    path = HTA / "trace_filter/sampled_rank-0.json.gz"
+    path = HTA / "trace_filter/sampled_rank-0.json.xz"
     t = load_trace(path)
     assert not any(classify(k.name, k.kind)[0] == "moe" for k in t.kernels) and not _in_ranges(t, r"(?i)moe|expert")
     d = diagnose([path]).to_dict()

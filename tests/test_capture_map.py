@@ -17,11 +17,11 @@ from perfscope.errors import InputError
 from perfscope.load.reader import load_trace
 
 INF = TRACELENS / "inference"
-SGL = INF / "sglang_decode/sglang_Qwen3-8B_decode.json.gz"
-SGL_CAP = INF / "sglang_decode/capture_traces/bs_32_rank0.json.gz"
-VLLM = INF / "vllm_decode_full/graph_execution.json.gz"
+SGL = INF / "sglang_decode/sglang_Qwen3-8B_decode.json.xz"
+SGL_CAP = INF / "sglang_decode/capture_traces/bs_32_rank0.json.xz"
+VLLM = INF / "vllm_decode_full/graph_execution.json.xz"
 VLLM_CAP_DIR = INF / "vllm_decode_full/capture_traces"
-PIECEWISE = INF / "vllm_prefilldecode_piecewise/graph_execution.json.gz"
+PIECEWISE = INF / "vllm_prefilldecode_piecewise/graph_execution.json.xz"
 
 
 def test_capture_trace_holds_one_graph_of_named_launches():
@@ -109,7 +109,7 @@ def test_alignment_methods():
 
 def test_not_a_capture_trace_is_refused_clearly():
     with pytest.raises(InputError, match="not a graph-capture trace"):
-        load_capture(H200 / "mla_pool_graph.json.gz")
+        load_capture(H200 / "mla_pool_graph.json.xz")
 
 
 def test_cli_option(tmp_path):
@@ -119,6 +119,6 @@ def test_cli_option(tmp_path):
     d = json.loads(r.stdout)
     assert d["ops"][0]["op_chain"]
     r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(SGL), "--capture-trace",
-                        str(H200 / "mla_pool_graph.json.gz"), "--json"], capture_output=True, text=True, timeout=300)
+                        str(H200 / "mla_pool_graph.json.xz"), "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "not a graph-capture trace" in r.stderr

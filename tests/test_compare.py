@@ -15,7 +15,7 @@ from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
 from perfscope.capture.rundir import write_run
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from paths import TRACES, gz_bytes, topen
 H200 = TRACES / "h200-mla-fp8-kv"
 QWEN = TRACES / "public" / "TraceLens" / "tests" / "traces"
 
@@ -39,7 +39,7 @@ def perfscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 @pytest.mark.parametrize("after", ["mla_fp8_graph", "mla_pages_graph"])
 def test_the_fix_shows_in_the_comparison(diag, after):
-    c = compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / f"{after}.json.gz"),
+    c = compare(diag(H200 / "mla_pool_graph.json.xz"), diag(H200 / f"{after}.json.xz"),
                 labels=("mla_pool_graph", after))
     st = c["step"]
     assert 55.0 <= st["before_ms"] <= 59.0, st
@@ -66,7 +66,7 @@ def test_the_fix_shows_in_the_comparison(diag, after):
 
 
 def test_identical_sides_compare_as_unchanged(diag):
-    d = diag(H200 / "mla_pool_eager.json.gz")
+    d = diag(H200 / "mla_pool_eager.json.xz")
     c = compare(d, d)
     assert c["step"]["ratio"] == 1.0 and c["step"]["delta_ms"] == 0
     assert not c["findings"]["gone"] and not c["findings"]["new"]
@@ -76,8 +76,8 @@ def test_identical_sides_compare_as_unchanged(diag):
 
 
 def test_different_gpus_are_compared_but_flagged(diag):
-    c = compare(diag(QWEN / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"),
-                diag(QWEN / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"))
+    c = compare(diag(QWEN / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"),
+                diag(QWEN / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"))
     assert c["setup"]["differs"] is True
     fields = {f["field"] for f in c["setup"]["flagged"]}
     assert {"device", "platform"} <= fields
@@ -101,9 +101,9 @@ def _run_folder(root: Path, trace: Path, model: str, tpot: float, kv: str) -> Pa
 
 
 def test_run_folders_bring_tpot_model_and_config(tmp_path, diag):
-    before = _run_folder(tmp_path / "before", H200 / "mla_pool_graph.json.gz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
-    after = _run_folder(tmp_path / "after", H200 / "mla_fp8_graph.json.gz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
-    other = _run_folder(tmp_path / "other", H200 / "mla_fp8_graph.json.gz", "Qwen/Qwen3-8B", 7.5, "auto")
+    before = _run_folder(tmp_path / "before", H200 / "mla_pool_graph.json.xz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
+    after = _run_folder(tmp_path / "after", H200 / "mla_fp8_graph.json.xz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
+    other = _run_folder(tmp_path / "other", H200 / "mla_fp8_graph.json.xz", "Qwen/Qwen3-8B", 7.5, "auto")
     c = compare(diagnose([before]), diagnose([after]))
     assert c["tpot"] == {"before_ms": 58.0, "after_ms": 7.5, "delta_ms": -50.5, "ratio": pytest.approx(0.1293, abs=1e-4),
                          "speedup": pytest.approx(7.7333, abs=1e-4)}
@@ -114,11 +114,11 @@ def test_run_folders_bring_tpot_model_and_config(tmp_path, diag):
 
 
 def test_cli_terminal_and_json(tmp_path):
-    pool, fp8 = H200 / "mla_pool_graph.json.gz", H200 / "mla_fp8_graph.json.gz"
+    pool, fp8 = H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_graph.json.xz"
     r = perfscope("compare", pool, fp8)
     assert r.returncode == 0, r.stderr
     assert "fp8-kv-cast" in r.stdout and "gone" in r.stdout and "copy" in r.stdout
-    r = perfscope("compare", pool, H200 / "mla_pages_graph.json.gz", "--json", "--html", tmp_path / "c.html")
+    r = perfscope("compare", pool, H200 / "mla_pages_graph.json.xz", "--json", "--html", tmp_path / "c.html")
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)
     assert c["kind"] == "compare" and c["findings"]["gone"][0]["id"] == "fp8-kv-cast"
@@ -129,23 +129,23 @@ def test_cli_terminal_and_json(tmp_path):
 def test_predictions_are_held_to_account(tmp_path, diag):
     """The pool trace predicted its fixed step (fp8-kv-cast, gone after the fix): compare prints the
     prediction against the fixed run's measured step, with the error in %."""
-    c = compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_fp8_graph.json.gz"))
+    c = compare(diag(H200 / "mla_pool_graph.json.xz"), diag(H200 / "mla_fp8_graph.json.xz"))
     (pr,) = c["predictions"]
-    pred = next(f for f in diag(H200 / "mla_pool_graph.json.gz").primary.findings if f["id"] == "fp8-kv-cast")
+    pred = next(f for f in diag(H200 / "mla_pool_graph.json.xz").primary.findings if f["id"] == "fp8-kv-cast")
     assert pr["finding"] == "fp8-kv-cast" and pr["predicted_step_ms"] == round(pred["predicted_step_ms_after_fix"], 4)
     assert pr["measured_step_ms"] == c["step"]["after_ms"]
     assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
     assert -25 < pr["error_pct"] < 0  # 6.42 ms predicted, 6.91 ms measured
     # a finding still present predicted nothing that was tested: no row; nor the reverse direction
-    assert compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_pool_eager.json.gz"))["predictions"] == []
-    assert compare(diag(H200 / "mla_fp8_graph.json.gz"), diag(H200 / "mla_pool_graph.json.gz"))["predictions"] == []
-    r = perfscope("compare", H200 / "mla_pool_graph.json.gz", H200 / "mla_fp8_graph.json.gz")
+    assert compare(diag(H200 / "mla_pool_graph.json.xz"), diag(H200 / "mla_pool_eager.json.xz"))["predictions"] == []
+    assert compare(diag(H200 / "mla_fp8_graph.json.xz"), diag(H200 / "mla_pool_graph.json.xz"))["predictions"] == []
+    r = perfscope("compare", H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_graph.json.xz")
     shown = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
     assert f"measured {pr['measured_step_ms']:.2f} ms (error {pr['error_pct']:+.1f}%)" in shown
     # the prediction is of the unprofiled TPOT: AFTER's TPOT measured under the profiler is not held to
     # it (said so); a bench of AFTER (no profiler) is
-    before = _run_folder(tmp_path / "b", H200 / "mla_pool_graph.json.gz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
-    after = _run_folder(tmp_path / "a", H200 / "mla_fp8_graph.json.gz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
+    before = _run_folder(tmp_path / "b", H200 / "mla_pool_graph.json.xz", "deepseek-ai/DeepSeek-V3", 58.0, "fp8_e4m3")
+    after = _run_folder(tmp_path / "a", H200 / "mla_fp8_graph.json.xz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
     (pr,) = compare(diagnose([before]), diagnose([after]))["predictions"]
     assert pr["measured_under_profiler"] and "measured_tpot_ms" not in pr
     from perfscope.capture.rundir import update_run
@@ -159,8 +159,8 @@ def test_predictions_are_held_to_account(tmp_path, diag):
 @pytest.mark.parametrize("side", ["before", "after"])
 def test_cli_one_unreadable_side_is_one_line(tmp_path, side):
     bad = tmp_path / "broken.json.gz"
-    bad.write_bytes((H200 / "mla_fp8_graph.json.gz").read_bytes()[:5000])  # truncated gzip
-    good = H200 / "mla_fp8_graph.json.gz"
+    bad.write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz")[:5000])  # truncated gzip
+    good = H200 / "mla_fp8_graph.json.xz"
     args = (bad, good) if side == "before" else (good, bad)
     r = perfscope("compare", *args)
     assert r.returncode == 2
@@ -170,10 +170,10 @@ def test_cli_one_unreadable_side_is_one_line(tmp_path, side):
 
 
 def test_cli_missing_side_and_not_a_kineto_trace(tmp_path):
-    good = H200 / "mla_fp8_graph.json.gz"
+    good = H200 / "mla_fp8_graph.json.xz"
     r = perfscope("compare", tmp_path / "nope.json.gz", good)
     assert r.returncode == 2 and r.stderr.strip() == f"perfscope: error: before ({tmp_path / 'nope.json.gz'}): no such file or folder"
-    et = TRACES / "public/HolisticTraceAnalysis/tests/data/execution_trace/benchmark_simple_add_et.json.gz"
+    et = TRACES / "public/HolisticTraceAnalysis/tests/data/execution_trace/benchmark_simple_add_et.json.xz"
     r = perfscope("compare", good, et)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("perfscope: error: after") and "execution trace" in r.stderr
@@ -190,7 +190,7 @@ def test_cpu_only_runs_compare_as_platform_cpu():
     assert c["before"]["platform"] == c["after"]["platform"] == "cpu"
     assert c["before"]["analysed_on"] == "cpu-ops"
     assert "cuda" not in json.dumps(c["before"]).lower()
-    r = perfscope("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz", H200 / "mla_pool_graph.json.gz", "--json")
+    r = perfscope("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz", H200 / "mla_pool_graph.json.xz", "--json")
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)
     assert (c["before"]["platform"], c["after"]["platform"]) == ("cpu", "cuda")
@@ -201,13 +201,13 @@ def test_the_change_has_its_noise_and_a_verdict(diag):
     """Step medians with their spread and a bootstrap interval: the cast fix is 'improved' with an
     interval far from 0; a trace against itself is 'no change'; the fix changed its own kernels
     only, so nothing 'moved together'."""
-    c = compare(diag(H200 / "mla_pool_graph.json.gz"), diag(H200 / "mla_fp8_graph.json.gz"))
+    c = compare(diag(H200 / "mla_pool_graph.json.xz"), diag(H200 / "mla_fp8_graph.json.xz"))
     st = c["change"]["step"]
     assert st["verdict"] == "improved" and st["before"]["n"] >= 5 and st["after"]["n"] >= 5, st
     lo, hi = st["interval"]
     assert lo <= st["change"] <= hi < -0.8 and st["before"]["min"] <= st["before"]["median"] <= st["before"]["max"]
     assert "improved, 95% CI" in c["verdict"] and c["moved_together"] is None, c["verdict"]
-    same = compare(diag(H200 / "mla_pool_eager.json.gz"), diag(H200 / "mla_pool_eager.json.gz"))
+    same = compare(diag(H200 / "mla_pool_eager.json.xz"), diag(H200 / "mla_pool_eager.json.xz"))
     assert same["change"]["step"]["verdict"] == "no change" and same["moved_together"] is None
     assert "no change (noise +-5%)" in same["verdict"], same["verdict"]
 
@@ -218,8 +218,8 @@ def test_kernels_the_fix_did_not_touch_moving_together_flag_the_machine(tmp_path
     together, and compare says the machine changed; the terminal says it on one line."""
     import gzip
 
-    src = H200 / "mla_pages_graph.json.gz"
-    d = json.loads(gzip.open(src).read())
+    src = H200 / "mla_pages_graph.json.xz"
+    d = json.loads(topen(src).read())
     for e in d["traceEvents"]:
         if e.get("cat") == "kernel" and "dur" in e:
             e["dur"] = e["dur"] * 0.4

@@ -1,6 +1,6 @@
 """CPU-only traces are analysed on each op's self (exclusive) time on its own thread (issue 10 item
 4, issue 13 item 8), checked on a real trace: tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.
-trace.json.gz is what `perfscope trace` brought back from a real SGLang 0.5.23 server on CPU
+trace.json.xz is what `perfscope trace` brought back from a real SGLang 0.5.23 server on CPU
 (tests/real_engines.py: tiny Qwen2, 2 layers, hidden 128, vocab 4096, torch_native attention;
 --steps 4 --concurrency 2: four `step[DECODE bs=2]`), unmodified.
 
@@ -10,6 +10,8 @@ is checked against an independent computation (an op's duration minus its direct
 by brute force), and per-step op time against the step."""
 
 from __future__ import annotations
+
+from paths import topen
 
 from dataclasses import replace
 from pathlib import Path
@@ -105,8 +107,8 @@ def test_one_collective_on_two_backend_threads_is_waited_for_once():
 
     from paths import HTA
 
-    path = next((HTA / "cpu_only").glob("*.json.gz"))
-    raw = json.load(gzip.open(path, "rt"))["traceEvents"]
+    path = next((HTA / "cpu_only").glob("*.json.xz"))
+    raw = json.load(topen(path, "rt"))["traceEvents"]
     step = next(e for e in raw if e.get("name", "").startswith("ProfilerStep#"))
     s0, s1 = step["ts"], step["ts"] + step["dur"]
     gloo = [(max(e["ts"], s0), min(e["ts"] + e["dur"], s1)) for e in raw

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from paths import H200, HTA, TRACELENS, TRACES
+from paths import H200, HTA, TRACELENS, TRACES, gz_bytes, topen
 from perfscope.analysis.diagnose import diagnose
 
 MEASURED = json.loads((H200 / "measured.json").read_text())
@@ -27,7 +27,7 @@ def finding(d: dict, fid: str):
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_pool_trace_finds_the_fp8_cast(mode):
-    d = diagnose([H200 / f"mla_pool_{mode}.json.gz"]).to_dict()
+    d = diagnose([H200 / f"mla_pool_{mode}.json.xz"]).to_dict()
     assert d["steps"]["phase"] == "decode"
     assert d["steps"]["count"] == 5
     assert d["steps"]["median_ms"] == pytest.approx(MEASURED["graph"]["pool"]["median_ms"], rel=0.05)
@@ -49,7 +49,7 @@ def test_pool_trace_finds_the_fp8_cast(mode):
 
 
 def test_eager_trace_names_the_cast_op_chain_dtypes_and_source():
-    d = diagnose([H200 / "mla_pool_eager.json.gz"]).to_dict()
+    d = diagnose([H200 / "mla_pool_eager.json.xz"]).to_dict()
     top = d["ops"][0]
     assert top["bucket"] == "copy" and top["sub"] == "cast"
     assert top["op_chain"] == ["aten::to", "aten::_to_copy", "aten::copy_"]
@@ -61,13 +61,13 @@ def test_eager_trace_names_the_cast_op_chain_dtypes_and_source():
 
 
 def test_graph_trace_sizes_the_pool_from_launch_geometry():
-    d = diagnose([H200 / "mla_pool_graph.json.gz"]).to_dict()
+    d = diagnose([H200 / "mla_pool_graph.json.xz"]).to_dict()
     top = d["ops"][0]
     assert top["graph_replay"] is True and top["grid"] == [556875, 1, 1] and top["block"] == [128, 1, 1]
     ev = finding(d, "fp8-kv-cast")["evidence"]
     assert ev["sized_from"] == "kernel launch geometry"
     # with the server's config, confidence rises and the pool fraction is reported
-    d2 = diagnose([H200 / "mla_pool_graph.json.gz"],
+    d2 = diagnose([H200 / "mla_pool_graph.json.xz"],
                   {"kv_cache_dtype": "fp8_e4m3", "max_total_num_tokens": 495000}).to_dict()
     f2 = finding(d2, "fp8-kv-cast")
     assert f2["confidence"] == "high" and f2["evidence"]["pool_fraction_cast"] == pytest.approx(1.0)
@@ -75,7 +75,7 @@ def test_graph_trace_sizes_the_pool_from_launch_geometry():
 
 @pytest.mark.parametrize("name", ["mla_pages_eager", "mla_pages_graph", "mla_fp8_eager", "mla_fp8_graph"])
 def test_fixed_traces_have_no_cast_finding(name):
-    d = diagnose([H200 / f"{name}.json.gz"]).to_dict()
+    d = diagnose([H200 / f"{name}.json.xz"]).to_dict()
     assert finding(d, "fp8-kv-cast") is None
     if name.endswith("graph"):
         variant = name.split("_")[1]
@@ -83,16 +83,16 @@ def test_fixed_traces_have_no_cast_finding(name):
 
 
 def _plain_kernel_ms(path) -> float:
-    with gzip.open(path) as f:
+    with topen(path) as f:
         events = json.load(f)["traceEvents"]
     return sum(e.get("dur", 0) for e in events if e.get("cat") == "kernel") / 1e3
 
 
 @pytest.mark.parametrize("rel", [
-    "h200-mla-fp8-kv/mla_pool_eager.json.gz",
-    "public/TraceLens/tests/traces/b200/eager_trace.json.gz",
-    "public/TraceLens/tests/traces/inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz",
-    "public/HolisticTraceAnalysis/tests/data/df_index_resolver/df_index_resolver.json.gz",
+    "h200-mla-fp8-kv/mla_pool_eager.json.xz",
+    "public/TraceLens/tests/traces/b200/eager_trace.json.xz",
+    "public/TraceLens/tests/traces/inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz",
+    "public/HolisticTraceAnalysis/tests/data/df_index_resolver/df_index_resolver.json.xz",
 ])
 def test_kernel_total_equals_plain_sum(rel):
     d = diagnose([TRACES / rel]).to_dict()
@@ -102,33 +102,33 @@ def test_kernel_total_equals_plain_sum(rel):
 
 
 def test_communication_bucket_on_b200_and_v100():
-    b200 = diagnose([TRACELENS / "b200" / "eager_trace.json.gz"]).to_dict()
+    b200 = diagnose([TRACELENS / "b200" / "eager_trace.json.xz"]).to_dict()
     assert b200["sub_buckets"].get("communication/custom", {}).get("share", 0) > 0.10
-    v100 = diagnose([HTA / "df_index_resolver" / "df_index_resolver.json.gz"]).to_dict()
+    v100 = diagnose([HTA / "df_index_resolver" / "df_index_resolver.json.xz"]).to_dict()
     assert v100["buckets"]["communication"]["share"] > 0.10
     assert v100["sub_buckets"]["communication/nccl"]["ms_per_step"] > 0
 
 
 def test_sglang_mi300x_prefill_and_decode_kept_apart():
-    dec = diagnose([TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"]).to_dict()
+    dec = diagnose([TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"]).to_dict()
     assert dec["steps"]["phase"] == "decode" and dec["steps"]["method"] == "sglang-annotation"
     # decode under a HIP graph: ~10 ms of GPU work, not the 465 ms CPU annotation
     assert 5 < dec["steps"]["median_ms"] < 20
-    pre = diagnose([TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"]).to_dict()
+    pre = diagnose([TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"]).to_dict()
     assert {p["phase"] for p in pre["phases"]} >= {"prefill"}
     assert pre["steps"]["phase"] == "prefill"
 
 
 def test_cpu_only_trace_is_analysed_on_cpu_ops():
-    d = diagnose([next((HTA / "cpu_only").glob("*.json.gz"))]).to_dict()
+    d = diagnose([next((HTA / "cpu_only").glob("*.json.xz"))]).to_dict()
     assert d["kernel_ms_total"] == 0
     assert d["steps"]["analysed_on"] == "cpu-ops"
     assert any("no GPU kernels" in n for n in d["notes"])
 
 
 def test_rank_folder_in_parallel_with_per_rank_tables(tmp_path):
-    src = H200 / "mla_pool_graph.json.gz"
-    other = H200 / "mla_fp8_graph.json.gz"
+    src = H200 / "mla_pool_graph.json.xz"
+    other = H200 / "mla_fp8_graph.json.xz"
     prof = tmp_path / "profile"
     prof.mkdir()
     shutil.copy(src, prof / "1790000000.1-TP-0.trace.json.gz")
@@ -150,8 +150,8 @@ def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
     prof.mkdir()
     # two H200 decode files (byte-identical copies would be one rank: tests/test_rank_sets.py) and an
     # H200 EXTEND file of the repro server
-    shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1.1-TP-0-DECODE.trace.json.gz")
-    shutil.copy(H200 / "mla_pages_graph.json.gz", prof / "1.1-TP-1-DECODE.trace.json.gz")
+    (prof / "1.1-TP-0-DECODE.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz"))
+    (prof / "1.1-TP-1-DECODE.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_pages_graph.json.xz"))
     extend = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/native/traces").glob("*EXTEND*.json.gz"))))
     shutil.copy(extend, prof / "1.1-TP-1-EXTEND.trace.json.gz")
     d = diagnose([prof], workers=2)
@@ -163,7 +163,7 @@ def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
 
 
 def test_cli_json_and_fail_on_gate():
-    r = run_cli("diagnose", H200 / "mla_pool_graph.json.gz", "--json", "--fail-on", "fp8-kv-cast")
+    r = run_cli("diagnose", H200 / "mla_pool_graph.json.xz", "--json", "--fail-on", "fp8-kv-cast")
     assert r.returncode == 1, r.stderr
     d = json.loads(r.stdout)
     assert set(d) >= {"steps", "buckets", "kernel_ms_total", "findings"}
@@ -172,9 +172,9 @@ def test_cli_json_and_fail_on_gate():
     f = d["findings"][0]
     assert set(f) >= {"id", "fix", "ms_per_step", "share", "predicted_step_ms_after_fix", "evidence"}
     assert "gated finding" in r.stderr
-    ok = run_cli("diagnose", H200 / "mla_fp8_graph.json.gz", "--json", "--fail-on", "fp8-kv-cast")
+    ok = run_cli("diagnose", H200 / "mla_fp8_graph.json.xz", "--json", "--fail-on", "fp8-kv-cast")
     assert ok.returncode == 0, ok.stderr
-    term = run_cli("diagnose", H200 / "mla_pool_eager.json.gz")
+    term = run_cli("diagnose", H200 / "mla_pool_eager.json.xz")
     assert term.returncode == 0 and "fp8-kv-cast" in term.stdout and "495,000" in term.stdout
 
 
@@ -187,14 +187,14 @@ def _one_line_error(r, code=2):
 
 
 def test_bad_inputs_get_one_clear_line(tmp_path):
-    full = (H200 / "mla_pool_graph.json.gz").read_bytes()
+    full = gz_bytes(H200 / "mla_pool_graph.json.xz")
     trunc = tmp_path / "truncated.json.gz"
     trunc.write_bytes(full[: len(full) // 2])
     assert "truncated gzip" in _one_line_error(run_cli("diagnose", trunc))
     empty = tmp_path / "empty.json"
     empty.write_bytes(b"")
     assert "empty file" in _one_line_error(run_cli("diagnose", empty))
-    et = HTA / "execution_trace" / "benchmark_simple_add_et.json.gz"
+    et = HTA / "execution_trace" / "benchmark_simple_add_et.json.xz"
     assert "execution trace" in _one_line_error(run_cli("diagnose", et))
     notjson = tmp_path / "notes.json"
     notjson.write_text("hello")
@@ -208,7 +208,7 @@ def test_bad_inputs_get_one_clear_line(tmp_path):
     # one bad rank among good ones: still one line, no traceback from the worker
     prof = tmp_path / "prof"
     prof.mkdir()
-    shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1-TP-0.trace.json.gz")
+    (prof / "1-TP-0.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz"))
     (prof / "1-TP-1.trace.json.gz").write_bytes(full[:1000])
     assert "truncated gzip" in _one_line_error(run_cli("diagnose", prof))
 
@@ -217,7 +217,7 @@ def test_fail_on_checks_its_ids_against_the_rule_registry():
     from perfscope.analysis.rules import rule_ids
 
     # a misspelt id would never match: a CI gate that always passes. Refused, with the known ids
-    trace = H200 / "mla_pool_graph.json.gz"
+    trace = H200 / "mla_pool_graph.json.xz"
     line = _one_line_error(run_cli("diagnose", trace, "--fail-on", "fp8-kv-cats"))
     assert "unknown finding id fp8-kv-cats" in line and "did you mean fp8-kv-cast?" in line
     assert all(rid in line for rid in rule_ids()) and "any" in line

@@ -33,7 +33,7 @@ def test_local_fix_check_reads_the_server_on_the_port(sglang_server):
     assert "skipped: kv_cache_dtype is 'auto'" in r.stderr and "applies cleanly" not in r.stdout, r.stdout + r.stderr
     # eager-decode from an eager H200 trace, against this CPU server: refused for what the server is
     # (it proposed removing a --disable-cuda-graph the server was never started with)
-    r = cli("fix", "eager-decode", "--trace", H200 / "mla_fp8_eager.json.gz", "--port", srv.port)
+    r = cli("fix", "eager-decode", "--trace", H200 / "mla_fp8_eager.json.xz", "--port", srv.port)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "remove --disable-cuda-graph" not in r.stdout and "runs on cpu" in r.stderr, r.stdout + r.stderr
     # overlap-off: the server has the flag, so the change is to drop it
@@ -114,7 +114,7 @@ def test_sglang_root_names_the_version_even_with_another_server_on_the_port(sgla
 
 
 def test_diagnose_refuses_a_negative_top_and_a_model_config_that_is_not_one(tmp_path):
-    trace = H200 / "mla_pool_graph.json.gz"
+    trace = H200 / "mla_pool_graph.json.xz"
     r = cli("diagnose", trace, "--top", "-1")
     assert r.returncode == 2 and "--top" in r.stderr and "Traceback" not in r.stderr, r.stderr
     # a run's run.json given as the model config: said, exit 2, not a silent diagnosis without a floor

@@ -27,7 +27,7 @@ def _run_folder(root: Path) -> Path:
     """A run folder as `perfscope trace --host gpu-box --port 30001` leaves it, around a real trace."""
     (root / "traces").mkdir(parents=True)
     dst = root / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz"
-    shutil.copyfile(H200 / "mla_pool_graph.json.gz", dst)
+    shutil.copyfile(H200 / "mla_pool_graph.json.xz", dst)
     write_run(root, command=["perfscope", "trace"], host="gpu-box", engine="sglang",
               server_info={"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flashinfer", "port": 30001},
               files=[{"path": dst.relative_to(root).as_posix()}])
@@ -67,7 +67,7 @@ def test_every_renderer_prints_the_recorded_host_port_and_run(tmp_path):
 
 def test_a_bare_trace_says_what_to_add(tmp_path):
     trace = tmp_path / "t.json.gz"
-    shutil.copyfile(H200 / "mla_pool_graph.json.gz", trace)
+    shutil.copyfile(H200 / "mla_pool_graph.json.xz", trace)
     out = _every_renderer(tmp_path, trace)
     cmd = f"perfscope fix fp8-kv-cast --trace {trace}"
     assert out["json"] == cmd

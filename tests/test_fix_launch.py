@@ -445,9 +445,9 @@ def test_without_a_launch_file_the_change_and_the_servers_command_line_are_print
 # -------------------------------------------- diagnose's fix: line on every shared trace runs
 
 SHARED_WITH_FINDINGS = {
-    "mla_pool_eager.json.gz": "fp8-kv-cast", "mla_pool_graph.json.gz": "fp8-kv-cast",
-    "mla_pages_eager.json.gz": "eager-decode", "mla_fp8_eager.json.gz": "eager-decode",
-    "mla_fp8_graph.json.gz": "overlap-off", "mla_pages_graph.json.gz": "overlap-off",
+    "mla_pool_eager.json.xz": "fp8-kv-cast", "mla_pool_graph.json.xz": "fp8-kv-cast",
+    "mla_pages_eager.json.xz": "eager-decode", "mla_fp8_eager.json.xz": "eager-decode",
+    "mla_fp8_graph.json.xz": "overlap-off", "mla_pages_graph.json.xz": "overlap-off",
 }
 
 

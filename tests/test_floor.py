@@ -88,7 +88,7 @@ def test_every_gpu_row_has_its_source_and_sane_figures():
 
 
 # (deviceProperties name, computeMajor.Minor, totalGlobalMem, platform) as real traces in
-# ../shared/traces carry them, then names as torch reports other boards
+# tests/traces/corpus carry them, then names as torch reports other boards
 @pytest.mark.parametrize("name,cc,mem,platform,key", [
     ("NVIDIA H200", "9.0", 150109880320, "cuda", "h200"),
     ("NVIDIA H100 80GB HBM3", "9.0", 85018279936, "cuda", "h100-sxm"),
@@ -293,7 +293,7 @@ def test_fixed_step_floor_on_h200():
     weights (3.12 ms) + 60 x 4096 x 576 B of FP8 KV (0.03 ms) = 3.15 ms, 2.2x below the measurement. The
     bucket that keeps the step above its floor is attention: 60 small MLA kernels (batch 1, 16 heads) at
     ~43 us each against 0.5 us of bandwidth."""
-    d = _diag("mla_fp8_graph.json.gz")
+    d = _diag("mla_fp8_graph.json.xz")
     f = d["floor"]
     assert f["available"], f
     assert f["floor_ms"] == pytest.approx((60 * 249561088 + 60 * 4096 * 576) / 4.8e9, rel=1e-3)
@@ -309,7 +309,7 @@ def test_fixed_step_floor_on_h200():
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_pool_trace_gap_points_at_copy(mode):
-    d = _diag(f"mla_pool_{mode}.json.gz")
+    d = _diag(f"mla_pool_{mode}.json.xz")
     f = d["floor"]
     assert f["available"] and f["worst_bucket"] == "copy"
     assert f["buckets"]["copy"]["floor_ms"] == 0
@@ -327,30 +327,30 @@ def test_pool_trace_gap_points_at_copy(mode):
 
 
 def test_eager_fixed_trace_gap_is_idle():
-    f = _diag("mla_fp8_eager.json.gz")["floor"]
+    f = _diag("mla_fp8_eager.json.xz")["floor"]
     assert f["worst_bucket"] == "idle"
 
 
 def test_options_override_the_example_workload():
-    f = _diag("mla_fp8_graph.json.gz", batch=4, context=1000)["floor"]
+    f = _diag("mla_fp8_graph.json.xz", batch=4, context=1000)["floor"]
     assert f["inputs"]["batch"] == 4 and f["inputs"]["context"] == 1000
     assert f["bytes_per_step"]["kv"] == 4 * 1000 * 576 * 60
 
 
 def test_without_model_config_the_json_says_what_is_missing():
-    d = diagnose([H200 / "mla_fp8_graph.json.gz"]).to_dict()
+    d = diagnose([H200 / "mla_fp8_graph.json.xz"]).to_dict()
     assert d["floor"]["available"] is False
     assert d["floor"]["missing"].startswith("floor: needs --model-config")
 
 
 def test_cli_model_config_option():
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.gz"), "--json",
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.xz"), "--json",
                         "--model-config", str(EXAMPLE), "--context", "4096"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["floor"]["worst_bucket"] == "copy" and d["floor"]["inputs"]["context"] == 4096
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.gz"),
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.xz"),
                         "--model-config", str(REPO / "nonexistent.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "model config" in r.stderr and "Traceback" not in r.stderr
 
@@ -368,7 +368,7 @@ def test_html_report_shows_the_floor_and_its_worst_bucket(tmp_path):
     from paths import H200, REPO
 
     out = tmp_path / "r.html"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.gz"),
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.xz"),
                         "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"),
                         "--html", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -385,7 +385,7 @@ def test_report_header_names_an_unnamed_rocm_gpu_by_its_match():
     from perfscope.analysis.gpus import device_label
     from perfscope.load.reader import load_trace
 
-    r = analyze_trace(load_trace(TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"))
+    r = analyze_trace(load_trace(TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"))
     assert not r.meta.get("device_name")
     assert device_label(r.meta) == "AMD Instinct MI300X (matched by compute capability and memory)"
     assert device_label({"device_name": "NVIDIA H200"}) == "NVIDIA H200"

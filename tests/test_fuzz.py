@@ -1,5 +1,5 @@
 """Structure-aware fuzzing (hypothesis) of everything perfscope reads: real small traces from
-../shared/traces mutated in structure, field types (cpu_op shapes, >64-bit integers, negative
+tests/traces/corpus mutated in structure, field types (cpu_op shapes, >64-bit integers, negative
 durations), bytes, container format (JSON Array Format) and text encoding (BOM, UTF-16, lone
 surrogates), run through the loader *and* the analysis in-process; run.json files; fix manifests.
 The only exception allowed out is the documented input error
@@ -30,15 +30,15 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from paths import H200, TRACELENS
+from paths import H200, TRACELENS, json_of
 from perfscope.errors import PerfscopeError
 
 SCALE = float(os.environ.get("PERFSCOPE_FUZZ_EXAMPLES", "1"))
 # real traces, small enough that one example (mutate, serialise, parse, analyse) takes milliseconds
 SEEDS = [
-    TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz",
-    H200 / "mla_fp8_graph.json.gz",
-    TRACELENS / "inference" / "vllm_decode_full" / "graph_execution.json.gz",
+    TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz",
+    H200 / "mla_fp8_graph.json.xz",
+    TRACELENS / "inference" / "vllm_decode_full" / "graph_execution.json.xz",
 ]
 
 
@@ -87,8 +87,8 @@ def _run(mode: str, prop, n: int) -> None:
 def seeds():
     out = []
     for p in SEEDS:
-        assert p.is_file(), f"{p} missing: the shared traces are needed (../shared/traces)"
-        obj = json.loads(gzip.decompress(p.read_bytes()))
+        assert p.is_file(), f"{p} missing: the shared traces are needed (tests/traces/corpus)"
+        obj = json.loads(json_of(p))
         evs = obj["traceEvents"]
         # keep a few hundred events: the mutations, not the size, are what is tested
         kern = [e for e in evs if e.get("cat") in ("kernel", "cuda_runtime", "cuda_driver", "gpu_user_annotation",
@@ -328,16 +328,16 @@ def _manifest_case(tmp_path_factory, edits, top):
 
 def test_validation_drops_nothing_from_real_traces():
     """The boundary checks must not cost real data: every kernel of every real trace in
-    shared/traces (epoch-microsecond timestamps included) is still read."""
+    tests/traces/corpus (epoch-microsecond timestamps included) is still read."""
     from paths import TRACES
     from perfscope.load.reader import _GPU_CATS, load_trace
 
     n = 0
-    for p in sorted(TRACES.rglob("*.json.gz")):
+    for p in sorted(TRACES.rglob("*.json.xz")):
         if p.stat().st_size > 1 << 20:
             continue
         try:
-            obj = json.loads(gzip.decompress(p.read_bytes()))
+            obj = json.loads(json_of(p))
         except (ValueError, OSError):
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):

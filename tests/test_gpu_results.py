@@ -1,6 +1,6 @@
 """The traces the H200 loop brought back (examples/gpu_loop/results/h200-2026-11-29: the reproduction
 server on CUDA with CUDA graphs, 60 layers, a 495,000-token FP8 pool) analysed here on the CPU: a
-trace of the same kind as shared/traces/h200-mla-fp8-kv but from another program."""
+trace of the same kind as tests/traces/corpus/h200-mla-fp8-kv but from another program."""
 
 from __future__ import annotations
 

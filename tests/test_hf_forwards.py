@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from paths import H200, KERNEL_MIX, REPO, TRACELENS
+from paths import H200, KERNEL_MIX, REPO, TRACELENS, topen
 from perfscope.analysis.diagnose import diagnose
 
 HF = REPO / "tests" / "traces" / "tracelens-hf"
 BERT = HF / "gaunernst_bert-small-uncased__1016001.json.gz"
 VIT = HF / "Falconsai_nsfw_image_detection__1016002.json.gz"
 OWLV2 = HF / "google_owlv2-large-patch14-ensemble__1016001.json.gz"
-QWEN_FORWARDS = [TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
-                 TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"]
+QWEN_FORWARDS = [TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz",
+                 TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"]
 
 
 @lru_cache(maxsize=None)
@@ -35,7 +35,7 @@ def diag(path: Path) -> dict:
 def recount(path: Path) -> dict:
     """From the raw JSON, by name: the ProfilerStep's kernel launches and the GPU work they launched
     (span, busy union, idle), and the Python functions of transformers' model files."""
-    with gzip.open(path) as f:
+    with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     step = next(e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
     t0, t1 = step["ts"], step["ts"] + step["dur"]
@@ -116,7 +116,7 @@ def test_host_work_under_a_heavy_profiler_is_not_launch_cost():
     assert f"{r['idle_us'] / r['launches']:.0f} us per kernel launch" in note
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_fp8_eager.json.gz", H200 / "mla_pages_eager.json.gz",
+@pytest.mark.parametrize("path", [H200 / "mla_fp8_eager.json.xz", H200 / "mla_pages_eager.json.xz",
                                   KERNEL_MIX / "fi_decode_eager.json.gz", KERNEL_MIX / "triton_norm_rope_eager.json.gz"],
                          ids=lambda p: p.name)
 def test_eager_decode_loops_keep_their_server_fix(path):

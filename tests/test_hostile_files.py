@@ -1,5 +1,5 @@
 """Traces and fix inputs that real tools write, or that a careless or hostile user passes, each run
-through the real CLI (in-process or in a subprocess) on a real trace from ../shared/traces edited
+through the real CLI (in-process or in a subprocess) on a real trace from tests/traces/corpus edited
 in the one way the case is about: the result is an analysis (with a note where something was left
 out or repaired) or one line with a documented exit code, never exit 70.
 """
@@ -15,15 +15,15 @@ import sys
 
 import pytest
 
-from paths import REPO, TRACELENS
+from paths import REPO, TRACELENS, json_of
 from perfscope.cli import main
 
-SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz"
+SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
 
 
 @pytest.fixture(scope="module")
 def trace_obj():
-    return json.loads(gzip.decompress(SMALL.read_bytes()))
+    return json.loads(json_of(SMALL))
 
 
 def run_cli(argv, capsys):
@@ -161,7 +161,7 @@ def test_gzip_bomb_is_refused_at_the_inflated_bound(tmp_path):
 
 
 def test_real_trace_past_a_lowered_bound_is_refused_and_within_it_read(tmp_path, capsys, monkeypatch):
-    size = len(gzip.decompress(SMALL.read_bytes()))
+    size = len(json_of(SMALL))
     monkeypatch.setenv("PERFSCOPE_MAX_TRACE_GB", str((size - 1) / (1 << 30)))
     rc, _, err = run_cli(["diagnose", SMALL], capsys)
     assert rc == 2 and "PERFSCOPE_MAX_TRACE_GB" in one_line(err)
@@ -185,7 +185,7 @@ def test_name_repair_edits_the_buffer_in_place():
     bytearray is now repaired in place and returned, the same object."""
     from perfscope.load.reader import parse, repair_names
 
-    raw = json.dumps(json.loads(gzip.decompress(SMALL.read_bytes())), indent=1)  # one field a line, as Kineto writes
+    raw = json.dumps(json.loads(json_of(SMALL)), indent=1)  # one field a line, as Kineto writes
     i = raw.index('"name": "', raw.index('"traceEvents"')) + len('"name": "')
     bad = bytearray((raw[:i] + 'x.py(1): "quoted"' + raw[i:]).encode())
     out, n = repair_names(bad)

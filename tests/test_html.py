@@ -20,7 +20,7 @@ from perfscope.capture.rundir import write_run
 from perfscope.errors import InputError
 from perfscope.report.html import idle_gaps, render_compare, render_diagnosis, timeline_data, write_html
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from paths import TRACES  # noqa: E402
 H200 = TRACES / "h200-mla-fp8-kv"
 PUBLIC = TRACES / "public"
 QWEN = PUBLIC / "TraceLens" / "tests" / "traces"
@@ -43,23 +43,23 @@ def diag():
 def pages(tmp_path_factory, diag):
     """The report kinds, written once: diagnosis (graph, eager, multi-rank, run folder) and compare."""
     out = tmp_path_factory.mktemp("reports")
-    pool = diag(H200 / "mla_pool_graph.json.gz")
+    pool = diag(H200 / "mla_pool_graph.json.xz")
     made = {
         "diagnosis": write_html(out / "diagnosis.html", render_diagnosis(pool)),
-        "diagnosis-eager": write_html(out / "eager.html", render_diagnosis(diag(H200 / "mla_pool_eager.json.gz"))),
+        "diagnosis-eager": write_html(out / "eager.html", render_diagnosis(diag(H200 / "mla_pool_eager.json.xz"))),
         "diagnosis-ranks": write_html(out / "ranks.html", render_diagnosis(
             diag(PUBLIC / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter"))),
     }
     for after in ("mla_fp8_graph", "mla_pages_graph"):
-        a = diag(H200 / f"{after}.json.gz")
+        a = diag(H200 / f"{after}.json.xz")
         c = compare(pool, a, labels=("mla_pool_graph", after))
         made[f"compare-{after}"] = write_html(out / f"compare-{after}.html", render_compare(c, pool, a))
-    b, a = diag(QWEN / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"), \
-        diag(QWEN / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    b, a = diag(QWEN / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"), \
+        diag(QWEN / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz")
     made["compare-setups"] = write_html(out / "compare-setups.html",
                                         render_compare(compare(b, a, labels=("h100", "mi300")), b, a))
     ranks = diag(PUBLIC / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter")
-    rank0 = diag(PUBLIC / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter" / "sampled_rank-0.json.gz")
+    rank0 = diag(PUBLIC / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter" / "sampled_rank-0.json.xz")
     made["compare-ranks"] = write_html(out / "compare-ranks.html",
                                        render_compare(compare(rank0, ranks, labels=("rank0", "both")), rank0, ranks))
     return made
@@ -106,9 +106,9 @@ def test_idle_gaps_are_where_no_stream_runs():
     assert timeline_data({}) == {}
 
 
-def test_report_of_the_210mb_trace_stays_small(tmp_path):
-    """The 120-step eager trace (210 MB of JSON): the report summarises, it does not embed events."""
-    d = diagnose([H200 / "mla_pool_eager_120steps.json.gz"])
+def test_report_of_the_210mb_trace_stays_small(tmp_path, big_eager_trace):
+    """The 120-step eager trace (171 MB of JSON): the report summarises, it does not embed events."""
+    d = diagnose([big_eager_trace])
     path = write_html(tmp_path / "big.html", render_diagnosis(d))
     assert path.stat().st_size <= 10_000_000
     data = blob(path)["diagnosis"]
@@ -116,11 +116,11 @@ def test_report_of_the_210mb_trace_stays_small(tmp_path):
 
 
 def test_every_shared_trace_renders(diag):
-    """Every usable trace in shared/traces gives a page (no template error on odd data: CPU-only,
+    """Every usable trace in tests/traces/corpus gives a page (no template error on odd data: CPU-only,
     ROCm, SGLang graph decode, vLLM, multi-rank, training)."""
     skip = ("120steps", "execution_trace", "908_results")  # the last: rocprofiler-sdk JSON, refused
     n = 0
-    for f in sorted(TRACES.rglob("*.json.gz")):
+    for f in sorted(TRACES.rglob("*.json.xz")):
         if any(s in str(f) for s in skip):
             continue
         html = render_diagnosis(diag(f))
@@ -151,7 +151,7 @@ def perfscope(*args, cwd=None) -> subprocess.CompletedProcess:
 def test_cli_report_of_a_run_folder_shows_config_and_tpot(tmp_path):
     run = tmp_path / "run"
     (run / "traces").mkdir(parents=True)
-    shutil.copyfile(H200 / "mla_pool_graph.json.gz", run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz")
+    shutil.copyfile(H200 / "mla_pool_graph.json.xz", run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz")
     write_run(run, command=["perfscope", "trace"], host="gpu1", versions={"sglang": "0.5.5", "flashinfer": "0.6.18"},
               server_info={"model_path": "deepseek-ai/DeepSeek-V3", "kv_cache_dtype": "fp8_e4m3",
                            "attention_backend": "flashinfer", "tp_size": 1, "max_total_num_tokens": 495000},
@@ -166,14 +166,14 @@ def test_cli_report_of_a_run_folder_shows_config_and_tpot(tmp_path):
 
 
 def test_cli_report_default_name_and_diagnose_html(tmp_path):
-    r = perfscope("report", H200 / "mla_fp8_graph.json.gz", cwd=tmp_path)
+    r = perfscope("report", H200 / "mla_fp8_graph.json.xz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "mla_fp8_graph.report.html").is_file() and "report written" in r.stderr
-    r = perfscope("diagnose", H200 / "mla_pool_graph.json.gz", "--html", tmp_path / "d.html")
+    r = perfscope("diagnose", H200 / "mla_pool_graph.json.xz", "--html", tmp_path / "d.html")
     assert r.returncode == 0, r.stderr
     assert "fp8-kv-cast" in r.stdout, "the tables still print"
     assert blob(tmp_path / "d.html")["diagnosis"]["findings"][0]["id"] == "fp8-kv-cast"
-    r = perfscope("report", H200 / "mla_fp8_graph.json.gz", "-o", tmp_path)
+    r = perfscope("report", H200 / "mla_fp8_graph.json.xz", "-o", tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "is a folder" in r.stderr
 
 
@@ -268,8 +268,8 @@ def test_cli_report_with_a_capture_trace_names_the_source(tmp_path):
     """SGLang decode replayed from a CUDA/HIP graph: the capture trace gives the ops their source lines."""
     s = QWEN / "inference" / "sglang_decode"
     out = tmp_path / "cap.html"
-    r = perfscope("report", s / "sglang_Qwen3-8B_decode.json.gz", "--capture-trace",
-                  s / "capture_traces" / "bs_32_rank0.json.gz", "-o", out)
+    r = perfscope("report", s / "sglang_Qwen3-8B_decode.json.xz", "--capture-trace",
+                  s / "capture_traces" / "bs_32_rank0.json.xz", "-o", out)
     assert r.returncode == 0, r.stderr
     html = out.read_text()
     assert "tuned_gemm.py" in html and "<th>source line</th>" in html

@@ -72,11 +72,11 @@ def _true_shares(tl: dict) -> dict:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline")
-    pool, fp8 = diagnose([H200 / "mla_pool_graph.json.gz"]), diagnose([H200 / "mla_fp8_graph.json.gz"])
+    pool, fp8 = diagnose([H200 / "mla_pool_graph.json.xz"]), diagnose([H200 / "mla_fp8_graph.json.xz"])
     c = compare(pool, fp8, labels=("pool", "fp8"))
     return {"diagnosis": write_html(out / "fp8.html", render_diagnosis(fp8)),
             "compare": write_html(out / "compare.html", render_compare(c, pool, fp8)),
-            "eager": write_html(out / "eager.html", render_diagnosis(diagnose([H200 / "mla_pool_eager.json.gz"]))),
+            "eager": write_html(out / "eager.html", render_diagnosis(diagnose([H200 / "mla_pool_eager.json.xz"]))),
             "fp8": fp8, "pool": pool}
 
 

@@ -26,7 +26,7 @@ def pages(tmp_path_factory):
     bug, fixed = diagnose([BUG]), diagnose([PAGES])
     made = {"sglang": write_html(out / "sglang.html", render_diagnosis(bug)),
             "compare": write_html(out / "compare.html", render_compare(compare(bug, fixed), bug, fixed)),
-            "eager": write_html(out / "eager.html", render_diagnosis(diagnose([H200 / "mla_pool_eager.json.gz"])))}
+            "eager": write_html(out / "eager.html", render_diagnosis(diagnose([H200 / "mla_pool_eager.json.xz"])))}
     return made, bug
 
 

@@ -12,8 +12,8 @@ from paths import H200, TRACELENS
 from perfscope.report.html import rank_labels
 from perfscope.report.wording import gpu_arch, graph_word
 
-SGL_MI300X = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
-VLLM_MI300X = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"  # an empty device name
+SGL_MI300X = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
+VLLM_MI300X = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"  # an empty device name
 
 
 def run(*args):
@@ -35,7 +35,7 @@ def test_amd_gpu_named_with_its_gfx_arch_and_hip_graphs(tmp_path):
     r = run("diagnose", VLLM_MI300X)
     assert r.returncode == 0 and "MI300X (matched by compute capability and memory) (gfx942)" in r.stdout, r.stdout[:800]
     # NVIDIA stays sm X.Y and CUDA graph
-    r = run("diagnose", H200 / "mla_pool_graph.json.gz")
+    r = run("diagnose", H200 / "mla_pool_graph.json.xz")
     assert "NVIDIA H200 (sm 9.0)" in r.stdout and "CUDA-graph replay" in r.stdout
 
 

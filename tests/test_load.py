@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from paths import H200, TRACELENS
+from paths import H200, TRACELENS, topen
 from perfscope.errors import InputError
 from perfscope.load.reader import load_trace, parse
 
 
 def _real_json() -> bytes:
-    return gzip.open(H200 / "mla_pool_graph.json.gz").read()
+    return topen(H200 / "mla_pool_graph.json.xz").read()
 
 
 def test_unescaped_quotes_in_a_name_are_repaired():
@@ -59,7 +59,7 @@ def test_json_broken_elsewhere_is_still_refused(tmp_path):
 
 def test_string_metadata_is_read():
     """TraceLens's traces store deviceProperties/distributedInfo as Python reprs (strings)."""
-    t = load_trace(TRACELENS / "b200" / "eager_trace.json.gz")
+    t = load_trace(TRACELENS / "b200" / "eager_trace.json.xz")
     assert t.meta.device_name == "NVIDIA B200" and t.meta.compute_capability == "10.0"
     assert t.meta.rank == 0 and t.meta.world_size == 8
 
@@ -100,10 +100,10 @@ def test_a_folder_with_a_json_array_beside_the_trace_skips_it_with_a_note(tmp_pa
 
     from perfscope.load.discover import discover
 
-    shutil.copy(TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz", tmp_path)
+    shutil.copy(TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz", tmp_path)
     (tmp_path / "execution_details.json").write_text('\n  [{"name": "aten::mm", "count": 3}, [1, 2]]\n')
     ts = discover([tmp_path])
-    assert [f.path.name for f in ts.files] == ["sglang_Qwen3-8B_decode.json.gz"]
+    assert [f.path.name for f in ts.files] == ["sglang_Qwen3-8B_decode.json.xz"]
     assert [s["why"] for s in ts.skipped] == ["not a profiler trace (not a JSON object)"]
     r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(tmp_path)], capture_output=True,
                        text=True, timeout=300)

@@ -18,7 +18,7 @@ def run(*args):
 
 def test_markdown_summary_and_csv_tables(tmp_path):
     md, folder = tmp_path / "sub" / "issue.md", tmp_path / "tables"
-    r = run(H200 / "mla_pool_eager.json.gz", "--json", "--markdown", md, "--csv", folder)
+    r = run(H200 / "mla_pool_eager.json.xz", "--json", "--markdown", md, "--csv", folder)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     text = md.read_text()
@@ -49,7 +49,7 @@ def test_markdown_summary_and_csv_tables(tmp_path):
 
 
 def test_csv_per_rank_table_and_bad_folder(tmp_path):
-    ranks = [HTA / "trace_filter" / f"sampled_rank-{i}.json.gz" for i in (0, 1)]
+    ranks = [HTA / "trace_filter" / f"sampled_rank-{i}.json.xz" for i in (0, 1)]
     r = run(*ranks, "--csv", tmp_path / "t", "--markdown", tmp_path / "m.md")
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "t" / "ranks.csv") as fh:
@@ -76,7 +76,7 @@ def test_user_files_follow_the_umask(tmp_path):
         out = tmp_path / sub
         out.mkdir()
         code = (f"import os, sys; os.umask({umask}); from perfscope.cli import main; "
-                f"sys.argv = ['perfscope', 'diagnose', {str(H200 / 'mla_pool_graph.json.gz')!r}, '--markdown', "
+                f"sys.argv = ['perfscope', 'diagnose', {str(H200 / 'mla_pool_graph.json.xz')!r}, '--markdown', "
                 f"{str(out / 's.md')!r}, '--csv', {str(out / 'csv')!r}, '--html', {str(out / 'r.html')!r}]; main()")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr

@@ -18,12 +18,12 @@ from perfscope.analysis.names import short_name
 from perfscope.load.reader import load_trace
 
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
-A100 = HTA / "negative_queue_length_values_check/rank0.json.gz"
-SAMPLED = HTA / "trace_filter/sampled_rank-0.json.gz"
-H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
-SGL_PD = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
-VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"
-CONTROL = HTA / "trace_diff/control/control.json.gz"
+A100 = HTA / "negative_queue_length_values_check/rank0.json.xz"
+SAMPLED = HTA / "trace_filter/sampled_rank-0.json.xz"
+H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
+SGL_PD = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
+VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"
+CONTROL = HTA / "trace_diff/control/control.json.xz"
 GENERIC = {"device_kernel", "Kernel", "Kernel2", "kentry", "kernel", "ck_tile::kentry"}
 
 
@@ -81,11 +81,11 @@ def test_names_without_an_entry_point_keep_their_short_form():
     assert a100 and short_name(a100[0]) == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
 
 
-B200 = TRACELENS / "b200/eager_trace.json.gz"
+B200 = TRACELENS / "b200/eager_trace.json.xz"
 SGL_GRAPH = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.gz"))
 SGL_POOL = next((GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages/traces").glob("*-DECODE.trace.json.gz"))
-SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
-MOE_B300 = TRACELENS.parents[1] / "evals/unit_tests_nv/moe/nv_moe_06_tiny_batch_many_experts.json.gz"
+SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
+MOE_B300 = TRACELENS.parents[1] / "evals/unit_tests_nv/moe/nv_moe_06_tiny_batch_many_experts.json.xz"
 CROSS = REPO / "tests/traces/h200-cross-stream/base.json.gz"
 
 

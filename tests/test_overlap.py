@@ -15,16 +15,16 @@ import sys
 
 import pytest
 
-from paths import H200, HTA, TRACELENS
+from paths import H200, HTA, TRACELENS, topen
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.load.reader import load_trace
 
-V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.gz"  # NCCL on its own stream, never overlapped
-TWO_STREAMS = HTA / "trace_filter/sampled_rank-0.json.gz"  # NCCL partly under compute
+V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"  # NCCL on its own stream, never overlapped
+TWO_STREAMS = HTA / "trace_filter/sampled_rank-0.json.xz"  # NCCL partly under compute
 
 
 def _oracle_overlapped_share(path) -> float:
-    ev = [e for e in json.load(gzip.open(path))["traceEvents"]
+    ev = [e for e in json.load(topen(path))["traceEvents"]
           if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     comm = [(e["ts"], e["ts"] + e["dur"]) for e in ev if "nccl" in e["name"].lower()]
     merged: list[list[float]] = []
@@ -80,12 +80,12 @@ def test_collectives_on_an_idle_gpu_are_all_exposed():
 
 
 def test_b200_custom_allreduce_is_on_the_critical_path():
-    c = _comm(TRACELENS / "b200/eager_trace.json.gz")  # multimem all-reduce, 18% of kernel time
+    c = _comm(TRACELENS / "b200/eager_trace.json.xz")  # multimem all-reduce, 18% of kernel time
     assert c["share"] > 0.15 and c["overlapped_share"] < 0.05
 
 
 def test_no_communication_no_overlap_figures():
-    assert "exposed_ms_per_step" not in _comm(H200 / "mla_pool_graph.json.gz")
+    assert "exposed_ms_per_step" not in _comm(H200 / "mla_pool_graph.json.xz")
 
 
 def test_exposed_communication_in_the_reports(tmp_path):
@@ -98,7 +98,7 @@ def test_exposed_communication_in_the_reports(tmp_path):
 
 
 def test_compare_shows_exposed_communication_before_and_after():
-    other = HTA / "trace_filter/sampled_rank-1.json.gz"
+    other = HTA / "trace_filter/sampled_rank-1.json.xz"
     r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(TWO_STREAMS), str(other), "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -106,6 +106,6 @@ def test_compare_shows_exposed_communication_before_and_after():
     assert row["before_exposed_ms"] == pytest.approx(_comm(TWO_STREAMS)["exposed_ms_per_step"], abs=1e-3)
     assert row["after_exposed_ms"] == pytest.approx(_comm(other)["exposed_ms_per_step"], abs=1e-3)
     assert row["delta_exposed_ms"] == pytest.approx(row["after_exposed_ms"] - row["before_exposed_ms"], abs=1e-3)
-    h200 = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(H200 / "mla_pool_graph.json.gz"),
-                           str(H200 / "mla_fp8_graph.json.gz"), "--json"], capture_output=True, text=True, timeout=120)
+    h200 = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(H200 / "mla_pool_graph.json.xz"),
+                           str(H200 / "mla_fp8_graph.json.xz"), "--json"], capture_output=True, text=True, timeout=120)
     assert all("before_exposed_ms" not in b for b in json.loads(h200.stdout)["buckets"])  # no collectives

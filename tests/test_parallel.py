@@ -7,25 +7,24 @@ import gzip
 import json
 import shutil
 
-from paths import H200
+from paths import H200, gz_bytes
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.parallel import PEAK_PER_JSON_BYTE, available_memory, json_bytes, plan_workers
 
-BIG = H200 / "mla_pool_eager_120steps.json.gz"  # 210 MB of JSON
+def test_json_bytes_is_the_uncompressed_size(big_eager_trace):
+    import lzma
 
-
-def test_json_bytes_is_the_uncompressed_size():
-    for f in (H200 / "mla_pool_graph.json.gz", BIG):
-        with gzip.open(f, "rb") as g:
+    for f in (H200 / "mla_pool_graph.json.xz", big_eager_trace):
+        with (lzma.open if f.name.endswith(".xz") else gzip.open)(f, "rb") as g:
             n = 0
             while b := g.read(1 << 24):
                 n += len(b)
         assert json_bytes(f) == n, f.name
 
 
-def test_plan_is_bounded_by_files_cpus_and_memory():
-    big = json_bytes(BIG)
-    sizes = [big] * 8  # a TP8 profile of 210 MB ranks
+def test_plan_is_bounded_by_files_cpus_and_memory(big_eager_trace):
+    big = json_bytes(big_eager_trace)
+    sizes = [big] * 8  # a TP8 profile of 171 MB ranks
     assert plan_workers(sizes, 16, None) == (8, "files")
     assert plan_workers(sizes, 2, 64 << 30) == (2, "cpus")
     assert plan_workers(sizes, 16, 64 << 30) == (8, "files")
@@ -44,8 +43,8 @@ def test_plan_is_bounded_by_files_cpus_and_memory():
 def test_diagnose_reports_its_plan(tmp_path):
     prof = tmp_path / "profile"
     prof.mkdir()
-    shutil.copy(H200 / "mla_pool_graph.json.gz", prof / "1790000000.1-TP-0.trace.json.gz")
-    shutil.copy(H200 / "mla_fp8_graph.json.gz", prof / "1790000000.1-TP-1.trace.json.gz")
+    (prof / "1790000000.1-TP-0.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_pool_graph.json.xz"))
+    (prof / "1790000000.1-TP-1.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz"))
     d = diagnose([prof]).to_dict()
     par = d["parallel"]
     assert par["files"] == 2 and 1 <= par["workers"] <= 2 and par["bound"] in ("files", "cpus", "memory")

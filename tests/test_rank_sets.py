@@ -14,27 +14,27 @@ import shutil
 from paths import HTA, TRACELENS
 from perfscope.analysis.diagnose import diagnose
 
-SGL_DIR = TRACELENS / "inference/sglang_decode"  # sglang_Qwen3-8B_decode.json.gz + capture_traces/bs_32_rank0.json.gz
+SGL_DIR = TRACELENS / "inference/sglang_decode"  # sglang_Qwen3-8B_decode.json.xz + capture_traces/bs_32_rank0.json.xz
 VLLM_DIR = TRACELENS / "inference/vllm_decode_full"
-A100 = HTA / "negative_queue_length_values_check/rank0.json.gz"
-V100 = HTA / "df_index_resolver/df_index_resolver.json.gz"
-H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+A100 = HTA / "negative_queue_length_values_check/rank0.json.xz"
+V100 = HTA / "df_index_resolver/df_index_resolver.json.xz"
+H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
 
 
 def test_capture_traces_folder_is_the_capture_map_not_a_rank():
-    assert (SGL_DIR / "capture_traces/bs_32_rank0.json.gz").is_file()
+    assert (SGL_DIR / "capture_traces/bs_32_rank0.json.xz").is_file()
     d = diagnose([SGL_DIR]).to_dict()
     assert len(d["ranks"]) == 1
     assert any("capture_traces/" in w for w in d["warnings"])
     # the same attribution as naming the capture trace explicitly
-    e = diagnose([SGL_DIR / "sglang_Qwen3-8B_decode.json.gz"], capture=[SGL_DIR / "capture_traces"]).to_dict()
+    e = diagnose([SGL_DIR / "sglang_Qwen3-8B_decode.json.xz"], capture=[SGL_DIR / "capture_traces"]).to_dict()
     assert d["ranks"][0].get("capture_map") or any("capture trace" in n for n in d["ranks"][0]["notes"])
     assert [o["op_chain"] for o in d["ops"][:5]] == [o["op_chain"] for o in e["ops"][:5]]
     assert d["steps"]["median_ms"] == e["steps"]["median_ms"]
 
 
 def test_vllm_capture_traces_folder_is_not_a_rank():
-    assert list((VLLM_DIR / "capture_traces").glob("*.json.gz"))
+    assert list((VLLM_DIR / "capture_traces").glob("*.json.xz"))
     d = diagnose([VLLM_DIR]).to_dict()
     assert len(d["ranks"]) == 1 and d["straggler"] is None
 
@@ -57,7 +57,7 @@ def test_different_gpus_are_not_ranks_of_one_job():
 
 
 def test_straggler_line_compares_like_with_like():
-    d = diagnose([HTA / "trace_filter/sampled_rank-0.json.gz", HTA / "trace_filter/sampled_rank-1.json.gz"]).to_dict()
+    d = diagnose([HTA / "trace_filter/sampled_rank-0.json.xz", HTA / "trace_filter/sampled_rank-1.json.xz"]).to_dict()
     s = d["straggler"]
     assert s and not d["warnings"]
     ratio = float(re.search(r"([\d.]+)x", s["line"]).group(1))

@@ -11,6 +11,8 @@ running, or fails."""
 
 from __future__ import annotations
 
+from paths import topen
+
 import gzip
 import json
 import re
@@ -60,7 +62,7 @@ def files_of(run: Path) -> list[str]:
 
 
 def step_names(path: Path) -> list[str]:
-    with gzip.open(path) as f:
+    with topen(path) as f:
         d = json.load(f)
     return [e["name"] for e in d["traceEvents"] if e.get("cat") == "user_annotation"
             and e.get("name", "").startswith("step[")]

@@ -2,9 +2,9 @@
 the reproducers); each test's docstring says what was wrong and what holds now. Each runs the
 finding's reproducer against the real thing where it runs here: the CLI in a real
 subprocess or in-process, the suite's real OpenSSH server (tests/sshd.py) and OpenSSH's own
-``ssh`` client, real traces from ../shared/traces. The inference server is a small HTTP stand-in
+``ssh`` client, real traces from tests/traces/corpus. The inference server is a small HTTP stand-in
 (this machine has no GPU for SGLang); it speaks SGLang's profile API and, on /start_profile, writes
-a real trace from shared/traces into the requested folder, as SGLang would.
+a real trace from tests/traces/corpus into the requested folder, as SGLang would.
 
 Not proven by a test of its own: Ctrl-C during the copy-back (it goes through the same cleanup as
 the other interrupts); the remote patch's temp file in the state folder falls back to the
@@ -31,12 +31,13 @@ from pathlib import Path
 import pytest
 
 from net import StubHandler
-from paths import REPO, TRACELENS
+from paths import REPO, TRACELENS, gz_bytes, json_of
 from perfscope.cli import main
 from sshd import free_port, keygen, need_binary, public_line
 
 pytestmark = pytest.mark.usefixtures("no_agent")
-SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz"
+SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
+SMALL_GZ = gz_bytes(SMALL)  # as SGLang writes a trace
 
 
 def run_cli(argv, capsys, env=None) -> tuple[int, str, str]:
@@ -90,7 +91,7 @@ class _Server(StubHandler):
                 return self._send(self.start_status, text)
             out = Path(body.get("output_dir", "/nonexistent"))
             if out.is_dir() and self.write_trace:
-                shutil.copy(SMALL, out / "1700000000-TP-0.trace.json.gz")
+                (out / "1700000000-TP-0.trace.json.gz").write_bytes(SMALL_GZ)
             return self._send(200, self.start_body)
         if self.path == "/stop_profile":
             return self._send(200, b'{"ok": true}')
@@ -412,7 +413,7 @@ def test_hung_command_is_killed_by_process_group_on_the_host(sshd):
 
 
 def _trace_obj():
-    return json.loads(gzip.decompress(SMALL.read_bytes()))
+    return json.loads(json_of(SMALL))
 
 
 def _kernel_index(obj):
@@ -460,7 +461,7 @@ def _run_dir(tmp_path, mutate):
 
     d = tmp_path / "run"
     (d / "traces").mkdir(parents=True)
-    shutil.copy(SMALL, d / "traces" / "x-TP-0.trace.json.gz")
+    (d / "traces" / "x-TP-0.trace.json.gz").write_bytes(SMALL_GZ)
     rundir.write_run(d, files=[{"path": "traces/x-TP-0.trace.json.gz"}])
     data = json.loads((d / "run.json").read_text())
     text = mutate(data)
@@ -627,7 +628,7 @@ def test_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path, capsys):
     first member ignored: members are read whole, non-zero junk after them is exit 2."""
     from perfscope.load.reader import read_bytes
 
-    raw = gzip.decompress(SMALL.read_bytes())
+    raw = json_of(SMALL)
     cut = len(raw) // 2
     p = tmp_path / "multi.json.gz"
     p.write_bytes(gzip.compress(raw[:cut]) + gzip.compress(raw[cut:]))

@@ -6,6 +6,8 @@ side (pinned copies, events, graph replay) cannot run here; run_loop.py runs it 
 
 from __future__ import annotations
 
+from paths import topen
+
 import gzip
 import json
 import time
@@ -97,7 +99,7 @@ def test_sampled_requests_run_synchronously_with_the_same_random_stream():
 
 
 def _steps(path: Path) -> list[str]:
-    with gzip.open(path) as f:  # repair_names: torch sometimes leaves quotes in a name unescaped
+    with topen(path) as f:  # repair_names: torch sometimes leaves quotes in a name unescaped
         ev = json.loads(repair_names(f.read())[0])["traceEvents"]
     return [e["name"] for e in ev if e.get("name", "").startswith("step[") and e.get("ph") == "X"
             and e.get("cat") != "gpu_user_annotation"]

@@ -4,6 +4,8 @@ including the patched source forms documented in examples/repro_server/README.md
 
 from __future__ import annotations
 
+from paths import topen
+
 import gzip
 import importlib.util
 import json
@@ -39,7 +41,7 @@ def _wait_files(d: Path, n: int, timeout: float = 60.0) -> list[Path]:
 
 
 def _events(path: Path) -> list[dict]:
-    with gzip.open(path) as f:  # repair_names: torch sometimes leaves quotes in a name unescaped
+    with topen(path) as f:  # repair_names: torch sometimes leaves quotes in a name unescaped
         doc = json.loads(repair_names(f.read())[0])
     assert isinstance(doc.get("traceEvents"), list) and doc["traceEvents"]
     return doc["traceEvents"]

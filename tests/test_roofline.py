@@ -1,6 +1,6 @@
 """Achieved TB/s and TFLOP/s of the dominant ops against the H200's peaks, tied to the step's floor.
 
-Real H200 traces: the FP8 KV-cast bug (../shared/traces/h200-mla-fp8-kv; field-facts §4 measured
+Real H200 traces: the FP8 KV-cast bug (tests/traces/corpus/h200-mla-fp8-kv; field-facts §4 measured
 that cast kernel at about 1 TB/s) and the FlashInfer kernel-mix decode loop of this project.
 """
 
@@ -19,7 +19,7 @@ def row(d, pred):
 
 def test_pool_cast_runs_at_a_fifth_of_hbm_and_owns_the_gap_above_the_floor():
     cfg = with_floor_inputs({}, REPO / "examples/h200_mla_repro.config.json", batch=1, context=4096)
-    d = diagnose([H200 / "mla_pool_eager.json.gz"], cfg).to_dict()
+    d = diagnose([H200 / "mla_pool_eager.json.xz"], cfg).to_dict()
     r = d["roofline"]
     assert r["available"] and r["peak_tb_s"] == 4.8
     cast = row(d, lambda o: o["bucket"] == "copy")
@@ -34,7 +34,7 @@ def test_pool_cast_runs_at_a_fifth_of_hbm_and_owns_the_gap_above_the_floor():
 
 
 def test_graph_cast_is_sized_from_launch_geometry():
-    d = diagnose([H200 / "mla_pool_graph.json.gz"]).to_dict()
+    d = diagnose([H200 / "mla_pool_graph.json.xz"]).to_dict()
     cast = row(d, lambda o: o["bucket"] == "copy")
     assert "launch geometry" in cast["how"]
     assert cast["achieved_tb_s"] == pytest.approx(1.0, abs=0.1)
@@ -50,8 +50,8 @@ def test_lm_head_gemm_of_the_flashinfer_loop():
     assert g["achieved_tflops"] == pytest.approx(g["flops"] / (g["avg_us"] * 1e-6) / 1e12, rel=1e-2)
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_pool_eager.json.gz", H200 / "mla_fp8_eager.json.gz",
-                                  H200 / "mla_pages_eager.json.gz", KERNEL_MIX / "fi_decode_eager.json.gz",
+@pytest.mark.parametrize("path", [H200 / "mla_pool_eager.json.xz", H200 / "mla_fp8_eager.json.xz",
+                                  H200 / "mla_pages_eager.json.xz", KERNEL_MIX / "fi_decode_eager.json.gz",
                                   KERNEL_MIX / "sample_topp.json.gz", KERNEL_MIX / "triton_norm_rope_eager.json.gz"])
 def test_no_op_beats_the_hardware(path):
     d = diagnose([path]).to_dict()

@@ -21,12 +21,12 @@ from perfscope.analysis.steps import find_steps
 from perfscope.load.model import Trace
 from perfscope.load.reader import load_trace
 
-SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
-SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
-VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"
-V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.gz"
-CONTROL = HTA / "trace_diff/control/control.json.gz"
-H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
+SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
+VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"
+V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"
+CONTROL = HTA / "trace_diff/control/control.json.xz"
+H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
 
 
 @lru_cache(maxsize=None)
@@ -150,7 +150,7 @@ def test_registry_ids_unique_and_documented():
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_fp8_kv_cast_fires_on_pool_traces(mode):
-    f = findings(trace(H200 / f"mla_pool_{mode}.json.gz"))["fp8-kv-cast"]
+    f = findings(trace(H200 / f"mla_pool_{mode}.json.xz"))["fp8-kv-cast"]
     check_finding(f)
     assert f["evidence"]["pool_tokens"] == 495000
     assert f["evidence"]["casts_per_step"] == 60
@@ -159,18 +159,18 @@ def test_fp8_kv_cast_fires_on_pool_traces(mode):
 
 @pytest.mark.parametrize("name", ["mla_pages_eager", "mla_pages_graph", "mla_fp8_eager", "mla_fp8_graph"])
 def test_fp8_kv_cast_quiet_on_fixed_traces(name):
-    assert "fp8-kv-cast" not in findings(trace(H200 / f"{name}.json.gz"))
+    assert "fp8-kv-cast" not in findings(trace(H200 / f"{name}.json.xz"))
 
 
 def test_eager_decode_fires_on_eager_traces():
-    f = findings(trace(H200 / "mla_fp8_eager.json.gz"))["eager-decode"]
+    f = findings(trace(H200 / "mla_fp8_eager.json.xz"))["eager-decode"]
     check_finding(f)
     assert f["evidence"]["graph_launches_per_step"] == 0 and f["evidence"]["launches_per_step"] >= 100
-    assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(trace(H200 / "mla_fp8_eager.json.gz")).steps["median_ms"]
+    assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(trace(H200 / "mla_fp8_eager.json.xz")).steps["median_ms"]
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.gz", H200 / "mla_pages_graph.json.gz",
-                                  H200 / "mla_pool_graph.json.gz", SGL_DECODE, VLLM_FULL])
+@pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H200 / "mla_pages_graph.json.xz",
+                                  H200 / "mla_pool_graph.json.xz", SGL_DECODE, VLLM_FULL])
 def test_eager_decode_quiet_on_graph_traces(path):
     assert "eager-decode" not in findings(trace(path))
 
@@ -195,21 +195,21 @@ def test_nccl_allreduce_fires_on_the_v100_nccl_kernels():
 
 @pytest.mark.parametrize("name", ["mla_pool_graph", "mla_pool_eager", "mla_fp8_graph", "mla_pages_eager"])
 def test_nccl_allreduce_quiet_on_h200(name):
-    assert "nccl-allreduce" not in findings(trace(H200 / f"{name}.json.gz"))
+    assert "nccl-allreduce" not in findings(trace(H200 / f"{name}.json.xz"))
 
 
 def test_nccl_allreduce_quiet_on_custom_allreduce_b200():
-    assert "nccl-allreduce" not in findings(trace(TRACELENS / "b200/eager_trace.json.gz"))
+    assert "nccl-allreduce" not in findings(trace(TRACELENS / "b200/eager_trace.json.xz"))
 
 
 def test_warmup_fires_on_a_cold_first_step():
     # DERIVED: mla_fp8_graph with its first step's kernels made 5x longer
-    f = findings(slow_first_step(trace(H200 / "mla_fp8_graph.json.gz")))["warmup-in-window"]
+    f = findings(slow_first_step(trace(H200 / "mla_fp8_graph.json.xz")))["warmup-in-window"]
     check_finding(f)
     assert f["evidence"]["outlier_steps"] == [0]
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.gz", H100])
+@pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H100])
 def test_warmup_quiet_on_steady_traces(path):
     # the H100 trace has 168 real cudaFuncGetAttributes calls in its step: 0.4 ms of 35, below the bar
     assert "warmup-in-window" not in findings(trace(path))
@@ -223,7 +223,7 @@ def test_host_bubble_fires_on_short_graph_steps(name):
     # The bubble that counts is the unprofiled one: with a bench whose step cycle is the profiled one
     # (the host as slow unprofiled), it fires with that bubble; without a bench the host's time scaled
     # by the profiler's measured slow-down (perfscope.analysis.hosttime) leaves less than 10% idle
-    t = trace(H200 / f"{name}.json.gz")
+    t = trace(H200 / f"{name}.json.xz")
     assert "host-bubble" not in findings(t)
     gpu = analyze_trace(t).steps["median_ms"]
     f = findings(t, {"bench": {"tpot_ms": gpu + 1.2, "concurrency": 1}})["host-bubble"]
@@ -239,8 +239,8 @@ def test_host_bubble_fires_on_short_graph_steps(name):
     assert "host-bubble" not in findings(t, {"bench": {"tpot_ms": gpu, "concurrency": 1}})
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_pool_graph.json.gz", H200 / "mla_fp8_eager.json.gz", SGL_DECODE,
-                                  HTA / "negative_queue_length_values_check/rank0.json.gz"])
+@pytest.mark.parametrize("path", [H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_eager.json.xz", SGL_DECODE,
+                                  HTA / "negative_queue_length_values_check/rank0.json.xz"])
 def test_host_bubble_quiet(path):
     # pool: the same ~1 ms gap is 2% of a 57 ms step; eager: eager-decode's case; SGLang: one step;
     # the A100 training trace: a few graphs inside mostly eager steps
@@ -251,7 +251,7 @@ def test_host_bubble_quiet(path):
 
 def test_overlap_off_fires_when_config_says_so():
     # DERIVED: mla_fp8_graph's ProfilerStep ranges renamed `step[DECODE bs=1]`
-    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.gz"))
+    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
     fs = findings(t, {"disable_overlap_schedule": True})
     f = fs["overlap-off"]
     check_finding(f)
@@ -261,11 +261,11 @@ def test_overlap_off_fires_when_config_says_so():
 
 
 def test_overlap_off_quiet_when_overlap_is_on_or_gap_small():
-    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.gz"))
+    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
     gpu = analyze_trace(t).steps["median_ms"]
     fs = findings(t, {"disable_overlap_schedule": False, "bench": {"tpot_ms": gpu + 1.2, "concurrency": 1}})
     assert "overlap-off" not in fs and "host-bubble" in fs  # overlap on, still a bubble (the bench says so)
-    assert "overlap-off" not in findings(as_sglang_steps(trace(H200 / "mla_pool_graph.json.gz")),
+    assert "overlap-off" not in findings(as_sglang_steps(trace(H200 / "mla_pool_graph.json.xz")),
                                          {"disable_overlap_schedule": True})
     assert "overlap-off" not in findings(trace(SGL_DECODE))  # real SGLang, overlap kernels present
 
@@ -274,16 +274,16 @@ def test_overlap_off_quiet_when_overlap_is_on_or_gap_small():
 
 def test_torch_sampling_fires_when_every_step_sorts():
     # DERIVED: each mla_fp8_graph step followed by the real radix-sort kernels of an A100 trace
-    f = findings(with_sort_every_step(trace(H200 / "mla_fp8_graph.json.gz")), {"sampling_backend": "pytorch"})[
+    f = findings(with_sort_every_step(trace(H200 / "mla_fp8_graph.json.xz")), {"sampling_backend": "pytorch"})[
         "torch-sampling"]
     check_finding(f)
     assert f["evidence"]["steps_with_sort_fraction"] == 1.0
     assert f["confidence"] == "high"
-    assert f["predicted_step_ms_after_fix"] < analyze_trace(trace(H200 / "mla_fp8_graph.json.gz")).steps[
+    assert f["predicted_step_ms_after_fix"] < analyze_trace(trace(H200 / "mla_fp8_graph.json.xz")).steps[
         "median_ms"] + f["ms_per_step"]
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.gz", SGL_DECODE, CONTROL])
+@pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", SGL_DECODE, CONTROL])
 def test_torch_sampling_quiet(path):
     # SGLang decode samples with one argmax; the A100 control trace sorts each step but for 1.6%
     assert "torch-sampling" not in findings(trace(path))
@@ -339,14 +339,14 @@ def test_untuned_fused_moe_names_the_missing_file_and_reads_the_log():
 
 def test_untuned_fused_moe_quiet_on_other_moe_kernels():
     assert "untuned-fused-moe" not in findings(trace(VLLM_FULL))
-    assert "untuned-fused-moe" not in findings(trace(H200 / "mla_fp8_graph.json.gz"))
+    assert "untuned-fused-moe" not in findings(trace(H200 / "mla_fp8_graph.json.xz"))
 
 
 # ---- triton-block-fp8-gemm (derived) ------------------------------------------------------------
 
 def test_triton_block_fp8_gemm_fires():
     # DERIVED: the H200 trace's nvjet GEMMs renamed to SGLang's Triton block-FP8 kernel
-    t = renamed(trace(H200 / "mla_fp8_graph.json.gz"), r"^nvjet_", "_w8a8_block_fp8_matmul")
+    t = renamed(trace(H200 / "mla_fp8_graph.json.xz"), r"^nvjet_", "_w8a8_block_fp8_matmul")
     f = findings(t)["triton-block-fp8-gemm"]
     check_finding(f)
     assert f["evidence"]["deepgemm_supported_gpu"] is True and f["confidence"] == "high"
@@ -354,7 +354,7 @@ def test_triton_block_fp8_gemm_fires():
 
 
 def test_triton_block_fp8_gemm_quiet():
-    assert "triton-block-fp8-gemm" not in findings(trace(H200 / "mla_fp8_graph.json.gz"))
+    assert "triton-block-fp8-gemm" not in findings(trace(H200 / "mla_fp8_graph.json.xz"))
     assert "triton-block-fp8-gemm" not in findings(trace(SGL_DECODE))
 
 
@@ -383,15 +383,15 @@ def test_chunked_prefill_quiet():
 
 # ---- no rule fires without reason on the real traces --------------------------------------------
 
-@pytest.mark.parametrize("path", [SGL_DECODE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.gz", H100,
-                                  TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"])
+@pytest.mark.parametrize("path", [SGL_DECODE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.xz", H100,
+                                  TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"])
 def test_healthy_real_traces_have_no_findings(path):
     assert findings(trace(path)) == {}
 
 
 def test_new_rules_run_on_every_shared_trace_without_error():
     from paths import TRACES
-    for p in sorted(TRACES.rglob("*.json.gz")):
+    for p in sorted(TRACES.rglob("*.json.xz")):
         if "120steps" in p.name or "_et." in p.name or "908_results" in p.name:  # the last two: not Kineto
             continue
         for f in findings(trace(p)).values():
@@ -430,13 +430,13 @@ def test_deepgemm_check_reads_vendor_and_compute_capability():
     # real trace metadata: an AMD MI210 reports compute capability "9.0"; the B300 is 10.3
     from perfscope.analysis.rules.triton_block_fp8_gemm import deepgemm_supported
 
-    assert trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz").meta.compute_capability == "9.0"
-    assert not deepgemm_supported(trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz").meta)
-    assert not deepgemm_supported(trace(TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz").meta)
-    b300 = trace(TRACELENS.parent.parent / "evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.gz").meta
+    assert trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz").meta.compute_capability == "9.0"
+    assert not deepgemm_supported(trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz").meta)
+    assert not deepgemm_supported(trace(TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz").meta)
+    b300 = trace(TRACELENS.parent.parent / "evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.xz").meta
     assert b300.compute_capability == "10.3" and deepgemm_supported(b300)
-    assert deepgemm_supported(trace(H200 / "mla_fp8_graph.json.gz").meta)
-    assert deepgemm_supported(trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz").meta)
+    assert deepgemm_supported(trace(H200 / "mla_fp8_graph.json.xz").meta)
+    assert deepgemm_supported(trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz").meta)
 
 
 def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames():
@@ -467,7 +467,7 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
     from perfscope.analysis.rules.overlap_off import scheduler_loop
     assert scheduler_loop(trace(REPO / "tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz")) == "normal"
     assert scheduler_loop(t) == "overlap"
-    assert scheduler_loop(trace(H200 / "mla_fp8_graph.json.gz")) is None  # no scheduler: no evidence
+    assert scheduler_loop(trace(H200 / "mla_fp8_graph.json.xz")) is None  # no scheduler: no evidence
 
 
 def test_diagnose_server_log_option(tmp_path):

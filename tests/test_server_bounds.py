@@ -5,7 +5,7 @@ and the profiler is stopped when it was armed.
 
 The server is a small HTTP stand-in speaking SGLang's profile API (a real SGLang cannot be made
 to send an endless body or trickle its bytes): on /start_profile it writes a real trace from
-shared/traces into the requested folder, as SGLang would. perfscope runs in a real subprocess,
+tests/traces/corpus into the requested folder, as SGLang would. perfscope runs in a real subprocess,
 so that its memory and its wall time are its own.
 """
 
@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from net import StubHandler
-from paths import REPO, TRACELENS
+from paths import REPO, TRACELENS, gz_bytes
 
-SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz"
+SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
+SMALL_GZ = gz_bytes(SMALL)  # as SGLang writes a trace
 INFO = json.dumps({"version": "0.4.6", "tp_size": 1, "model_path": "stub"}).encode()
 
 
@@ -75,7 +76,7 @@ class _Hostile(StubHandler):
             if self.mode == "slow_start":
                 time.sleep(4)
             if out.is_dir() and self.mode not in ("endless_sse", "trickle_sse", "slow_start"):
-                shutil.copy(SMALL, out / "1700000000-TP-0.trace.json.gz")
+                (out / "1700000000-TP-0.trace.json.gz").write_bytes(SMALL_GZ)
             if out.is_dir() and self.mode == "debris":  # what else a server or a user may leave there
                 os.symlink(self.link_to, out / "a-link")
                 os.mkfifo(out / "a-fifo")

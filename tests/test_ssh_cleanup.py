@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from paths import REPO, TRACELENS
+from paths import REPO, TRACELENS, gz_bytes
 from test_server_bounds import _one_line, hostile  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.usefixtures("no_agent")
-SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz"
+SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
 
 
 def _ssh_trace(sshd, port, srv, out, timeout="40") -> subprocess.Popen:
@@ -54,12 +54,14 @@ def test_ten_thousand_traces_are_checked_in_batches_over_one_connection(sshd, tm
     d = tmp_path / "many"
     d.mkdir()
     paths = []
+    gz = tmp_path / "small.trace.json.gz"  # gzipped, as SGLang writes its traces
+    gz.write_bytes(gz_bytes(SMALL))
     for i in range(10_000):
         p = d / f"host-{i:05d}-TP-0.trace.json.gz"
-        os.link(SMALL, p)
+        os.link(gz, p)
         paths.append(str(p))
     cut = d / "cut-TP-0.trace.json.gz"
-    cut.write_bytes(SMALL.read_bytes()[:-100])
+    cut.write_bytes(gz.read_bytes()[:-100])
     with connect(sshd.target()) as s:
         io = SSHHost(s)
         assert io.incomplete(paths + [str(cut)]) == [str(cut)]

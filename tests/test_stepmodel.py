@@ -1,6 +1,6 @@
 """The step after a fix, replayed on the CPU launch timeline (perfscope.analysis.stepmodel), on real traces.
 
-The H200 pair in ../shared/traces/h200-mla-fp8-kv: the bug (whole-pool cast) and the fix (native
+The H200 pair in tests/traces/corpus/h200-mla-fp8-kv: the bug (whole-pool cast) and the fix (native
 FP8, no cast), both profiled the same way, and measured.json's CUDA-event medians of the same
 runs. "Step minus cast time" said 7.02 ms for the eager step; the fix measured 9.84 ms unprofiled
 and 29.0 ms per step under the profiler: the casts hid launch gaps that come back.
@@ -32,9 +32,9 @@ def cast_finding(name):
 
 
 def test_eager_prediction_is_held_up_by_the_launch_timeline():
-    _, f = cast_finding("mla_pool_eager.json.gz")
+    _, f = cast_finding("mla_pool_eager.json.xz")
     p = f["evidence"]["prediction"]
-    after_trace = diagnose([H200 / "mla_fp8_eager.json.gz"]).to_dict()["steps"]["median_ms"]
+    after_trace = diagnose([H200 / "mla_fp8_eager.json.xz"]).to_dict()["steps"]["median_ms"]
     # the old kernel-only answer (step minus the casts) is far below what the fix measured
     assert p["kernel_only_prediction_ms"] == pytest.approx(7.02, abs=0.05)
     assert p["kernel_only_prediction_ms"] < 0.75 * MEASURED["eager"]["fp8"]["median_ms"]
@@ -50,7 +50,7 @@ def test_eager_prediction_is_held_up_by_the_launch_timeline():
 
 
 def test_graph_prediction_matches_the_measured_fix():
-    _, f = cast_finding("mla_pool_graph.json.gz")
+    _, f = cast_finding("mla_pool_graph.json.xz")
     p = f["evidence"]["prediction"]
     # one graph launch per step: nothing hides a launch, the kernel-only answer stands
     assert p["launch_bound_steps"] == "0/5"
@@ -58,12 +58,12 @@ def test_graph_prediction_matches_the_measured_fix():
 
 
 DSK_TRAIN = Path(__file__).parent / "traces/deepseek-profile-data/train.json.gz"  # H800, DeepEP + NCCL streams
-V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.gz"  # NCCL on its own stream
+V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"  # NCCL on its own stream
 
 
-@pytest.mark.parametrize("path", [H200 / "mla_pool_eager.json.gz", H200 / "mla_fp8_graph.json.gz",
+@pytest.mark.parametrize("path", [H200 / "mla_pool_eager.json.xz", H200 / "mla_fp8_graph.json.xz",
                                   KERNEL_MIX / "sample_topp.json.gz", KERNEL_MIX / "fi_decode_eager.json.gz",
-                                  TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz",
+                                  TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz",
                                   DSK_TRAIN, V100_NCCL])
 def test_replay_with_recorded_durations_reproduces_the_step(path):
     # one compute stream (+ graph replays), and ranks with their collectives on other streams, whose
@@ -119,8 +119,8 @@ def test_torch_sampling_stays_quiet_on_greedy_and_fused_sampling(name):
 def test_compare_shows_the_prediction_error_against_the_measured_after(mode, rel):
     from perfscope.analysis.compare import compare
 
-    before = diagnose([H200 / f"mla_pool_{mode}.json.gz"])
-    after = diagnose([H200 / f"mla_fp8_{mode}.json.gz"])
+    before = diagnose([H200 / f"mla_pool_{mode}.json.xz"])
+    after = diagnose([H200 / f"mla_fp8_{mode}.json.xz"])
     c = compare(before, after)
     p = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")  # listed: it is gone in AFTER
     assert p["measured_step_ms"] == pytest.approx(after.primary.steps["median_ms"], abs=0.01)
@@ -221,7 +221,7 @@ def test_graph_decode_fixed_is_bound_by_the_host():
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_host_time_bounds_only_the_launch_bound_prediction(mode):
     # the shared H200 pair: graph steps are GPU-bound after the fix, eager steps bound by their launches
-    _, f = cast_finding(f"mla_pool_{mode}.json.gz")
+    _, f = cast_finding(f"mla_pool_{mode}.json.xz")
     p = f["evidence"]["prediction"]
     if mode == "graph":  # the graph replays the kernels back to back: the GPU bounds the fixed step
         assert p["bound"] == "gpu" and p["host"]["point"] < p["predicted_step_ms"] == p["gpu_work_ms"]
@@ -248,7 +248,7 @@ def test_native_mla_slowdown_is_what_the_h200_runs_measured():
     """NATIVE_MLA_SLOWDOWN (fp8_kv_cast.py) is the ratio of FlashInfer's MLA kernel time reading FP8
     (native) to reading the BF16 copy (bug), recomputed here from the calibration run's traces and
     checked on the runs it was not taken from: the -pool250k and -overlap repro-server runs and, for
-    decode, the stepbench pair in ../shared/traces (made by a different script)."""
+    decode, the stepbench pair in tests/traces/corpus (made by a different script)."""
     from perfscope.analysis.rules.fp8_kv_cast import NATIVE_MLA_SLOWDOWN
 
     for run in ("h200-2026-11-29", "h200-2026-11-29-pool250k", "h200-2026-11-29-overlap"):
@@ -259,7 +259,7 @@ def test_native_mla_slowdown_is_what_the_h200_runs_measured():
         runs = GPU_LOOP / run / "runs"
         b, a = (next(iter((runs / f"{v}/traces").glob("*DECODE*.json.gz"))) for v in ("bug", "native"))
         assert _mla_ms(a) / _mla_ms(b) == pytest.approx(NATIVE_MLA_SLOWDOWN["decode"], rel=0.02), run
-    stepbench = _mla_ms(H200 / "mla_fp8_graph.json.gz") / _mla_ms(H200 / "mla_pool_graph.json.gz")
+    stepbench = _mla_ms(H200 / "mla_fp8_graph.json.xz") / _mla_ms(H200 / "mla_pool_graph.json.xz")
     assert stepbench == pytest.approx(NATIVE_MLA_SLOWDOWN["decode"], rel=0.06)
 
 
@@ -299,9 +299,9 @@ def test_prefill_prediction_states_its_assumption_and_spans_both_strategies(run)
 
 
 def test_native_decode_outcome_holds_the_shared_stepbench_pair():
-    # decode, graph, ../shared/traces: native measured 6.98 ms (CUDA events); casts-only said 6.42, the
+    # decode, graph, tests/traces/corpus: native measured 6.98 ms (CUDA events); casts-only said 6.42, the
     # native outcome (attention 1.43x) says ~7.16, and the range holds the measurement
-    _, f = cast_finding("mla_pool_graph.json.gz")
+    _, f = cast_finding("mla_pool_graph.json.xz")
     p = f["evidence"]["prediction"]
     measured = MEASURED["graph"]["fp8"]["median_ms"]
     native = p["alternatives"]["native"]["predicted_step_ms"]

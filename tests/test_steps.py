@@ -11,16 +11,16 @@ from dataclasses import replace
 
 import pytest
 
-from paths import H200, HTA, TRACELENS
+from paths import H200, HTA, TRACELENS, topen
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.steps import find_steps
 from perfscope.load.reader import load_trace
 
-SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
-SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
-VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz"
-VLLM_PIECE = TRACELENS / "inference/vllm_prefilldecode_piecewise/graph_execution.json.gz"
-CPU_ONLY = next((HTA / "cpu_only").glob("*.json.gz"))
+SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
+SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
+VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"
+VLLM_PIECE = TRACELENS / "inference/vllm_prefilldecode_piecewise/graph_execution.json.xz"
+CPU_ONLY = next((HTA / "cpu_only").glob("*.json.xz"))
 
 
 def test_sglang_decode_file_yields_a_decode_step_timed_by_its_gpu_work():
@@ -66,7 +66,7 @@ def test_prefill_and_decode_are_kept_apart():
 @pytest.mark.parametrize("name,launches,graphs", [("mla_pool_eager", 420, 0), ("mla_pool_graph", 1, 1),
                                                    ("mla_fp8_eager", 360, 0), ("mla_fp8_graph", 1, 1)])
 def test_profiler_step_traces(name, launches, graphs):
-    t = load_trace(H200 / f"{name}.json.gz")
+    t = load_trace(H200 / f"{name}.json.xz")
     ss = find_steps(t)
     assert ss.method == "ProfilerStep"
     assert len(ss.steps) == 5 and all(s.phase == "decode" for s in ss.steps)
@@ -95,7 +95,7 @@ def test_vllm_piecewise_prefill_plus_decode_is_mixed():
 
 def test_graph_launches_are_steps_when_nothing_marks_them():
     # DERIVED: mla_fp8_graph with its ProfilerStep annotations removed
-    t = load_trace(H200 / "mla_fp8_graph.json.gz")
+    t = load_trace(H200 / "mla_fp8_graph.json.xz")
     t = replace(t, annotations=[a for a in t.annotations if not a.name.startswith("ProfilerStep")])
     ss = find_steps(t)
     assert ss.method == "graph-replay"
@@ -104,7 +104,7 @@ def test_graph_launches_are_steps_when_nothing_marks_them():
 
 
 def test_whole_trace_fallback():
-    t = load_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz")
+    t = load_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz")
     ss = find_steps(t)
     assert ss.method == "whole-trace" and len(ss.steps) == 1 and len(ss.steps[0].kernels) == len(t.kernels)
 
@@ -133,7 +133,7 @@ def test_mi250_steps_and_phases_agree():
     from paths import HTA
     from perfscope.analysis.diagnose import diagnose
 
-    d = diagnose([HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"]).to_dict()
+    d = diagnose([HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.xz"]).to_dict()
     row = next(p for p in d["phases"] if p["phase"] == d["steps"]["phase"])
     assert row["count"] == d["steps"]["count"]
     assert row["median_ms"] == d["steps"]["median_ms"]
@@ -145,7 +145,7 @@ def test_vllm_annotation_with_squared_token_counts_is_a_step():
     `execute_context_1(888_788544)_generation_0(0)`: the vLLM build that wrote it puts the tokens and
     their square (888 * 888 = 788544) in the brackets. The step was not found (whole trace, phase
     unknown); it is one prefill step, timed by the GPU work its launches gave."""
-    t = load_trace(TRACELENS / "b200/eager_trace.json.gz")
+    t = load_trace(TRACELENS / "b200/eager_trace.json.xz")
     (ann,) = [a for a in t.annotations if not a.gpu and a.name.startswith("execute_context_")]
     assert ann.name == "execute_context_1(888_788544)_generation_0(0)" and 888 * 888 == 788544
     ss = find_steps(t)
@@ -167,7 +167,7 @@ def test_old_kineto_format_profiler_steps_are_steps():
     from paths import REPO
 
     path = REPO / "tests/traces/kineto-2021/resnet50_worker0.pt.trace.json.gz"
-    with gzip.open(path) as f:
+    with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     marks = sorted((e for e in ev if e.get("cat") == "Operator" and e["name"].startswith("ProfilerStep#")),
                    key=lambda e: e["ts"])
@@ -189,7 +189,7 @@ def test_old_kineto_format_profiler_steps_are_steps():
     assert a.steps["count"] == 6 and a.steps["workload"] == "training" and a.steps["phase"] == "train"
 
 
-VLLM_WITH_FRAMES = [VLLM_PIECE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.gz"]
+VLLM_WITH_FRAMES = [VLLM_PIECE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.xz"]
 
 
 @pytest.mark.parametrize("path", VLLM_WITH_FRAMES, ids=[p.parent.name for p in VLLM_WITH_FRAMES])
@@ -200,7 +200,7 @@ def test_vllm_model_runner_frames_are_the_steps_without_annotations(path):
     # (graph-replay), its eager kernels in none. Recounted from the raw JSON by name.
     import gzip
 
-    with gzip.open(path) as f:
+    with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     calls = [e for e in ev if e.get("cat") == "python_function" and e["name"].endswith(": execute_model")
              and "vllm/v1/worker/gpu_model_runner.py(" in e["name"]]
@@ -246,7 +246,7 @@ def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
     # holding none of the attention. Recounted from the raw JSON by name and correlation.
     import gzip
 
-    with gzip.open(VLLM_PIECE) as f:
+    with topen(VLLM_PIECE) as f:
         ev = json.load(f)["traceEvents"]
     launches = sorted((e for e in ev if e.get("cat") == "cuda_runtime" and "Launch" in e["name"]), key=lambda e: e["ts"])
     graphs = [e for e in launches if "GraphLaunch" in e["name"]]
@@ -281,7 +281,7 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
     from paths import REPO
 
     path = REPO / "tests/traces/hta-trace-compare/base.json.gz"
-    with gzip.open(path) as f:
+    with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     total = sum(e["dur"] for e in gpu)
@@ -305,7 +305,7 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
 def test_the_analysed_window_is_said_when_the_steps_hold_the_work():
     # the H100 Qwen1.5 forward: its ProfilerStep holds ~70% of the trace's GPU time (the rest runs outside
     # it): the step is analysed, and its share said
-    t = load_trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    t = load_trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz")
     r = analyze_trace(t)
     ss = find_steps(t)
     share = sum(t.kernels[i].dur for s in ss.steps for i in s.kernels) / sum(k.dur for k in t.kernels)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from paths import H200, HTA, TRACELENS
+from paths import H200, HTA, TRACELENS, gz_bytes
 
 
 def screen(*args, columns=80) -> subprocess.CompletedProcess:
@@ -24,7 +24,7 @@ def screen(*args, columns=80) -> subprocess.CompletedProcess:
 
 
 def test_first_screen_tells_the_story():
-    r = screen(H200 / "mla_pool_graph.json.gz")
+    r = screen(H200 / "mla_pool_graph.json.xz")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     first = "\n".join(lines[:10])
@@ -34,7 +34,7 @@ def test_first_screen_tells_the_story():
     flat_first = " ".join(re.sub(r"[│╭╮╰╯─]", " ", first).split())
     # the command is never folded: one whole line a user can paste, inside the panel when it fits,
     # else right under it (the panel says where); CI's clone path is longer than the panel is wide
-    cmd = f"perfscope fix fp8-kv-cast --trace {H200 / 'mla_pool_graph.json.gz'}"
+    cmd = f"perfscope fix fp8-kv-cast --trace {H200 / 'mla_pool_graph.json.xz'}"
     inside = [ln for ln in lines[:10] if cmd in ln]
     assert len(inside) == 1, first
     if len(cmd) + 11 > 80:
@@ -59,29 +59,29 @@ def test_first_screen_tells_the_story():
 def test_a_long_fix_command_is_one_line_under_the_panel_and_fits_in_it_on_a_wide_screen(tmp_path):
     deep = tmp_path / ("a-folder-name-long-enough-to-push-the-command-past-any-panel-" * 3)
     deep.mkdir()
-    shutil.copy(H200 / "mla_pool_graph.json.gz", deep / "t.json.gz")
-    cmd = f"perfscope fix fp8-kv-cast --trace {deep / 't.json.gz'}"
+    shutil.copy(H200 / "mla_pool_graph.json.xz", deep / "t.json.xz")
+    cmd = f"perfscope fix fp8-kv-cast --trace {deep / 't.json.xz'}"
     for columns in (80, 120):
-        lines = screen(deep / "t.json.gz", columns=columns).stdout.splitlines()
+        lines = screen(deep / "t.json.xz", columns=columns).stdout.splitlines()
         assert cmd in lines, lines[:12]  # a line of its own, whole, longer than the screen
         assert lines.index(cmd) < 10  # still on the first screen, right under the verdict
         assert f"fix [fp8-kv-cast]: {cmd}" in lines  # and under the findings panel
         assert not any(ln.startswith("│") and len(ln) > columns for ln in lines)
     # wide enough: inside the panel, and not printed again under it
-    lines = screen(deep / "t.json.gz", columns=len(cmd) + 20).stdout.splitlines()
+    lines = screen(deep / "t.json.xz", columns=len(cmd) + 20).stdout.splitlines()
     assert cmd not in lines and any(f"fix:   {cmd}" in ln for ln in lines[:10])
 
 
 def test_eager_evidence_names_dtypes_and_shares_stay_within_100_percent():
-    r = screen(H200 / "mla_pool_eager.json.gz", columns=200)
+    r = screen(H200 / "mla_pool_eager.json.xz", columns=200)
     assert r.returncode == 0, r.stderr
     assert "fp8_e4m3 -> bf16" in r.stdout and "Float8_e4m3fn" not in r.stdout
     # eager-decode's idle is a share of the step, never of kernel time (which it can exceed)
-    r = screen(H200 / "mla_fp8_eager.json.gz", columns=200)
+    r = screen(H200 / "mla_fp8_eager.json.xz", columns=200)
     assert r.returncode == 0 and "eager-decode" in r.stdout, r.stderr
     assert re.search(r"eager-decode\] .*ms/step, \d+(\.\d)?% of the step", r.stdout), r.stdout
-    for path in (H200 / "mla_pool_eager.json.gz", H200 / "mla_fp8_eager.json.gz",
-                 HTA / "df_index_resolver/df_index_resolver.json.gz"):
+    for path in (H200 / "mla_pool_eager.json.xz", H200 / "mla_fp8_eager.json.xz",
+                 HTA / "df_index_resolver/df_index_resolver.json.xz"):
         out = screen(path, columns=200).stdout
         shares = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)%", out)]
         assert shares and max(shares) <= 100, (path, max(shares))
@@ -90,7 +90,7 @@ def test_eager_evidence_names_dtypes_and_shares_stay_within_100_percent():
 def test_no_finding_says_what_was_analysed_and_what_the_rules_cover():
     from perfscope.analysis.rules import rule_ids
 
-    r = screen(TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz", columns=100)
+    r = screen(TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz", columns=100)
     assert r.returncode == 0, r.stderr
     head = "\n".join(r.stdout.splitlines()[:10])
     assert "No known bottleneck matched in the 1 decode step analysed (their GPU kernels)" in head
@@ -102,7 +102,7 @@ def test_no_finding_says_what_was_analysed_and_what_the_rules_cover():
 def test_folder_with_traces_and_other_json_is_analysed_and_the_rest_skipped(tmp_path):
     folder = tmp_path / "h200"
     folder.mkdir()
-    shutil.copy(H200 / "mla_fp8_graph.json.gz", folder)
+    shutil.copy(H200 / "mla_fp8_graph.json.xz", folder)
     shutil.copy(H200 / "measured.json", folder)  # the CUDA-event timings that sit beside the traces
     (folder / "notes.json").write_text('["not", "an", "object"]')
     r = screen(folder, columns=120)
@@ -122,7 +122,7 @@ def test_folder_with_traces_and_other_json_is_analysed_and_the_rest_skipped(tmp_
     r = screen(only)
     assert r.returncode == 2 and "no trace files" in r.stderr and "measured.json" in r.stderr
     # a damaged trace in a folder is still an error of its own, not skipped
-    (folder / "1-TP-1.trace.json.gz").write_bytes((H200 / "mla_fp8_graph.json.gz").read_bytes()[:1000])
+    (folder / "1-TP-1.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz")[:1000])
     r = screen(folder)
     assert r.returncode == 2 and "truncated gzip" in r.stderr
 
@@ -181,7 +181,7 @@ def test_verdict_title_is_never_cropped_mid_word(columns):
     """The verdict's top border holds whole parts of "perfscope diagnose · GPU · N steps · median X ms";
     what does not fit there is the panel's first line, not cut off by the border (a user on an
     80-column terminal saw "· m─╮" for a 2-trace CPU run)."""
-    r = screen(H200 / "mla_fp8_eager.json.gz", columns=columns)
+    r = screen(H200 / "mla_fp8_eager.json.xz", columns=columns)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     top = lines[0]
@@ -203,8 +203,8 @@ def test_compare_tables_fit_80_columns(tmp_path):
     """`perfscope compare` on an 80-column screen: the changed-ops table was wider than the screen
     and rich cut its last column (n/step) and the right border off every row."""
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", H200 / "mla_pool_graph.json.gz",
-                        H200 / "mla_pages_graph.json.gz"], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", H200 / "mla_pool_graph.json.xz",
+                        H200 / "mla_pages_graph.json.xz"], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "Top ops that changed" in r.stdout and "n/step" in r.stdout, r.stdout
     assert boxed_lines_cropped(r.stdout) == [], r.stdout
@@ -221,7 +221,7 @@ def test_a_cost_between_steps_says_why_the_step_saves_less(tmp_path):
     from perfscope.analysis.diagnose import diagnose
     from perfscope.capture.rundir import write_run
 
-    src = H200 / "mla_pages_graph.json.gz"
+    src = H200 / "mla_pages_graph.json.xz"
     run = tmp_path / "run"
     (run / "traces").mkdir(parents=True)
     (run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz").write_bytes(src.read_bytes())
@@ -286,7 +286,7 @@ def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_bou
     long kernel name is cut at a word boundary with an ellipsis, never mid-word."""
     from paths import REPO
 
-    r = screen(H200 / "mla_pool_eager.json.gz", "--model-config", REPO / "examples" / "h200_mla_repro.config.json",
+    r = screen(H200 / "mla_pool_eager.json.xz", "--model-config", REPO / "examples" / "h200_mla_repro.config.json",
                "--context", "4096")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -298,7 +298,7 @@ def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_bou
     assert len(ops) >= 4, block  # each op line and its continuation, indented
     import json
 
-    js = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_eager.json.gz"), "--json",
+    js = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_eager.json.xz"), "--json",
                          "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"), "--context", "4096"],
                         capture_output=True, text=True, timeout=300)
     names = [o.get("short") or o["name"] for o in json.loads(js.stdout)["roofline"]["ops"]]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import TRACES
+from paths import TRACES, json_of
 
 from perfscope.capture import rundir
 from perfscope.capture.hostio import (
@@ -233,7 +233,7 @@ def test_plain_json_trace_is_complete_when_it_closes(sshd, tmp_path):
     folder = tmp_path / "remote"
     folder.mkdir()
     # the end of a real Kineto trace (shared H200 trace), and the same file cut right after an event
-    data = gzip.decompress((TRACES / "h200-mla-fp8-kv" / "mla_fp8_graph.json.gz").read_bytes())
+    data = json_of((TRACES / "h200-mla-fp8-kv" / "mla_fp8_graph.json.xz"))
     whole, half = folder / "h_1.1700000000000000001.pt.trace.json", folder / "h_1.1700000000000000002.pt.trace.json"
     whole.write_bytes(data)
     half.write_bytes(data[: data.rindex(b"}", 0, data.rindex(b"]")) + 1])  # ends with an event's "}"

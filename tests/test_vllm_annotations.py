@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from paths import VLLM_CPU
+from paths import VLLM_CPU, topen
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.floor import floor_inputs
 
@@ -26,7 +26,7 @@ DETAILED = VLLM_CPU / "detailed.json.gz"
 
 def raw_annotations(path) -> list[str]:
     """The execute_* annotation names as vLLM wrote them (read from the raw JSON, not by perfscope)."""
-    events = json.load(gzip.open(path))["traceEvents"]
+    events = json.load(topen(path))["traceEvents"]
     return [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("execute_")]
 
 

@@ -1,6 +1,6 @@
 """Training and non-LLM traces are told apart from LLM inference, and the serving rules stay off them.
 
-Real traces: the training runs among ../shared/traces/public (HolisticTraceAnalysis: V100/A100
+Real traces: the training runs among tests/traces/corpus/public (HolisticTraceAnalysis: V100/A100
 training ranks with autograd and optimizer steps, a cuDNN CNN, an MI250 toy training loop;
 TraceLens: an MI210 GPU-only CNN training trace), DeepSeek's own H800 training trace (DualPipe,
 EP64, tests/traces/deepseek-profile-data), the xDiT Stable Diffusion 3.5 trace (MI300X), the LLM
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS
+from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS, topen
 from perfscope.analysis.diagnose import diagnose
 
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
-XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.gz"  # 62 MB of JSON: diagnosed once
+XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.xz"  # 62 MB of JSON: diagnosed once
 NOT_KINETO = ("benchmark_simple_add_et", "908_results")  # an execution trace, a rocprofiler JSON
-PUBLIC_TRACES = sorted(p for p in PUBLIC.rglob("*.json.gz") if not any(s in p.name for s in NOT_KINETO))
+PUBLIC_TRACES = sorted(p for p in PUBLIC.rglob("*.json.xz") if not any(s in p.name for s in NOT_KINETO))
 
 
 @lru_cache(maxsize=None)
@@ -28,21 +28,21 @@ def diag(path: Path) -> dict:
     return diagnose([path]).to_dict()
 
 TRAINING = [
-    HTA / "df_index_resolver/df_index_resolver.json.gz",
-    HTA / "negative_queue_length_values_check/rank0.json.gz",
-    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
-    HTA / "trace_diff/control/control.json.gz",
-    HTA / "trace_diff/test/test.json.gz",
-    HTA / "trace_filter/sampled_rank-0.json.gz",
-    HTA / "trace_filter/sampled_rank-1.json.gz",
-    HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
-    TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.gz",
+    HTA / "df_index_resolver/df_index_resolver.json.xz",
+    HTA / "negative_queue_length_values_check/rank0.json.xz",
+    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.xz",
+    HTA / "trace_diff/control/control.json.xz",
+    HTA / "trace_diff/test/test.json.xz",
+    HTA / "trace_filter/sampled_rank-0.json.xz",
+    HTA / "trace_filter/sampled_rank-1.json.xz",
+    HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.xz",
+    TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz",
     DEEPSEEK_TRAIN,
 ]
 LLM = [
-    TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz",
-    TRACELENS / "inference/vllm_decode_full/graph_execution.json.gz",
-    H200 / "mla_pool_graph.json.gz",
+    TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz",
+    TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz",
+    H200 / "mla_pool_graph.json.xz",
     KERNEL_MIX / "sample_topp.json.gz",
 ]
 
@@ -60,7 +60,7 @@ def test_training_traces_are_training_and_get_no_serving_finding(path):
 
 def test_training_gradient_allreduce_is_not_a_server_flag_finding():
     # the V100 rank with 2,020 NCCL kernels: gradient all-reduces, no `--disable-custom-all-reduce` advice
-    d = diagnose([HTA / "df_index_resolver/df_index_resolver.json.gz"]).to_dict()
+    d = diagnose([HTA / "df_index_resolver/df_index_resolver.json.xz"]).to_dict()
     assert d["buckets"]["communication"]["ms_per_step"] > 0
     assert not any(f["id"] == "nccl-allreduce" for f in d["findings"])
 
@@ -108,9 +108,9 @@ def test_public_traces_get_serving_findings_only_where_they_can_apply(path):
         assert st["phase"] != "decode"
 
 
-OPTIMIZER_TRACES = [HTA / "df_index_resolver/df_index_resolver.json.gz",
-                    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
-                    HTA / "trace_filter/sampled_rank-0.json.gz", HTA / "trace_diff/control/control.json.gz"]
+OPTIMIZER_TRACES = [HTA / "df_index_resolver/df_index_resolver.json.xz",
+                    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.xz",
+                    HTA / "trace_filter/sampled_rank-0.json.xz", HTA / "trace_diff/control/control.json.xz"]
 
 
 @pytest.mark.parametrize("path", OPTIMIZER_TRACES, ids=[p.parent.name for p in OPTIMIZER_TRACES])
@@ -123,7 +123,7 @@ def test_optimizer_steps_count_each_iteration_once(path):
     import json
     from collections import Counter
 
-    with gzip.open(path) as f:
+    with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     steps = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     opt = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
@@ -133,8 +133,8 @@ def test_optimizer_steps_count_each_iteration_once(path):
     assert diag(path)["steps"]["workload_evidence"]["optimizer_steps"] == len(steps)
 
 
-NO_PROFILER_STEP = [HTA / "df_index_resolver/df_index_resolver.json.gz",
-                    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+NO_PROFILER_STEP = [HTA / "df_index_resolver/df_index_resolver.json.xz",
+                    HTA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.xz",
                     REPO / "tests/traces/kineto-2021/resnet50_worker0.pt.trace.json.gz"]
 
 
@@ -151,7 +151,7 @@ def test_training_iterations_from_optimizer_steps_without_profiler_steps(path):
     from perfscope.analysis.steps import find_steps
     from perfscope.load.reader import load_trace
 
-    with gzip.open(path) as f:
+    with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     opt = [e for e in ev if e.get("cat") in ("user_annotation", "Operator") and e["name"].startswith("Optimizer.step#")]
     t = load_trace(path)

@@ -8,7 +8,7 @@ reductions) and ``other``.
 The ``kind`` of a GPU activity (memcpy/memset) wins over its name. Each row's fourth field says
 whose kernels it covers (engine, library, API); ``perfscope rules --markdown`` / docs list them.
 Every row is exercised by tests/test_buckets.py on the real kernel names of the traces in
-shared/traces and tests/traces (the H200 kernel-mix traces: FlashInfer 0.6.18 norm, activation,
+tests/traces/corpus and tests/traces (the H200 kernel-mix traces: FlashInfer 0.6.18 norm, activation,
 rope, sampling and MLA kernels, torch sampling, Triton norm/rotary, cuDNN SDPA; DeepSeek's own H800
 training trace with its internal DeepEP `dpsk::ep::` kernels).
 

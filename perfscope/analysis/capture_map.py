@@ -226,9 +226,9 @@ class CaptureSet:
         files: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
-                found = sorted(q for q in p.rglob("*") if q.name.endswith((".json", ".json.gz")))
+                found = sorted(q for q in p.rglob("*") if q.name.endswith((".json", ".json.gz", ".json.xz")))
                 if not found:
-                    raise InputError(f"{p}: no capture traces (.json/.json.gz) in this folder")
+                    raise InputError(f"{p}: no capture traces (.json/.json.gz/.json.xz) in this folder")
                 files.extend(found)
             else:
                 files.append(p)

@@ -21,7 +21,7 @@ GPU only (``trace --gpu-only``)    2.3-4.0 ms                 0.45-0.65 (median 
 (the dense model's four host-bound pairs: two pools x concurrency 1 and 16, the TPOT at 16 less the
 bench's own TPOT - ITL tail; for the full trace also the two fix loops of
 ``results/h200-2026-12-01-sglang``, 0.26 and 0.30, and the eager stepbench pair of
-``../shared/traces/h200-mla-fp8-kv``, 0.40). The servers were restarted by the fix, and a
+``tests/traces/corpus/h200-mla-fp8-kv``, 0.40). The servers were restarted by the fix, and a
 process's host speed varies between starts by up to 1.7x here: that is the spread, and why a GPU-only
 profile, whose host is 2x rather than 3x slowed, predicts better: median error 3.8% against 8.4% over
 the eight runs of ``examples/gpu_loop/sglang/predict_table.py``). The quickest steps are used because

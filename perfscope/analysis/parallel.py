@@ -17,9 +17,12 @@ MEMORY_FRACTION = 0.8  # of what the OS reports available
 
 def json_bytes(path: str | Path) -> int:
     """The JSON size of a trace file: a ``.gz`` file's ISIZE trailer (the uncompressed size modulo
-    4 GiB, raised by 4 GiB steps until it is not smaller than the compressed file), else its size."""
+    4 GiB, raised by 4 GiB steps until it is not smaller than the compressed file), an ``.xz``
+    file's index (the uncompressed size of every block, exact), else its size."""
     p = Path(path)
     size = p.stat().st_size
+    if p.name.endswith(".xz"):
+        return _xz_size(p, size)
     if not p.name.endswith(".gz") or size < 18:
         return size
     with open(p, "rb") as f:
@@ -28,6 +31,57 @@ def json_bytes(path: str | Path) -> int:
     while isize < size:
         isize += 1 << 32
     return isize
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        c = b[i]
+        v |= (c & 0x7F) << shift
+        i += 1
+        if not c & 0x80:
+            return v, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _xz_size(p: Path, size: int) -> int:
+    """The uncompressed size an xz file's indexes record (streams read from the end, as xz --list
+    does); the file's own size when it is no well-formed xz file (the reader then says why)."""
+    total = 0
+    try:
+        with open(p, "rb") as f:
+            end = size
+            while end > 0:
+                f.seek(end - 4)
+                if f.read(4) == b"\0\0\0\0":  # stream padding
+                    end -= 4
+                    continue
+                if end < 24:
+                    return size
+                f.seek(end - 12)
+                footer = f.read(12)
+                if footer[10:] != b"YZ":
+                    return size
+                index_size = (int.from_bytes(footer[4:8], "little") + 1) * 4
+                if index_size > end - 24 or index_size > 64 << 20:
+                    return size
+                f.seek(end - 12 - index_size)
+                index = f.read(index_size)
+                if index[:1] != b"\0":
+                    return size
+                n, i = _varint(index, 1)
+                blocks = 0
+                for _ in range(n):
+                    unpadded, i = _varint(index, i)
+                    out, i = _varint(index, i)
+                    total += out
+                    blocks += (unpadded + 3) & ~3
+                end -= 12 + index_size + blocks + 12
+    except (OSError, IndexError, ValueError):
+        return size
+    return total if end == 0 else size
 
 
 def available_memory() -> Optional[int]:

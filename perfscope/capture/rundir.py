@@ -72,7 +72,7 @@ TRACES_DIR = "traces"
 # a run folder of its own inside a trace's: the short GPU-only profile (`trace --gpu-only`) taken with it,
 # whose host timeline carries almost none of the CPU profiler's cost (diagnose reads it for host time)
 HOST_TIMING_DIR = "host-timing"
-TRACE_GLOBS = ("*.trace.json.gz", "*.trace.json", "*.pt.trace.json.gz", "*.json.gz")
+TRACE_GLOBS = ("*.trace.json.gz", "*.trace.json", "*.pt.trace.json.gz", "*.json.gz", "*.json.xz")
 
 # SGLang 0.5.x: [prefix-]{time}-TP-{r}[-DP-{d}][-PP-{p}][-EP-{e}][-EXTEND|-DECODE].trace.json.gz
 # SGLang 0.4.6: {id}-TP-{r}.trace.json.gz.  vLLM / torch handlers: ...rank{r}... or ...rank-{r}...

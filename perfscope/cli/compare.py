@@ -33,10 +33,9 @@ def load_side(path: Path, which: str, config: Optional[dict] = None, workers: Op
 
 
 def label_of(path: Path) -> str:
-    name = path.name or str(path)
-    for suffix in (".gz", ".json", ".trace", ".pt"):
-        name = name[: -len(suffix)] if name.endswith(suffix) else name
-    return name or str(path)
+    from perfscope.load.discover import trace_stem
+
+    return trace_stem(path.name or str(path)) or str(path)
 
 
 def command(

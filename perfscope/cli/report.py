@@ -23,9 +23,9 @@ def default_output(paths: List[Path]) -> Path:
     first = paths[0]
     if len(paths) == 1 and first.is_dir() and (first / "run.json").is_file():
         return first / "report.html"
-    stem = first.name
-    for suffix in (".gz", ".json", ".trace", ".pt"):
-        stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
+    from perfscope.load.discover import trace_stem
+
+    stem = trace_stem(first.name)
     return Path.cwd() / f"{stem or 'perfscope'}.report.html"
 
 

@@ -14,7 +14,15 @@ from typing import Optional
 from perfscope.capture.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
 from perfscope.errors import InputError
 
-_TRACE_SUFFIXES = (".json", ".json.gz")
+_TRACE_SUFFIXES = (".json", ".json.gz", ".json.xz")
+
+
+def trace_stem(name: str) -> str:
+    """A trace file's name without its trace suffixes: ``x.pt.trace.json.gz`` -> ``x``."""
+    stem = name
+    for suffix in (".gz", ".xz", ".json", ".trace", ".pt"):
+        stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
+    return stem
 
 
 @dataclass
@@ -64,10 +72,11 @@ def not_a_trace(p: Path) -> Optional[str]:
     file is read (inflated) in chunks until the key shows up, so a real trace costs one chunk and
     only small non-trace files are read whole. Unreadable or truncated files are left to the reader."""
     import gzip
+    import lzma
     import zlib
 
     try:
-        opener = gzip.open if p.name.endswith(".gz") else open
+        opener = gzip.open if p.name.endswith(".gz") else lzma.open if p.name.endswith(".xz") else open
         with opener(p, "rb") as f:
             head = b""
             first = None
@@ -84,7 +93,7 @@ def not_a_trace(p: Path) -> Optional[str]:
                 if b'"traceEvents"' in head[-16:] + chunk:
                     return None
                 head = chunk
-    except (OSError, EOFError, zlib.error):
+    except (OSError, EOFError, zlib.error, lzma.LZMAError):
         return None
     return "no 'traceEvents'" if first is not None else "empty"
 
@@ -131,7 +140,7 @@ def discover(paths: list[str | Path]) -> TraceSet:
     capture: list[Path] = []
     host_timing: list[TraceFile] = []
     if not paths:
-        raise InputError("no trace given: pass a trace file (.json/.json.gz), a profile folder or a run folder")
+        raise InputError("no trace given: pass a trace file (.json/.json.gz/.json.xz), a profile folder or a run folder")
     for raw in paths:
         p = Path(raw)
         if str(raw) == "-":
@@ -166,7 +175,7 @@ def discover(paths: list[str | Path]) -> TraceSet:
                     kept.append(q)
             if not kept:
                 extra = f"; skipped {len(found)} other JSON file(s), e.g. {found[0].name}" if found else ""
-                raise InputError(f"{p}: no trace files (*.json, *.json.gz) in this folder{extra}")
+                raise InputError(f"{p}: no trace files (*.json, *.json.gz, *.json.xz) in this folder{extra}")
             files.extend(_describe(q) for q in kept)
         else:
             files.append(_describe(p))

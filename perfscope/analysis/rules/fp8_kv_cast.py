@@ -17,7 +17,7 @@ _EPT = re.compile(r"elementwise_kernel(?:_manual_unroll)?<\d+, (\d+)")  # elemen
 # step / the BF16 kernel's. examples/gpu_loop/results/h200-2026-11-29 runs/bug vs runs/native:
 # decode 2.311 / 1.618 ms, prefill (EXTEND, 4000 tokens) 121.1 / 64.0 ms. The same ratios held on
 # the -pool250k and -overlap runs and (decode, 1.49) on the shared stepbench pair
-# ../shared/traces/h200-mla-fp8-kv (tests/test_stepmodel.py checks them). A prefill step runs many
+# tests/traces/corpus/h200-mla-fp8-kv (tests/test_stepmodel.py checks them). A prefill step runs many
 # query rows per KV row, so the in-kernel conversion costs it more than a decode step.
 NATIVE_MLA_SLOWDOWN = {"decode": 1.43, "prefill": 1.89}
 NATIVE_MLA_SOURCE = "H200, FlashInfer 0.6.18 (examples/gpu_loop/results/h200-2026-11-29)"
