@@ -52,3 +52,29 @@ def test_an_xz_trace_reads_as_the_same_json_gzipped(tmp_path):
     a, b = load_trace(src), load_trace(gz)
     assert len(a.kernels) == len(b.kernels) > 100 and a.kernels == b.kernels and a.launches == b.launches
     assert json_bytes(src) == json_bytes(gz) == len(raw)  # the xz index gives the JSON size exactly
+
+
+def test_a_damaged_xz_trace_gets_one_line_and_exit_2(tmp_path):
+    """Truncated (copied while written), corrupt, junk after the stream, or past the size bound:
+    one line naming the file and what is wrong, exit 2; stream padding and several streams read."""
+    import os
+    import subprocess
+    import sys
+
+    from paths import REPO
+
+    data = (TRACES / "h200-mla-fp8-kv" / "mla_pool_graph.json.xz").read_bytes()
+    cases = {"truncated.json.xz": (data[: len(data) // 2], {}, "truncated xz file"),
+             "corrupt.json.xz": (data[:100] + bytes(100) + data[200:], {}, "corrupt xz data"),
+             "junk.json.xz": (data + b"junk\n", {}, "bytes of junk after the xz stream"),
+             "big.json.xz": (data, {"PERFSCOPE_MAX_TRACE_GB": "0.001"}, "PERFSCOPE_MAX_TRACE_GB")}
+    for name, (body, env, want) in cases.items():
+        (tmp_path / name).write_bytes(body)
+        r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(tmp_path / name)], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and want in lines[0] and name in lines[0], (name, r.stderr)
+    padded = tmp_path / "padded.json.xz"  # stream padding (4 zero bytes) after the stream: valid xz
+    padded.write_bytes(data + bytes(4))
+    assert load_trace(padded).kernels == load_trace(TRACES / "h200-mla-fp8-kv" / "mla_pool_graph.json.xz").kernels
+    assert json_bytes(padded) == len(lzma.decompress(data))

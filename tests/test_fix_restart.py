@@ -332,7 +332,8 @@ def test_restart_against_a_keyed_server(keyed_site):
     rec = json.loads((out / "restart.json").read_text())
     # measured as asked: 2 requests in flight on both sides, recorded in each bench and in the workload
     assert rec["workload"]["concurrency"] == 2
-    assert [json.loads((out / s / "bench.json").read_text())["concurrency"] for s in ("before", "after")] == [2, 2]
+    benches = [json.loads((out / s / "bench.json").read_text()) for s in ("before", "after")]
+    assert [b["workload"]["concurrency"] for b in benches] == [2, 2]
     assert rec["healthy"] is True and rec["tpot_ms_before"] > 4 * rec["tpot_ms_after"] > 0, rec
     assert _calls(site) == ["ok patched"]
     written = "".join(f.read_text() for f in out.rglob("*") if f.is_file())
