@@ -93,6 +93,33 @@ def install(payload: str, site: Path, env: dict, repo: Path, no_server: bool) ->
     return target, original, rec
 
 
+SERVER_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def restart_script(path: Path, argv: list, env: dict, pidfile: Path, log: Path, extra: Optional[dict] = None) -> Path:
+    """Write ``path``: a ``--restart-cmd`` script that stops the server group recorded in ``pidfile``
+    (TERM, up to 30 s, then KILL), starts ``argv`` in a new session with the install's environment
+    (SERVER_ENV from ``env``, plus ``extra``), its output appended to ``log``, and records its pid."""
+    import shlex
+
+    extra = extra or {}
+    envs = " ".join(f"{k}={shlex.quote(env[k])}" for k in SERVER_ENV if env.get(k))
+    envs += "".join(f" {k}={shlex.quote(v)}" for k, v in extra.items())
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    path.write_text(f"""#!/bin/sh
+p=$(cat {q(pidfile)} 2>/dev/null)
+if [ -n "$p" ]; then
+  kill -TERM -"$p" 2>/dev/null
+  i=0; while kill -0 -"$p" 2>/dev/null && [ $i -lt 60 ]; do sleep 0.5; i=$((i+1)); done
+  kill -KILL -"$p" 2>/dev/null; sleep 1
+fi
+echo "===== $(date -u +%FT%TZ) start {' '.join(extra)}" >> {q(log)}
+env {envs} setsid {" ".join(shlex.quote(str(x)) for x in argv)} >> {q(log)} 2>&1 < /dev/null &
+echo $! > {q(pidfile)}
+""")
+    return path
+
+
 def stop_group(p: subprocess.Popen) -> None:
     """SIGTERM the process group ``p`` leads (a server started with start_new_session), then SIGKILL."""
     try:

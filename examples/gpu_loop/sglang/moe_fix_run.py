@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tarfile
@@ -36,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
-from harness import Harness, install  # noqa: E402
+from harness import Harness, install, restart_script  # noqa: E402
 
 CONFIG = HERE / "config_moe.json"
 W = {"input_len": 256, "output_len": 128}
@@ -140,20 +139,7 @@ def main() -> int:
             "--mem-fraction-static", a.mem_fraction, "--max-total-tokens", "500000",
             "--cuda-graph-bs", "1", "2", "4", "8", "16", "32", "64", "--max-running-requests", "64",
             "--chunked-prefill-size", "4096", "--host", "127.0.0.1", "--port", str(PORT), "--random-seed", "0"]
-    keep = ("PYTHONPATH", "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    envs = " ".join(f"{k}={shlex.quote(env[k])}" for k in keep if env.get(k))
-    srv = work / "srv.sh"
-    srv.write_text(f"""#!/bin/sh
-p=$(cat {shlex.quote(str(pidf))} 2>/dev/null)
-if [ -n "$p" ]; then
-  kill -TERM -"$p" 2>/dev/null
-  i=0; while kill -0 -"$p" 2>/dev/null && [ $i -lt 60 ]; do sleep 0.5; i=$((i+1)); done
-  kill -KILL -"$p" 2>/dev/null; sleep 1
-fi
-echo "===== $(date -u +%FT%TZ) start" >> {shlex.quote(str(log))}
-env {envs} setsid {" ".join(shlex.quote(x) for x in argv)} >> {shlex.quote(str(log))} 2>&1 < /dev/null &
-echo $! > {shlex.quote(str(pidf))}
-""")
+    srv = restart_script(work / "srv.sh", argv, env, pidf, log)
     S["server_argv"] = argv
 
     def perfscope(name: str, args: list, timeout: float = 120):

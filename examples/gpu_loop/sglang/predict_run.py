@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
-from harness import Harness, install  # noqa: E402
+from harness import Harness, install, restart_script  # noqa: E402
 
 CONFIGS = {"dense": HERE / "config.json", "moe": HERE / "config_moe.json"}
 C1 = {"input_len": 2000, "output_len": 64}   # batch 1: one request at a time
@@ -148,22 +148,8 @@ def main() -> int:
                     "--mem-fraction-static", a.mem_fraction, "--cuda-graph-bs", "1", "2", "4", "8", "12", "16",
                     "--chunked-prefill-size", "2048", "--max-running-requests", "32", "--host", "127.0.0.1",
                     "--port", str(port), "--random-seed", "0", "--max-total-tokens", str(pool)]
-            pidf, log = work / f"server-{pool}.pid", h.logs / f"server-{pool}.log"
-            keep = ("PYTHONPATH", "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-            envs = " ".join(f"{k}={shlex.quote(env[k])}" for k in keep if env.get(k))
-            envs += "".join(f" {k}={shlex.quote(v)}" for k, v in extra.items())
-            f = work / f"srv-{pool}.sh"
-            f.write_text(f"""#!/bin/sh
-p=$(cat {shlex.quote(str(pidf))} 2>/dev/null)
-if [ -n "$p" ]; then
-  kill -TERM -"$p" 2>/dev/null
-  i=0; while kill -0 -"$p" 2>/dev/null && [ $i -lt 60 ]; do sleep 0.5; i=$((i+1)); done
-  kill -KILL -"$p" 2>/dev/null; sleep 1
-fi
-echo "===== $(date -u +%FT%TZ) start {' '.join(extra)}" >> {shlex.quote(str(log))}
-env {envs} setsid {" ".join(shlex.quote(x) for x in argv)} >> {shlex.quote(str(log))} 2>&1 < /dev/null &
-echo $! > {shlex.quote(str(pidf))}
-""")
+            f = restart_script(work / f"srv-{pool}.sh", argv, env, work / f"server-{pool}.pid",
+                               h.logs / f"server-{pool}.log", extra)
             S.setdefault("servers", {})[str(pool)] = {"argv": argv, "env": extra}
             return f
 
