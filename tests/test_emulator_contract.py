@@ -49,13 +49,20 @@ def _call(c: SGLangClient, method: str, path: str, body=None) -> tuple[int, str]
         return e.status, e.body
 
 
-def _wait_files(d: Path, n: int, timeout: float = 60.0) -> list[str]:
+def _wait_files(d: Path, n: int, timeout: float = 60.0, drive=None) -> list[str]:
+    """The trace files in ``d`` once there are ``n``; ``drive`` (a request) is sent every 2 s
+    meanwhile, as perfscope's load does: a num_steps profile ends only after that many steps of its
+    stage, and one request may not give a stage its steps on a loaded box."""
     deadline = time.monotonic() + timeout
+    driven = time.monotonic()
     while time.monotonic() < deadline:
         names = sorted(p.name for p in d.glob("*.trace.json.gz")) if d.exists() else []
         if len(names) >= n:
             time.sleep(0.5)
             return sorted(p.name for p in d.glob("*.trace.json.gz"))
+        if drive is not None and time.monotonic() - driven > 2.0:
+            drive()
+            driven = time.monotonic()
         time.sleep(0.2)
     return sorted(p.name for p in d.glob("*.trace.json.gz")) if d.exists() else []
 
@@ -85,7 +92,7 @@ def _sequence(url: str, tmp: Path) -> dict:
                                {"output_dir": str(tmp / "b"), "num_steps": 2, "activities": ["CPU"],
                                 "profile_by_stage": True, "profile_prefix": "p", "profile_id": "x"})
     c.generate(GEN)
-    out["files_stage"] = _wait_files(tmp / "b", 2)
+    out["files_stage"] = _wait_files(tmp / "b", 2, drive=lambda: c.generate(GEN))
     # a second plain start while one runs: silently restarted; with start_step: refused
     quick = {"activities": ["CPU"], "with_stack": False, "record_shapes": False}
     out["start_plain"] = _call(c, "POST", "/start_profile", {"output_dir": str(tmp / "c"), **quick})
@@ -109,8 +116,15 @@ def _sequence(url: str, tmp: Path) -> dict:
 
 
 def test_the_emulator_answers_as_real_sglang_does(sglang_server, emulator, tmp_path):
-    real = _sequence(sglang_server.url, tmp_path / "real")
-    emu = _sequence(emulator, tmp_path / "emu")
+    try:
+        real = _sequence(sglang_server.url, tmp_path / "real")
+        emu = _sequence(emulator, tmp_path / "emu")
+    finally:  # the real server is shared with later tests: never leave it profiling
+        for url in (sglang_server.url, emulator):
+            try:
+                _call(SGLangClient(url, timeout=30), "POST", "/stop_profile")
+            except Exception:  # noqa: BLE001 - cleanup: the test's own failure is the one to show
+                pass
     # what real SGLang 0.5.23 answers (so that a change of the real server shows here too)
     assert real["stop_idle"] == (500, "Internal Server Error")
     assert real["start_steps"] == (200, "Start profiling.\n")
