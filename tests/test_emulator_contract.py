@@ -17,6 +17,8 @@ import pytest
 from perfscope.analysis.compare import CONFIG_KEYS
 from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient
 from perfscope.report.html import HEADER_CONFIG_KEYS
+from perfscope.capture.ssh.errors import ServerDown
+from real_engines import revive_sglang
 from reproserver import start_repro
 
 # what perfscope reads from /server_info: compare/report headers, trace (version, parallel sizes,
@@ -117,7 +119,14 @@ def _sequence(url: str, tmp: Path) -> dict:
 
 def test_the_emulator_answers_as_real_sglang_does(sglang_server, emulator, tmp_path):
     try:
-        real = _sequence(sglang_server.url, tmp_path / "real")
+        try:
+            real = _sequence(sglang_server.url, tmp_path / "real")
+        except ServerDown:
+            # real SGLang 0.5.23 on CPU has died of a SIGSEGV in torch's profiler (ThreadLocalSubqueue::
+            # begin_op) starting the DECODE-stage profile right after the EXTEND one: an engine crash,
+            # not an answer to compare. Once, on a fresh server; a second crash fails the test.
+            assert revive_sglang(sglang_server), "the real server stopped answering but did not exit"
+            real = _sequence(sglang_server.url, tmp_path / "real-again")
         emu = _sequence(emulator, tmp_path / "emu")
     finally:  # the real server is shared with later tests: never leave it profiling
         for url in (sglang_server.url, emulator):
