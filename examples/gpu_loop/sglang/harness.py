@@ -93,6 +93,25 @@ def install(payload: str, site: Path, env: dict, repo: Path, no_server: bool) ->
     return target, original, rec
 
 
+def parse_json(text: str, default=None):
+    """``text`` as JSON (a command's --json output), else ``default``."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        return default
+
+
+def healthy(port: int) -> bool:
+    """Whether the server on 127.0.0.1:``port`` answers /health with 200 within 2 s."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 SERVER_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH", "FLASHINFER_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 

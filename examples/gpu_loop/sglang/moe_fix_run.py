@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
-from harness import Harness, install, restart_script  # noqa: E402
+from harness import Harness, healthy, install, parse_json as _json, restart_script  # noqa: E402
 
 CONFIG = HERE / "config_moe.json"
 W = {"input_len": 256, "output_len": 128}
@@ -44,26 +44,11 @@ PORT = 30131
 CONFIGS_REL = "srt/layers/moe/moe_runner/triton_utils/configs"
 
 
-def _json(text: str, default=None):
-    try:
-        return json.loads(text)
-    except (ValueError, TypeError):
-        return default
-
-
 def _post(port: int, path: str, body: dict, timeout: float = 120) -> dict:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def tree_digest(root: Path) -> dict:

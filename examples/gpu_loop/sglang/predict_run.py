@@ -38,26 +38,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
-from harness import Harness, install, restart_script  # noqa: E402
+from harness import Harness, healthy, install, parse_json as _json, restart_script  # noqa: E402
 
 CONFIGS = {"dense": HERE / "config.json", "moe": HERE / "config_moe.json"}
 C1 = {"input_len": 2000, "output_len": 64}   # batch 1: one request at a time
 C16 = {"input_len": 256, "output_len": 256}  # 16 in flight: short prompts, so prefill chunks barely interrupt decode
-
-
-def _json(text: str, default=None):
-    try:
-        return json.loads(text)
-    except (ValueError, TypeError):
-        return default
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def server_info(port: int) -> dict:
