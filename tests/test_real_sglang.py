@@ -16,6 +16,7 @@ from paths import topen
 import gzip
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -124,6 +125,50 @@ def test_trace_steps_without_stages_and_with_a_profile_prefix(sglang_server, tmp
     rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--profile-prefix", "a/b", "-o", tmp_path / "x"],
                          capsys)
     assert rc == 2 and "--profile-prefix" in err and "Traceback" not in err
+    healthy_and_idle(sglang_server)
+
+
+def test_a_busy_real_sglang_is_traced_in_one_file_per_rank(sglang_server, tmp_path, capsys):
+    """Other clients' requests streaming: the real server's /v1/loads reports them, and trace profiles
+    --steps forward steps in one file rather than by stage (SGLang starts the DECODE file at the first
+    decode batch after /start_profile: on a busy server that comes first, and a prefill during that
+    capture starts a second profiler; the EXTEND file is never written). An explicit --by-stage is
+    refused before anything is armed."""
+    other = SGLangClient(sglang_server.url, timeout=60)
+    assert other.requests_in_server() == 0
+    stop, seen = threading.Event(), {0: 0, 1: 0}
+
+    def someone_else(k: int, first: int):
+        while not stop.is_set():  # request after request, the two clients half a request apart
+            for _ in other.generate_stream({"input_ids": list(range(first, first + 8)), "sampling_params": {
+                    "max_new_tokens": 1000, "temperature": 0, "ignore_eos": True}}, timeout=60, stop=stop):
+                seen[k] += 1
+
+    ths = [threading.Thread(target=someone_else, args=(k, SAFE_IDS[0] + 10 * k), daemon=True) for k in (0, 1)]
+    ths[0].start()
+    try:
+        deadline = time.monotonic() + 60
+        while seen[0] < 500 and time.monotonic() < deadline and ths[0].is_alive():
+            time.sleep(0.02)
+        ths[1].start()
+        while seen[1] < 20 and time.monotonic() < deadline and ths[1].is_alive():
+            time.sleep(0.02)
+        assert other.requests_in_server() >= 1, (seen, [t.is_alive() for t in ths])
+        rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "3", "--by-stage", *LOAD,
+                              "-o", tmp_path / "refused"], capsys)
+        assert rc == 2 and "--by-stage:" in err and "Traceback" not in err, err
+        rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "3", *LOAD, "-o", tmp_path / "run"],
+                             capsys)
+        assert rc == 0, err
+        assert re.search(r"\d request\(s\) in the server: profiling 3 forward steps", " ".join(err.split())), err
+        (name,) = files_of(tmp_path / "run")
+        assert re.fullmatch(r"\d+\.\d+-TP-0\.trace\.json\.gz", name), name
+        assert len(step_names(tmp_path / "run" / "traces" / name)) == 3
+        assert all(t.is_alive() for t in ths)  # the other clients were served throughout
+    finally:
+        stop.set()
+        for t in ths:
+            t.join(60)
     healthy_and_idle(sglang_server)
 
 

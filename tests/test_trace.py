@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from perfscope.capture import rundir
+from perfscope.capture.sglang_api import SGLangClient
 from perfscope.cli import main
 from perfscope.load.reader import parse
 from net import StubHandler
@@ -46,7 +47,9 @@ def repro_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("repro") / "server.log"
     env = {**os.environ, "REPRO_ADMIN_API_KEY": "s3cret-admin-key"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.repro_server", "--port", "0", "--num-layers", "2", "--threads", "1"],
+        # a context as long as the pool: one request can stream for the length of a test
+        [sys.executable, "-m", "examples.repro_server", "--port", "0", "--num-layers", "2", "--threads", "1",
+         "--context-length", "32768"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "wb"), env=env, text=True,
     )
     port = None
@@ -263,3 +266,51 @@ def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, 
     assert rc == 0, err
     timing = json.loads(dout)["run"]["timings"]
     assert timing["bench"]["tpot_ms"] == bench["tpot_ms"]
+
+
+def test_a_busy_server_is_not_profiled_by_stage(repro_server, tmp_path, capsys, monkeypatch):
+    """SGLang starts a by-stage profile's DECODE file at the first decode batch and its EXTEND file at
+    the first prefill: on a server already decoding, the DECODE file starts first, a later prefill
+    starts a second profiler over it, and the EXTEND file never comes (SGLang 0.5.13 on the H200: the
+    trace timed out and the server stayed slower). With another client's request streaming, trace
+    profiles --steps forward steps in one file instead and says why; an explicit --by-stage is refused
+    before anything is armed; once the server is idle again the default is by stage."""
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    url = f"http://127.0.0.1:{repro_server}"
+    other = SGLangClient(url, api_key="s3cret-admin-key", timeout=60)
+    stop, seen = threading.Event(), []
+
+    def someone_else():
+        for fr in other.generate_stream({"input_ids": [5, 6, 7], "sampling_params": {
+                "max_new_tokens": 30000, "temperature": 0, "ignore_eos": True}}, timeout=60, stop=stop):
+            seen.append(fr)
+
+    th = threading.Thread(target=someone_else, daemon=True)
+    th.start()
+    try:
+        deadline = time.monotonic() + 30
+        while other.requests_in_server() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert other.requests_in_server() >= 1, (len(seen), th.is_alive())
+        common = ["--url", url, "--steps", "3", "--input-len", "16", "--output-len", "8",
+                  "--api-key-env", "REPRO_KEY", "--timeout", "120"]
+        rc, _, err = run_cli(["trace", *common, "--by-stage", "--out", str(tmp_path / "refused")], capsys)
+        assert rc == 2 and "--by-stage:" in err and "request(s)" in " ".join(err.split()), err
+        assert "profiler armed" not in err and not (tmp_path / "refused" / "run.json").exists()
+        out = tmp_path / "busy"
+        rc, _, err = run_cli(["trace", *common, "--out", str(out)], capsys)
+        assert rc == 0, err
+        assert "request(s) in the server: profiling 3 forward steps in one file per rank" in " ".join(err.split())
+        names = [Path(f.path).name for f in rundir.read_run(out, verify=True).files]
+        assert len(names) == 1 and "-DECODE" not in names[0] and "-EXTEND" not in names[0], names
+    finally:
+        stop.set()
+        th.join(30)
+    deadline = time.monotonic() + 30
+    while other.requests_in_server() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = tmp_path / "idle"
+    rc, _, err = run_cli(["trace", *common, "--out", str(out)], capsys)
+    assert rc == 0, err
+    names = sorted(Path(f.path).name.rsplit("-", 1)[1] for f in rundir.read_run(out).files)
+    assert names == ["DECODE.trace.json.gz", "EXTEND.trace.json.gz"], names

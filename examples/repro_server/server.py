@@ -9,7 +9,7 @@ Endpoints (shapes as in SGLang 0.5.x ``srt/entrypoints/http_server.py``):
 * ``GET|POST /stop_profile``: writes the trace and replies; an error when none is running.
 * ``GET /server_info`` and the deprecated ``GET /get_server_info``: flattened server args,
   ``version``, plus the model shape a floor model needs.
-* ``GET /health``, ``GET /get_model_info``.
+* ``GET /health``, ``GET /get_model_info``, ``GET /v1/loads`` (requests running and waiting).
 
 ``--api-key`` guards every endpoint but /health (SGLang's legacy behaviour); ``--admin-api-key``
 (0.5.23) guards the profiling endpoints. Keys are compared in constant time and never logged.
@@ -193,6 +193,18 @@ class Handler(BaseHTTPRequestHandler):
         })
         self._send_json(200, info)
 
+    def loads(self) -> None:
+        """``GET /v1/loads``: SGLang 0.5.x's load report, its core section (one entry per DP rank)."""
+        sch = self.server.scheduler
+        info = self.server.server_info_base
+        self._send_json(200, {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                              "version": SGLANG_COMPAT_VERSION,
+                              "loads": [{"dp_rank": 0, "num_running_reqs": len(sch.running),
+                                         "num_waiting_reqs": sch.waiting.qsize(),
+                                         "num_used_tokens": info["max_total_num_tokens"]
+                                         - sch.runner.allocator.available_size(),
+                                         "max_total_num_tokens": info["max_total_num_tokens"]}]})
+
     def model_info(self) -> None:
         i = self.server.server_info_base
         self._send_json(200, {"model_path": i["model_path"], "served_model_name": i["served_model_name"],
@@ -314,6 +326,7 @@ ROUTES = {
     ("GET", "/server_info"): Handler.server_info,
     ("GET", "/get_server_info"): Handler.server_info,
     ("GET", "/get_model_info"): Handler.model_info,
+    ("GET", "/v1/loads"): Handler.loads,
     ("GET", "/model_info"): Handler.model_info,
     ("GET", "/start_profile"): Handler.start_profile,
     ("POST", "/start_profile"): Handler.start_profile,

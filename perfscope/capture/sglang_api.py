@@ -284,6 +284,36 @@ class SGLangClient:
             return info
         raise last or RemoteError("no server info endpoint answered")
 
+    def requests_in_server(self, timeout: float = 10.0) -> Optional[int]:
+        """Requests running or waiting in the server now, from ``/v1/loads`` (SGLang 0.5.x), summed over
+        its DP ranks; None when it does not say (an older server, another reply). SGLang publishes that
+        snapshot at each prefill, when it goes idle and every 15 decode steps: a request just prefilled
+        is not listed yet, but its tokens are in use (``num_used_tokens``), so a rank with tokens in use
+        counts at least one request (an idle server's radix cache holds none: they are evictable)."""
+        try:
+            got = self.request_json("GET", "/v1/loads?include=core", timeout=timeout)
+        except HTTPStatusError as e:
+            if e.status in (400, 404, 405):
+                return None
+            raise
+        loads = got.get("loads") if isinstance(got, dict) else None
+        if not isinstance(loads, list) or not loads:
+            return None
+
+        def count(v) -> Optional[int]:
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+        n = 0
+        for d in loads:
+            if not isinstance(d, dict):
+                return None
+            reqs = [count(d.get(k)) for k in ("num_running_reqs", "num_waiting_reqs")]
+            if None in reqs:
+                return None
+            used = count(d.get("num_used_tokens")) or 0
+            n += max(sum(r for r in reqs if r is not None), 1 if used else 0)
+        return n
+
     def start_profile(self, output_dir: Optional[str] = None, num_steps: Optional[int] = None,
                       activities: Optional[list] = None, with_stack: Optional[bool] = None,
                       record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,

@@ -123,6 +123,8 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         by_stage = opts.by_stage
         if by_stage is None:
             by_stage = opts.engine == "sglang" and _version_tuple(version) >= (0, 4, 7)
+        if by_stage and opts.engine == "sglang":
+            by_stage = _stage_profile_safe(api, opts, label, say)
         expected = expected_files(info, by_stage) if opts.engine == "sglang" else 1
         # the folder the server writes to
         baseline: set[str] = set()
@@ -258,6 +260,51 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         return HostResult(label, out_dir, files, timings, info)
 
 
+# how long a by-stage profile waits for requests to leave the server (perfscope's own, cut when the
+# host-timing profile's load stopped, leave within a step or two)
+IDLE_WAIT_S = 5.0
+
+
+def _stage_profile_safe(api, opts: TraceOptions, label: str, say) -> bool:
+    """Whether a by-stage profile can start now. SGLang starts the DECODE file at the first decode batch
+    after /start_profile and the EXTEND file at the first prefill; when a decode batch comes first (the
+    server already serving requests) and a prefill arrives during the decode capture, that prefill
+    starts a second torch profiler over the running one (SGLang 0.5.13 and 0.5.23 alike): the DECODE
+    file holds whatever that one recorded, no EXTEND file is ever written, and the
+    first is left to itself (SGLang 0.5.13 on an H200, the server still decoding the requests of the
+    profile before: the DECODE file came, the EXTEND file never did, and the trace timed out). So a
+    by-stage profile starts only on an idle server; otherwise ``--steps`` forward steps go into one
+    file per rank (decode and the prefills between them; ``diagnose`` tells them apart). An explicit
+    ``--by-stage`` on a busy server is refused. A server that does not report its load (no
+    ``/v1/loads``) is profiled by stage as asked."""
+    deadline = time.monotonic() + IDLE_WAIT_S
+    while True:
+        try:
+            n = api.requests_in_server()
+        except PerfscopeError:
+            n = None
+        if n is None or n == 0:
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if opts.by_stage:
+        raise InputError(f"--by-stage: {label} is serving {n} request(s); SGLang's by-stage profile then "
+                         "starts its DECODE file first and never writes the EXTEND one (a second profiler "
+                         "is started over the first)",
+                         hint="trace with --no-by-stage (the default picks it on a busy server), or when the "
+                              "server is idle")
+    say(f"{n} request(s) in the server: profiling {opts.steps} forward steps in one file per rank "
+        "(a by-stage profile is safe on an idle SGLang only)")
+    return False
+
+
+# steps of the GPU-only host-timing profile: its host time per step is the quickest tenth of them, and
+# on the H200 the profiled host's busy time varied 3.1-4.5 ms between the steps of one 8-step profile;
+# kernels and runtime calls only, so 32 steps stay small (a CUDA-graph step is a few dozen events)
+HOST_TIMING_STEPS = 32
+
+
 def _host_timing(ep: Endpoint, opts: TraceOptions, out_dir: Path, command: list[str], log, cancel, say) -> None:
     """A short GPU-only profile (kernels and CUDA runtime calls, no CPU ops) before the full one, as a
     run folder of its own in ``out_dir/host-timing``: its host timeline carries CUPTI's cost but not the
@@ -265,7 +312,8 @@ def _host_timing(ep: Endpoint, opts: TraceOptions, out_dir: Path, command: list[
     An extra: when it fails, the trace goes on and the predictions use the full trace's host time."""
     from dataclasses import replace
 
-    sub = replace(opts, gpu_only=True, steps=min(opts.steps, 10), bench_requests=0, host_timing=False)
+    sub = replace(opts, gpu_only=True, steps=HOST_TIMING_STEPS, bench_requests=0, host_timing=False,
+                  by_stage=False)  # decode steps are what it times: one file of forward steps
     say("host timing: a short GPU-only profile first (no CPU ops recorded: the host as unprofiled as it gets)")
     try:
         trace_host(ep, sub, out_dir / rundir.HOST_TIMING_DIR, command=command + ["(host timing: --gpu-only)"],
