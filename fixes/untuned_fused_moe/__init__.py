@@ -28,20 +28,33 @@ MAX_BATCHES = 4
 
 
 def served_batches(env: Environment) -> list[int]:
-    """Decode batch sizes to tune: 1, the batch the trace saw, and the server's largest decode batch
-    (its CUDA-graph bound or max running requests), at most MAX_BATCHES of them."""
+    """Decode batch sizes to tune: 1, the batches the trace decoded (SGLang's ``step[DECODE bs=N]``,
+    the finding's ``decode_batches``), the concurrency the fix re-measures at (``--bench-concurrency``),
+    and the server's largest decode batch (its CUDA-graph bound or max running requests), at most
+    MAX_BATCHES of them: the smallest, the largest and those between nearest the measured concurrency.
+    SGLang runs a batch on the config of the nearest tuned size, so a size left out runs another's."""
+    facts = env.facts or {}
     seen = {1}
-    for f in (env.facts or {}).get("findings") or []:
-        b = (f.get("evidence") or {}).get("batch") if isinstance(f, dict) else None
-        if isinstance(b, (int, float)) and b >= 1:
-            seen.add(int(b))
+    want: set[int] = set()
+    for f in facts.get("findings") or []:
+        ev = (f.get("evidence") or {}) if isinstance(f, dict) else {}
+        vals = [ev.get("batch")] + list(ev.get("decode_batches") or [])
+        want |= {int(b) for b in vals if isinstance(b, (int, float)) and not isinstance(b, bool) and 1 <= b <= 4096}
+    c = facts.get("bench_concurrency")
+    if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096:
+        want.add(c)
+    seen |= want
     args = env.server_args or (env.facts or {}).get("server_info") or {}
     for k in ("cuda_graph_max_bs", "cuda_graph_max_bs_decode", "max_running_requests"):
         v = args.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
             seen.add(min(v, 512))
             break
-    return sorted(seen)[:MAX_BATCHES] if len(seen) <= MAX_BATCHES else sorted(seen)[:MAX_BATCHES - 1] + [max(seen)]
+    if len(seen) <= MAX_BATCHES:
+        return sorted(seen)
+    ends = {min(seen), max(seen)}
+    near = sorted(seen - ends, key=lambda b: (abs(b - (c if isinstance(c, int) else max(want or {1}))), b))
+    return sorted(ends | set(near[:MAX_BATCHES - 2]))
 
 
 class UntunedFusedMoeFix(FixModule):

@@ -54,6 +54,7 @@ class HostScale:
 SCALE = {"gpu-only": HostScale(0.52, 0.45, 0.65), "full": HostScale(0.38, 0.25, 0.45)}
 GPU_WORK_ERROR = 0.08  # the replay's GPU work after a fix against the fixed trace's, measured: +8-9%
 BENCH_NOISE = 0.05  # a bench TPOT within 5% of the GPU work is GPU-bound: it says nothing of the host
+ANCHOR_MAX_SAVED = 0.5  # anchor_to_bench: only for fixes that leave most of the measured step
 
 
 def profile_kind(trace: Trace) -> str:
@@ -221,6 +222,43 @@ def bench_of_run(run_info: dict) -> Optional[dict]:
     return {"tpot_ms": float(b["tpot_ms"]), "concurrency": benched or traced,
             "itl_p50_ms": float(itl) if isinstance(itl, (int, float)) else None,
             "taken": b.get("taken") or ("after the trace" if t.get("bench_after_trace") else None)}
+
+
+def anchor_to_bench(bench: Optional[dict], step_ms: float, replay: dict, host: Optional[HostEstimate],
+                    tail_ms: float = 0.0) -> Optional[dict]:
+    """The prediction read off the measured step when the profiled one is longer than the server
+    measured without the profiler: the trace's step (``step_ms``) more than BENCH_NOISE above the
+    bench's median inter-token latency means the profiler stretched the GPU timeline itself (the
+    kernels between CUDA-graph replays wait on the profiled host's launches), so a replay of it
+    predicts a step the server never takes (the H200 MoE server at 16 requests: a 2.8 ms profiled step,
+    1.66 ms measured, and a replayed "after" of 2.78 ms, slower than before). The fixed step is then
+    the measured one less the GPU kernel time the fix removes per step (those kernels run back to
+    back inside the graph), no shorter than the kernels left or the host's own time, with the range
+    from all of that time saved (plus the replay's GPU-work error) to none of it (the host holding
+    the step). None when the trace's step agrees with the bench, there is no bench, or the fix removes
+    more than half of the measured step (ANCHOR_MAX_SAVED)."""
+    if not bench or not step_ms:
+        return None
+    meas = bench.get("itl_p50_ms") or bench.get("tpot_ms")
+    if not isinstance(meas, (int, float)) or meas <= 0 or step_ms <= meas * (1 + BENCH_NOISE):
+        return None
+    saved = max(float(replay.get("kernel_time_saved_ms") or 0.0), 0.0)
+    if saved > ANCHOR_MAX_SAVED * meas:
+        # the fix removes most of the measured step: what is left is not measured, and the profiled
+        # kernel time saved is itself the profiler's (a 16.5 ms profiled step of 7.7 ms measured);
+        # the replay with the host's unprofiled time predicts it (examples/gpu_loop/sglang/predict_table.py)
+        return None
+    left = float(replay.get("gpu_busy_after_ms") or 0.0)
+    floor = min(max(left, host.point if host else 0.0), meas)  # neither takes longer than the measured step
+    pt = max(meas - saved, floor)
+    lo = max(meas - saved * (1 + GPU_WORK_ERROR), min(left, meas), min(host.lo, meas) if host else 0.0)
+    return {"point_ms": round(pt + tail_ms, 4), "range_ms": [round(min(lo, pt) + tail_ms, 4), round(meas + tail_ms, 4)],
+            "bound": "host" if host is not None and host.point >= meas - saved else "gpu",
+            "measured_step_ms": round(float(meas), 4), "profiled_step_ms": round(step_ms, 4),
+            "kernel_time_saved_ms": round(saved, 4),
+            "how": f"the trace's {step_ms:.2f} ms step is longer than the {meas:.2f} ms the server measured without "
+                   f"the profiler (its median inter-token latency): the step measured less the fix's "
+                   f"{saved:.2f} ms of GPU kernel time per step"}
 
 
 def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Optional[dict]:

@@ -245,6 +245,8 @@ def command(
     facts = _trace_facts(trace) if trace is not None else {}
     if budget is not None:
         facts["budget_s"] = float(budget)
+    if restart_cmd:
+        facts["bench_concurrency"] = bench_concurrency  # the batch the re-measure decodes at
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     if port is None:
         # the traced server's port, not whatever else listens on 30000 here (another server's process

@@ -53,7 +53,9 @@ def run(f):
         print(errs[-1], flush=True)
 
 
-ths = [threading.Thread(target=run, args=(f,)) for f in (mla, ragged)]
+# --no-ragged: the server runs with --flashinfer-mla-disable-ragged (its prefill on the paged MLA
+# kernel): the ragged prefill module, the longer build, is not needed
+ths = [threading.Thread(target=run, args=(f,)) for f in ((mla,) if "--no-ragged" in sys.argv else (mla, ragged))]
 [t.start() for t in ths]
 [t.join() for t in ths]
 print(f"warm-up done in {time.time() - t0:.1f}s, errors {errs}", flush=True)

@@ -68,6 +68,10 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         gpu = hosttime.gpu_work_ms(p)
         p["gpu_work_ms"] = round(gpu, 4)
         pt, lo, hi, bound = hosttime.cycle(gpu, host, tail)
+        anchored = hosttime.anchor_to_bench(ctx.config.get("bench"), ctx.step_ms, p, host, tail)
+        if anchored is not None:
+            pt, lo, hi, bound = anchored["point_ms"], anchored["range_ms"][0], anchored["range_ms"][1], anchored["bound"]
+            p["anchored"] = anchored
         if tail > 0.005:
             p["decode_tail_ms"] = round(tail, 4)
         p.update(predicted_step_ms=round(pt, 4), bound=bound, range_ms=[round(lo, 4), round(hi, 4)],
@@ -102,7 +106,13 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
     if p.get("alternatives") and f.summary:
         for name, a in p["alternatives"].items():
             f.summary += f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})."
-    if host is not None and f.summary and p.get("bound") == "host":
+    if p.get("anchored") and f.summary:
+        a = p["anchored"]
+        f.summary += (f" Without the profiler the step takes {a['measured_step_ms']:.2f} ms (the trace's "
+                      f"{a['profiled_step_ms']:.2f} ms is the profiler's): fixed, ~{p['predicted_step_ms']:.2f} ms "
+                      f"(the measured step less the {a['kernel_time_saved_ms']:.2f} ms of kernel time the fix saves; "
+                      f"expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms).")
+    elif host is not None and f.summary and p.get("bound") == "host":
         f.summary += (f" Fixed, the host bounds the step: its GPU work would take ~{p['gpu_work_ms']:.1f} ms, the "
                       f"host's own work ~{host.point:.2f} ms per step without the profiler ({host.how}); expect "
                       f"{p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")

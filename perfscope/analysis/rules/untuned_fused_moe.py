@@ -8,6 +8,7 @@ from typing import Optional
 from perfscope.analysis.moe_config import config_file_name, moe_shape, scan_log, version_dir
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 
+_BS = re.compile(r"\bbs=(\d{1,5})\b")
 _FUSED_MOE = re.compile(r"fused_moe_kernel")
 TUNED_SPEEDUP = 1.3  # measured gains of tuned over default configs on decode shapes are ~1.2-2x
 
@@ -46,6 +47,10 @@ class UntunedFusedMoe(Rule):
                     "share_of_moe": (round(ms / ctx.buckets_ms["moe"], 4) if ctx.buckets_ms.get("moe") else None),
                     "assumed_tuned_speedup": TUNED_SPEEDUP, "device": ctx.trace.meta.device_name,
                     "ep_size": ctx.config_value("ep_size"), "tp_size": ctx.config_value("tp_size")}
+        batches = sorted({int(m.group(1)) for st in ctx.steps if st.phase == "decode"
+                          for m in [_BS.search(st.label or "")] if m})
+        if batches:
+            ev["decode_batches"] = batches[:16]  # SGLang's step[DECODE bs=N]: the sizes a tuner must cover
         unchecked: list[str] = []
         name = self._file_and_flops(ctx, ms, ev, unchecked)
         log = ctx.config.get("server_log")
