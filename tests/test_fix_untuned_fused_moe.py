@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from perfscope.analysis.moe_config import LOADER_RELDIR, config_file_name, lookup, scan_log, version_dir
+from perfscope.errors import InputError
 from real_engines import engine_python
 
 HERE = Path(__file__).resolve().parent
@@ -217,8 +218,16 @@ def test_apply_makes_the_triton_folder_and_revert_removes_it(install_copy, tmp_p
     made = root / LOADER_RELDIR / "configs" / "triton_3_99_0"
     assert json.loads((made / "E=64,N=1408,device_name=NVIDIA_H200.json").read_text()) == won
     assert json.loads(Path(rep.manifest).read_text())["created_dir"] == str(made)
-    rep = engine.revert(fix, LocalFixHost(), req)
-    assert rep.outcome.kind == "reverted" and not made.exists() and _tree(root) == before
+    # the server is down (the H200 run reverted after stopping it): no model shape to name the file from,
+    # so an apply cannot say what it would write, but --revert finds what this fix created in the install
+    gone = dataclasses.replace(req, facts={})
+    with pytest.raises(InputError, match="cannot name the file to write"):
+        engine.plan(fix, LocalFixHost(), gone)
+    rep = engine.revert(fix, LocalFixHost(), gone)
+    assert rep.outcome.kind == "reverted", rep.outcome.reason
+    assert not made.exists() and _tree(root) == before
+    rep = engine.revert(fix, LocalFixHost(), gone)  # once more: nothing left to revert, nothing touched
+    assert rep.outcome.kind == "skipped" and _tree(root) == before
 
 
 def test_budget_is_refused_where_it_means_nothing(tmp_path):

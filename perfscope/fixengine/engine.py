@@ -274,7 +274,29 @@ def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
 # ----------------------------------------------------------------------------------- target
 
 
-def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequest) -> tuple[TargetSpec, str, bytes]:
+def _created_pointer(host: FixHost, req: FixRequest, fix: FixModule, sglang_root: str) -> str:
+    key = hashlib.sha256(sglang_root.encode()).hexdigest()[:16]
+    return join(host, state_root(host, req), fix.id, f"created-in-{key}.json")
+
+
+def _created_path(host: FixHost, req: FixRequest, fix: FixModule, env: Environment) -> Optional[str]:
+    """The file this fix created in this install at its last apply (``_created_pointer``), for a revert
+    that cannot name it from the server's facts."""
+    if not env.sglang_root:
+        return None
+    p = _created_pointer(host, req, fix, env.sglang_root)
+    if not host.exists(p):
+        return None
+    from perfscope.util import jsonio
+
+    got = jsonio.loads(host.read_bytes(p), p, error=FixRefused, expect=dict)
+    path = got.get("path")
+    root = env.sglang_root.rstrip("/") + "/"
+    return path if isinstance(path, str) and path.startswith(root) and "/../" not in path else None
+
+
+def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequest,
+                   reverting: bool = False) -> tuple[TargetSpec, str, bytes]:
     gather = getattr(fix, "gather", None)
     if gather is not None:
         gather(host, env)  # facts the fix reads on the host before it knows its target
@@ -299,6 +321,9 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
         names = ", ".join(t.name for t in fix.targets)
         raise InputError(f"--target {req.target}: unknown (this fix knows {names})") from None
     if not spec.relpath:
+        made = _created_path(host, req, fix, env) if reverting and spec.creates else None
+        if made is not None:  # the server is gone, but the install says what this fix created in it
+            return spec, made, (host.pin(made) if host.exists(made) else b"")
         if spec.creates and spec.description:  # a file the fix names from facts it could not read
             raise InputError(f"{fix.id}: cannot name the file to write: {spec.description}")
         raise InputError(f"target {spec.name} has no place in an sglang install: give --target-file")
@@ -472,6 +497,11 @@ def _apply(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> 
             host.makedirs(parent)
     mpath = join(host, folder, "manifest.json")
     host.write_bytes_atomic(mpath, (json.dumps(manifest, indent=2) + "\n").encode(), mode=0o600)
+    if absent and env.sglang_root:
+        # the file's name came from facts read off the live server (the model's shape): --revert finds
+        # it again from the install alone, with the server down
+        host.write_bytes_atomic(_created_pointer(host, req, fix, env.sglang_root),
+                                (json.dumps({"path": path, "manifest": mpath}) + "\n").encode(), mode=0o600)
     try:
         # last look before writing: the file must still be the one the patch was computed from (the
         # pinned target: the file resolved at the check, refused if anything else is there now)
@@ -552,7 +582,7 @@ def describe_launch(fix: FixModule, host: FixHost, env: Environment, req: FixReq
 
 
 def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) -> Report:
-    spec, path, data = resolve_target(fix, host, env, req)
+    spec, path, data = resolve_target(fix, host, env, req, reverting=True)
     rep = _base_report(fix, env, spec, path, data)
     folder = state_dir_for(host, req, fix, path)
     man = load_manifest(host, folder)
