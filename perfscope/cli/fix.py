@@ -156,6 +156,7 @@ def command(
     budget: Optional[float] = typer.Option(None, "--budget", metavar="SECONDS", help="Fixes that spend GPU time on the server (untuned-fused-moe's tuning): its bound in seconds (default: the fix's own, shown by the check)."),
     bench_max_requests: int = typer.Option(32, "--bench-max-requests", min=1, help="With --restart-cmd: at most this many measured requests per side; the change still undecided then: exit 1, the patch stays applied."),
     max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
+    fresh_baseline: Optional[bool] = typer.Option(None, "--fresh-baseline/--no-fresh-baseline", help="With --restart-cmd: restart the unpatched server before measuring it, so that before and after are both fresh processes (default: on with --trace, whose profile left CUPTI attached to the traced process and slowed it)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
     """Check a fix and show its diff (nothing changes), --apply it, or --revert it.
@@ -306,7 +307,7 @@ def command(
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
                                                          num_requests=bench_requests, concurrency=bench_concurrency,
                                                          max_requests=max(bench_max_requests, bench_requests)),
-                                         max_slowdown=max_slowdown,
+                                         max_slowdown=max_slowdown, fresh_baseline=fresh_baseline,
                                          log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
