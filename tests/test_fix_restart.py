@@ -380,13 +380,13 @@ def test_a_fix_kept_only_when_faster_is_reverted_when_the_gain_is_within_its_bar
 
 
 def test_fresh_baseline_measures_the_unpatched_server_after_a_restart(site):
-    """--fresh-baseline: the unpatched server is restarted before it is measured, so that the patched
+    """--baseline fresh: the unpatched server is restarted before it is measured, so that the patched
     one (always a fresh process) is not compared with a process a trace left CUPTI attached to (on the
     H200 that difference alone read as a 6% gain). The restart script's log shows the order: the
     original restarted, measured, then the patched one."""
     out = site.dir / "run"
     r = _fix(site, "--apply", "--restart-cmd", f"sh {site.script} ok", "--health-timeout", "60",
-             "--fresh-baseline", "--out", str(out), "--json", *BENCH)
+             "--baseline", "fresh", "--out", str(out), "--json", *BENCH)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _calls(site) == ["ok original", "ok patched"]
     rec = json.loads((out / "restart.json").read_text())

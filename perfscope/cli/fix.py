@@ -156,7 +156,7 @@ def command(
     budget: Optional[float] = typer.Option(None, "--budget", metavar="SECONDS", help="Fixes that spend GPU time on the server (untuned-fused-moe's tuning): its bound in seconds (default: the fix's own, shown by the check)."),
     bench_max_requests: int = typer.Option(32, "--bench-max-requests", min=1, help="With --restart-cmd: at most this many measured requests per side; the change still undecided then: exit 1, the patch stays applied."),
     max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
-    fresh_baseline: Optional[bool] = typer.Option(None, "--fresh-baseline/--no-fresh-baseline", help="With --restart-cmd: restart the unpatched server before measuring it, so that before and after are both fresh processes (default: on with --trace, whose profile left CUPTI attached to the traced process and slowed it)."),
+    baseline: str = typer.Option("auto", "--baseline", metavar="auto|fresh|current", help="With --restart-cmd: 'fresh' restarts the unpatched server before measuring it, so that before and after are both fresh processes; 'current' measures the running one; 'auto' (default): fresh with --trace, whose profile left CUPTI attached to the traced process and slowed it."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> int:
     """Check a fix and show its diff (nothing changes), --apply it, or --revert it.
@@ -217,6 +217,8 @@ def command(
         raise InputError("--apply and --revert exclude each other")
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
+    if baseline not in ("auto", "fresh", "current"):
+        raise InputError(f"--baseline {baseline!r}: expected auto, fresh or current")
     if restart_cmd is not None and not (apply_ or revert_):
         raise InputError("--restart-cmd goes with --apply or --revert")
     if restart_cmd is not None and not restart_cmd.strip():
@@ -307,7 +309,8 @@ def command(
                                          bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
                                                          num_requests=bench_requests, concurrency=bench_concurrency,
                                                          max_requests=max(bench_max_requests, bench_requests)),
-                                         max_slowdown=max_slowdown, fresh_baseline=fresh_baseline,
+                                         max_slowdown=max_slowdown,
+                                         fresh_baseline={"fresh": True, "current": False}.get(baseline),
                                          log=lambda m: err.print(m, markup=False))
             else:
                 rep = engine.apply(fix, fhost, req, env)
