@@ -235,6 +235,12 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 say(f"{Path(fe['path']).name}: {rundir.FRONTEND_NOTE}; kept, not analysed")
         tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir, [f.name for f in got],
                                wait_s=min(30.0, opts.timeout)) if opts.engine == "vllm" else []
+        if opts.engine == "vllm":
+            ranks = sorted({m.group(1) for m in (re.match(r"rank(\d+)\.", f.name) for f in got) if m}, key=int)
+            lost = [r for r in ranks if not any(t.endswith(f"rank{r}.profiler_out.txt") for t in tables)]
+            if lost:  # vLLM 0.x: a worker whose key_averages() failed ("Failed to stop profiler") writes none
+                say(f"note: vLLM wrote no op table for rank {', '.join(lost)} within {min(30.0, opts.timeout):g}s "
+                    "(its log says why, e.g. 'Failed to stop profiler'); the traces are complete")
         if files and not opts.keep_remote:
             if made_dir:  # perfscope's own folder: removed with whatever else is in it (links, FIFOs)
                 io.discard_dir(remote_dir)
