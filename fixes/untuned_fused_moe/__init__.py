@@ -41,10 +41,11 @@ def served_batches(env: Environment) -> list[int]:
         vals = [ev.get("batch")] + list(ev.get("decode_batches") or [])
         want |= {int(b) for b in vals if isinstance(b, (int, float)) and not isinstance(b, bool) and 1 <= b <= 4096}
     c = facts.get("bench_concurrency")
-    if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096:
-        want.add(c)
+    measured = c if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096 else None
+    if measured is not None:
+        want.add(measured)
     seen |= want
-    args = env.server_args or (env.facts or {}).get("server_info") or {}
+    args = env.server_args or facts.get("server_info") or {}
     for k in ("cuda_graph_max_bs", "cuda_graph_max_bs_decode", "max_running_requests"):
         v = args.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
@@ -53,7 +54,8 @@ def served_batches(env: Environment) -> list[int]:
     if len(seen) <= MAX_BATCHES:
         return sorted(seen)
     ends = {min(seen), max(seen)}
-    near = sorted(seen - ends, key=lambda b: (abs(b - (c if isinstance(c, int) else max(want or {1}))), b))
+    target = measured if measured is not None else max(want, default=1)
+    near = sorted(seen - ends, key=lambda b: (abs(b - target), b))
     return sorted(ends | set(near[:MAX_BATCHES - 2]))
 
 

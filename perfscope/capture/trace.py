@@ -234,13 +234,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             if fe.get("role") == "frontend":
                 say(f"{Path(fe['path']).name}: {rundir.FRONTEND_NOTE}; kept, not analysed")
         tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir, [f.name for f in got],
-                               wait_s=min(30.0, opts.timeout)) if opts.engine == "vllm" else []
-        if opts.engine == "vllm":
-            ranks = sorted({m.group(1) for m in (re.match(r"rank(\d+)\.", f.name) for f in got) if m}, key=int)
-            lost = [r for r in ranks if not any(t.endswith(f"rank{r}.profiler_out.txt") for t in tables)]
-            if lost:  # vLLM 0.x: a worker whose key_averages() failed ("Failed to stop profiler") writes none
-                say(f"note: vLLM wrote no op table for rank {', '.join(lost)} within {min(30.0, opts.timeout):g}s "
-                    "(its log says why, e.g. 'Failed to stop profiler'); the traces are complete")
+                               wait_s=min(30.0, opts.timeout), say=say) if opts.engine == "vllm" else []
         if files and not opts.keep_remote:
             if made_dir:  # perfscope's own folder: removed with whatever else is in it (links, FIFOs)
                 io.discard_dir(remote_dir)
@@ -364,7 +358,7 @@ def _is_table(name: str) -> bool:
 
 
 def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces: list[str] = (),
-                  wait_s: float = 0.0) -> list[str]:
+                  wait_s: float = 0.0, say=None) -> list[str]:
     """Copy the op tables vLLM wrote with this profile (new or rewritten since it was armed) to
     ``out_dir/profiler_tables/``; returns their paths relative to ``out_dir``. vLLM rewrites them
     in place at every stop, so a table whose size and time are unchanged is not this run's. A worker
@@ -380,6 +374,10 @@ def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces
         if all(any(f.name.endswith(w) for f in found) for w in want) or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
+    lost = sorted(w for w in want if not any(f.name.endswith(w) for f in found))
+    if lost and say is not None:  # vLLM: a worker whose key_averages() failed ("Failed to stop profiler") writes none
+        say(f"note: vLLM wrote no {', '.join(lost)} within {wait_s:g}s (its log says why, e.g. 'Failed to stop "
+            "profiler'); the traces are complete")
     got = []
     for f in found:
         local = out_dir / TABLES_DIR / f.name

@@ -227,9 +227,13 @@ def state_root(host: FixHost, req: FixRequest) -> str:
     return join(host, base, "perfscope", "fixes")
 
 
+def _key(path: str) -> str:
+    """The name of a path's folder in the state root (a path may be long, or have any character)."""
+    return hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
 def state_dir_for(host: FixHost, req: FixRequest, fix: FixModule, path: str) -> str:
-    key = hashlib.sha256(path.encode()).hexdigest()[:16]
-    return join(host, state_root(host, req), fix.id, key)
+    return join(host, state_root(host, req), fix.id, _key(path))
 
 
 def _fix_on_top(host: FixHost, req: FixRequest, fix: FixModule, path: str, cur: str,
@@ -238,7 +242,7 @@ def _fix_on_top(host: FixHost, req: FixRequest, fix: FixModule, path: str, cur: 
     manifest explains the file's state ``cur``: applied on top of this one, or still applied."""
     from perfscope.fixengine.registry import discover
 
-    key = hashlib.sha256(path.encode()).hexdigest()[:16]
+    key = _key(path)
     for other in sorted(discover()):
         if other == fix.id:
             continue
@@ -275,8 +279,7 @@ def load_manifest(host: FixHost, folder: str) -> Optional[dict]:
 
 
 def _created_pointer(host: FixHost, req: FixRequest, fix: FixModule, sglang_root: str) -> str:
-    key = hashlib.sha256(sglang_root.encode()).hexdigest()[:16]
-    return join(host, state_root(host, req), fix.id, f"created-in-{key}.json")
+    return join(host, state_root(host, req), fix.id, f"created-in-{_key(sglang_root)}.json")
 
 
 def _created_path(host: FixHost, req: FixRequest, fix: FixModule, env: Environment) -> Optional[str]:
