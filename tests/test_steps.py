@@ -326,3 +326,33 @@ def test_full_graph_decode_without_annotations_stays_one_launch_per_step():
     ss = find_steps(replace(t, annotations=[], frames=[]))
     assert ss.method == "graph-replay" and len(ss.steps) == len(marked.steps) == 10
     assert all(s.graph_launches == 1 for s in ss.steps)
+
+
+@pytest.mark.parametrize("case", ["dense-495000-c1", "dense-495000-c16", "dense-3000000-c16"])
+def test_sglang_piecewise_prefill_among_full_graph_decode(case):
+    """A GPU-only profile of the real SGLang 0.5.13 on the H200 over 32 plain steps (no stage split):
+    its decode steps replay one full CUDA graph each (~150 kernels), its prefills are replayed
+    piecewise (a first piece, 7 identical layer pieces, a last one). Read as one run of "graph pieces"
+    the whole profile was a single step. Recounted from the raw JSON: every full-graph launch is a
+    decode step, every piecewise run a prefill."""
+    from collections import Counter
+
+    from paths import REPO
+
+    folder = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-predict" / case / "bug" / "host-timing"
+    (path,) = folder.rglob("*.trace.json.gz")
+    with topen(path) as f:
+        ev = json.load(f)["traceEvents"]
+    kernels = Counter(e["args"]["correlation"] for e in ev if e.get("cat") == "kernel")
+    graphs = sorted((e for e in ev if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"),
+                    key=lambda e: e["ts"])
+    sizes = [kernels[g["args"]["correlation"]] for g in graphs]
+    full = sum(1 for n in sizes if n > 100)
+    pieces = len(sizes) - full
+    assert pieces % 9 == 0 and pieces and full >= 27
+    ss = find_steps(load_trace(path))
+    assert ss.method == "graph-pieces"
+    by = Counter(s.phase for s in ss.steps)
+    assert by["decode"] == full and by["prefill"] == pieces // 9 and len(ss.steps) == full + pieces // 9
+    for s in ss.steps:
+        assert s.graph_launches == (1 if s.phase == "decode" else 9)

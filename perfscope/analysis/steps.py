@@ -179,39 +179,71 @@ def _optimizer_iterations(trace: Trace) -> list[Step]:
 
 
 def _graph_piece_steps(trace: Trace) -> list[Step]:
-    """Steps of piecewise CUDA-graph replay (see the module doc); [] when the graph launches are not
-    pieces (each replays the same kernels as its neighbours throughout, or there is no run of them)."""
+    """Steps of piecewise CUDA-graph replay (see the module doc); [] when no launches are pieces.
+
+    A forward replayed piecewise is a run ``X M M .. M Y``: a first piece, two or more middle pieces
+    replaying the same kernels (the layers), a last piece, each of the three replaying other kernels
+    than the others. Every complete run is one step; a run cut by the profiler's window at the
+    trace's start (``M .. M Y``) or end (``X M ..``) is one too. A graph launch in no run replays a
+    whole forward (a full graph: SGLang captures decode whole and replays prefill piecewise, as vLLM's
+    FULL_AND_PIECEWISE mode does) and is a step of its own. Complete runs of different lengths are not pieces of one model: []."""
     gl = sorted((l for l in trace.launches if is_graph_launch(l.name)), key=lambda l: l.ts)
-    if len(gl) < 3:
+    if len(gl) < 4:
         return []
     names: dict[int, list[str]] = {}
     for k in trace.kernels:
         names.setdefault(k.corr, []).append(k.name)
     sig = [tuple(names.get(l.corr, ())) for l in gl]
-    common = max(set(sig), key=sig.count)
-    if all(s == common for s in sig) or not any(a == b == common for a, b in zip(sig, sig[1:])):
-        return []  # full graphs (one per step), or no run of identical middle pieces
-    groups: list[list[int]] = [[0]]
-    for i in range(1, len(gl)):
-        g = groups[-1]
-        # the launch before was a last piece: not the middle one, and the middle one came before it
-        if sig[i - 1] != common and len(g) >= 2 and sig[g[-2]] == common:
-            groups.append([i])
+    n = len(sig)
+    runs: list[tuple[int, int]] = []  # [start, end) of each run of pieces
+    i = 0
+    while i + 1 < n:
+        mid, j = sig[i + 1], i + 1
+        while j < n and sig[j] == mid:
+            j += 1
+        # sig[i]: a first piece, sig[i+1 .. j-1]: the middle ones, sig[j]: the last
+        if j - (i + 1) >= 2 and j < n and sig[i] != mid and sig[j] != mid:
+            runs.append((i, j + 1))
+            i = j + 1
         else:
-            g.append(i)
-    # the repeating pattern: every step has the same number of pieces (the layers, and the ends), at least 3;
-    # the first and last runs may be cut by the profiler's window
-    core = [len(g) for g in (groups[1:-1] if len(groups) >= 3 else groups)]
-    if min(core) < 3 or len(set(core)) != 1:
-        return []  # not pieces: e.g. full graphs of varying batch sizes, each replaying other kernels
+            i += 1
+    if not runs:
+        return []
+    if len({e - b for b, e in runs}) != 1:
+        return []  # not pieces of one model: e.g. full graphs of varying batch sizes, each replaying other kernels
+    middles = {sig[b + 1] for b, _ in runs}
+    lasts = {sig[e - 1] for _, e in runs}
+    firsts = {sig[b] for b, _ in runs}
+    b0 = runs[0][0]
+    k = 0
+    while k < b0 and sig[k] in middles:
+        k += 1
+    if k and k < b0 and sig[k] in lasts:
+        runs.insert(0, (0, k + 1))  # cut at the start: middle pieces, then a last one
+    e1 = runs[-1][1]
+    if e1 < n and sig[e1] in firsts and e1 + 1 < n and all(x in middles for x in sig[e1 + 1:]):
+        runs.append((e1, n))  # cut at the end: a first piece, then middle ones
+    in_run = [False] * n
+    for b, e in runs:
+        for x in range(b, e):
+            in_run[x] = True
+    starts = sorted([(gl[b].ts, "run", b, e) for b, e in runs]
+                    + [(gl[x].ts, "full", x, x + 1) for x in range(n) if not in_run[x]
+                       and sig[x] not in middles and sig[x] not in firsts and sig[x] not in lasts])
     steps = []
-    for i, g in enumerate(groups):
-        first, last = gl[g[0]], gl[g[-1]]
+    for i, (_, kind, b, e) in enumerate(starts):
+        first, last = gl[b], gl[e - 1]
+        if kind == "full":
+            steps.append(Step(0, "unknown", GRAPH_FULL, first.ts, first.ts + first.dur, first.pid, tid=first.tid))
+            continue
         end = last.ts + last.dur + TAIL_US
-        if i + 1 < len(groups):
-            end = min(end, gl[groups[i + 1][0]].ts - 1e-3)
-        steps.append(Step(0, "unknown", f"graph pieces x{len(g)}", first.ts, end, first.pid, tid=first.tid))
+        if i + 1 < len(starts):
+            end = min(end, starts[i + 1][0] - 1e-3)
+        steps.append(Step(0, "unknown", f"graph pieces x{e - b}", first.ts, end, first.pid, tid=first.tid))
     return steps
+
+
+GRAPH_FULL = "graph launch (full graph)"
 
 
 def find_steps(trace: Trace, whole: bool = False) -> StepSet:
@@ -294,6 +326,12 @@ def _runner_phases(steps: list[Step], note: str) -> str:
     """Phases of steps found from vLLM's execute_model frames or graph pieces, which do not record them
     (see the module doc): graph replays against eager steps. Returns the step set's note, saying how."""
     work = [s for s in steps if s.kernels]
+    full = [s for s in work if s.label == GRAPH_FULL]
+    if full and len(full) < len(work):
+        for s in work:
+            s.phase = "decode" if s.label == GRAPH_FULL else "prefill"
+        return note + ("; full-graph replays taken as decode, piecewise ones as prefill (engines capture decode "
+                       "whole and replay prefill or mixed batches piecewise)")
     graphed = [s for s in work if s.graph_launches]
     if graphed and len(graphed) < len(work):
         for s in work:

@@ -20,11 +20,17 @@ ORIG_SHA = "bc7bba45c3f52d28d1dcd4092c4c56e0a66a78df7ba5ae95b232e3c8477855d5"  #
 class Harness:
     """The run's summary (``S``, saved atomically to OUT/summary.json), the time left before
     ``deadline`` seconds from ``t0``, a log line with the elapsed time, and ``run``: a command with its
-    stdout/stderr in WORK/logs/<name>.{out,err} (``steps``: also recorded in S["steps"])."""
+    stdout/stderr in WORK/logs/<name>.{out,err} (``steps``: also recorded in S["steps"]). WORK is emptied
+    first."""
 
     def __init__(self, out: Path, work: Path, deadline: float, t0: float, summary: dict, steps: bool = False):
         self.out, self.work, self.deadline, self.t0, self.S, self.steps = out, work, deadline, t0, summary, steps
         self.logs = work / "logs"
+        # WORK is this run's scratch folder: a previous call's (a warm machine keeps /tmp) would make
+        # every `--out` under it refuse its non-empty folder, and its logs would be packed as this run's
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
         for d in (out, work, self.logs):
             d.mkdir(parents=True, exist_ok=True)
 

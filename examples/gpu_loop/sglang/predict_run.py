@@ -7,7 +7,8 @@ stacks and shapes). Then ``perfscope fix fp8-kv-cast
 --strategy pages --apply --restart-cmd`` patches the installed SGLang and restarts every server, and
 each fixed server is benched fresh (before any trace: a GPU trace leaves CUPTI attached), benched
 again three times, traced, and benched three times more (the lasting after-trace cost), one server
-with ``TEARDOWN_CUPTI=1`` in its environment and one without. ``--revert`` restores the file byte for
+with ``TEARDOWN_CUPTI=1`` in its environment and one without; then every fixed server is restarted
+(``--starts``) and benched fresh again: the spread between process starts is the measurement's. ``--revert`` restores the file byte for
 byte. The predictions are made afterwards from the bug runs by ``perfscope diagnose`` (on any
 machine): ``examples/gpu_loop/sglang/predict_table.py`` prints predicted vs measured. (The results in
 ``results/h200-2026-12-01-predict`` were taken by an earlier form of this script, with a separate
@@ -62,6 +63,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/pw")
     ap.add_argument("--deadline", type=float, default=560)
     ap.add_argument("--mem-fraction", default="0.38")
+    ap.add_argument("--starts", type=int, default=2, help="process starts of the fixed servers, each benched fresh")
     ap.add_argument("--no-server", action="store_true")
     a = ap.parse_args()
     t0 = time.monotonic()
@@ -201,6 +203,20 @@ def main() -> int:
             R["alive_after_traces"] = healthy(port)
             R["after_trace_c1"] = [bench(f"bench-fixed-{p}-post{i}", port, C1, 10, 1) for i in range(3)
                                    if h.left() > 25]
+            h.save()
+        # ---------------------------------------------------------------- fixed, further process starts
+        # a process's host speed varies between starts: the measurement a prediction is held to is the
+        # fresh bench of each start (before any trace of that process), their spread the measurement's
+        for k in range(2, a.starts + 1):
+            if h.left() < 150:
+                break
+            subprocess.run(["sh", str(rs)], check=True)
+            for p in wait_all(f"fixed-start{k}", min(200, h.left() - 60)):
+                port, R = ports[p], S["fixed"].setdefault(str(p), {})
+                R[f"start{k}_bench_c1"] = bench(f"bench-fixed-{p}-start{k}-c1", port, C1, 8, 1,
+                                                runs / f"{p}-fixed-c1" / f"start{k}")
+                R[f"start{k}_bench_c16"] = bench(f"bench-fixed-{p}-start{k}-c16", port, C16, 16, 16,
+                                                 runs / f"{p}-fixed-c16" / f"start{k}")
             h.save()
     except Exception as e:  # noqa: BLE001 - recorded, then the file is reverted and everything packed
         S["error"] = f"{type(e).__name__}: {e}"[-2000:]
