@@ -298,3 +298,42 @@ def test_compare_two_real_runs(two_runs, capsys):
     assert d["before"]["step_count"] == 4 and d["after"]["step_count"] == 4
     assert d["before"]["step_method"] == "sglang-annotation" and d["before"]["versions"]["server"] == "0.5.23"
     assert d["step"]["before_ms"] > 0 and d["step"]["after_ms"] > 0 and d["verdict"]
+
+
+def test_trace_bench_holds_the_profiled_step_to_the_unprofiled_one(sglang_server, tmp_path, capsys):
+    """`trace --bench` on the real SGLang on CPU, where every step is host work: the bench runs before
+    the profiler is armed, and diagnose holds the profiled trace to it. The torch profiler slows this
+    server's steps (CPU ops recorded, each with its cost): the profiled step cycle is longer than the
+    bench's step, and diagnose says by how much, from the two files alone. No idle finding claims more
+    idle than the bench leaves beside the step's work."""
+    run = tmp_path / "run"
+    rc, out, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "6", "--concurrency", "1", *LOAD,
+                            "--bench", "4", "--out", run], capsys)
+    assert rc == 0, err
+    assert err.index("TPOT without the profiler") < err.index("profiler armed")  # benched first
+    healthy_and_idle(sglang_server)
+    bench = json.loads((run / "run.json").read_text())["timings"]["bench"]
+    rc, out, err = run_cli(["diagnose", run, "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    u = d["steps"]["unprofiled"]
+    assert d["steps"]["analysed_on"] == "cpu-ops" and d["steps"]["phase"] == "decode"
+    assert u["tpot_ms"] == pytest.approx(bench["tpot_ms"], abs=1e-3)
+    step = bench["itl_p50_ms"] if u["step_source"] == "itl" else bench["tpot_ms"]
+    assert u["step_ms"] == pytest.approx(step, abs=1e-3)
+    # recounted from the trace: the median gap between consecutive decode step annotations
+    (dec,) = [p for p in (run / "traces").iterdir() if "DECODE" in p.name]
+    with topen(dec) as f:
+        starts = sorted(e["ts"] for e in json.load(f)["traceEvents"] if e.get("cat") == "user_annotation"
+                        and e.get("name", "").startswith("step[DECODE"))
+    gaps = sorted(b - a for a, b in zip(starts, starts[1:]))
+    assert u["profiled_cycle_ms"] == pytest.approx(gaps[len(gaps) // 2] / 1e3 if len(gaps) % 2 else
+                                                   (gaps[len(gaps) // 2 - 1] + gaps[len(gaps) // 2]) / 2e3, rel=0.02)
+    assert u["profiler_slowdown"] == pytest.approx(u["profiled_cycle_ms"] / u["step_ms"], rel=1e-2)
+    assert u["profiler_slowdown"] > 1.0  # the profiler's cost on the real engine's host-bound steps
+    if u["profiler_slowdown"] > 1.10:
+        assert any("profiled step cycle" in n for n in d["notes"]), d["notes"]
+    for f in d["findings"]:
+        un = (f.get("evidence") or {}).get("unprofiled")
+        if un:
+            assert un["source"] == "bench" and f["ms_per_step"] <= max(0.0, u["step_ms"] - d["kernel_ms_per_step"]) + 1e-3
