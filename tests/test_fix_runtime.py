@@ -15,10 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
+import need
+
 from perfscope.fixengine import engine
 from perfscope.fixengine.host import LocalFixHost
 from perfscope.fixengine.registry import get
 from sglang_sources import MLA, sglang_file
+from need import missing
 
 REPO = Path(__file__).resolve().parents[1]
 SNIPPET = REPO / "fixes" / "fp8_kv_cast" / "snippet.py"
@@ -37,7 +40,7 @@ def _snippet():
 
 
 def test_rows_helper_converts_exactly_the_referenced_rows():
-    torch = pytest.importorskip("torch")
+    torch = need.module("torch")
     m = _snippet()
     torch.manual_seed(0)
     pool = (torch.randn(50, 1, 576) * 3).to(torch.float8_e4m3fn)
@@ -65,7 +68,7 @@ def test_rows_helper_converts_exactly_the_referenced_rows():
 
 
 def test_native_passthrough_scales_and_off_switch(monkeypatch):
-    torch = pytest.importorskip("torch")
+    torch = need.module("torch")
     m = _snippet()
     pool = torch.zeros(8, 1, 576).to(torch.float8_e4m3fn)
     w = SimpleNamespace(_kv_data_type=torch.float8_e4m3fn, _kv_indices_buf=torch.tensor([1], dtype=torch.int32))
@@ -81,7 +84,7 @@ def test_native_passthrough_scales_and_off_switch(monkeypatch):
 
 
 def test_paged_helper_fa3_layout():
-    torch = pytest.importorskip("torch")
+    torch = need.module("torch")
     m = _snippet()
     m._PERFSCOPE_FP8KV_SCRATCH.clear()
     torch.manual_seed(1)
@@ -133,11 +136,9 @@ print("ok")
 
 
 def test_triton_kernels_bit_exact_in_interpreter():
-    pytest.importorskip("torch")
+    need.module("torch")
     if importlib.util.find_spec("triton") is None:
-        if os.environ.get("CI") == "true":  # the test extra installs it: missing in CI is a failure
-            pytest.fail("triton is not installed (the test extra has it)")
-        pytest.skip("triton is not installed (optional here: SGLang servers always have it)")
+        missing("triton is not installed (the test extra has it; SGLang servers always have it)")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", TRITON_CHECK, str(SNIPPET)], capture_output=True, text=True,
                        env=env, timeout=600)
@@ -152,7 +153,7 @@ def test_repro_server_module_patched_runs_and_matches(tmp_path, strategy):
     """The fix applied to examples/repro_server/mla_attention.py: the patched module decodes a
     batch on CPU with logits equal to the unpatched (whole-pool cast) module's within 2e-2 (BF16
     rounding of the attention output; the converted rows themselves are bit-exact)."""
-    torch = pytest.importorskip("torch")
+    torch = need.module("torch")
     assert REPRO.is_file(), "examples/repro_server is part of this repository"
     import test_repro_server as trs
 

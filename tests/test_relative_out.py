@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import need
 
 from perfscope.capture import rundir
 from test_fix_restart import BENCH, MARKER, site  # noqa: F401  (the fixture: a restartable repro server)
 
-pytest.importorskip("torch")
+need.module("torch")
 
 LOAD = ["--steps", "3", "--input-len", "16", "--output-len", "12", "--timeout", "120"]
 

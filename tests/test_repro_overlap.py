@@ -13,13 +13,14 @@ import json
 import time
 from pathlib import Path
 
-import pytest
+
+import need
 
 from perfscope.capture.sglang_api import SGLangClient
 from perfscope.load.reader import repair_names
 from reproserver import start_repro
 
-torch = pytest.importorskip("torch")
+torch = need.module("torch")
 
 from examples.repro_server.model import ModelConfig, ModelRunner  # noqa: E402
 from examples.repro_server.scheduler import Req, Scheduler  # noqa: E402

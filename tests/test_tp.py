@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+import need
+
 from reproserver import start_repro
 
-pytest.importorskip("torch")
+need.module("torch")
 
 # a larger pool than TINY: the per-step cast (~4x longer) dwarfs the GIL noise rank 0 gets from its HTTP threads
 TP = ["--tp-size", "2", "--mlp-size", "128", "--max-total-tokens", "16000"]

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import need
+
 from perfscope.capture import rundir
 from perfscope.capture.sglang_api import SGLangClient
 from perfscope.cli import main
@@ -43,7 +45,7 @@ def ssh_args(sshd, known_hosts=None):
 @pytest.fixture(scope="module")
 def repro_server(tmp_path_factory):
     """The real reproduction server on CPU, small enough to profile in seconds."""
-    pytest.importorskip("torch")
+    need.module("torch")
     log = tmp_path_factory.mktemp("repro") / "server.log"
     env = {**os.environ, "REPRO_ADMIN_API_KEY": "s3cret-admin-key"}
     proc = subprocess.Popen(
