@@ -192,10 +192,11 @@ def unprofiled_step(steps, bench: Optional[dict]) -> Optional[dict]:
     gaps = [b.cpu_start - a.cpu_start for a, b in zip(dec, dec[1:]) if b.index == a.index + 1]
     if not gaps:
         return None
-    meas = hosttime.step_itl_ms(bench) or float(bench["tpot_ms"])
+    itl = hosttime.step_itl_ms(bench)
+    meas = itl or float(bench["tpot_ms"])
     cyc = statistics.median(gaps) / 1e3
     return {"tpot_ms": round(float(bench["tpot_ms"]), 4), "step_ms": round(meas, 4),
-            "step_source": "itl" if hosttime.step_itl_ms(bench) else "tpot",
+            "step_source": "itl" if itl else "tpot",
             "profiled_cycle_ms": round(cyc, 4), "profiler_slowdown": round(cyc / meas, 3)}
 
 
