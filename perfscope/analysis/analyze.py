@@ -168,7 +168,7 @@ def pass_metrics(st: State) -> None:
         "launches_per_step": statistics.median([m.launches for m in st.metrics]) if st.metrics else 0,
         "graph_launches_per_step": statistics.median([m.graph_launches for m in st.metrics]) if st.metrics else 0,
     }
-    unprof = unprofiled_step(st.stepset.steps, st.config.get("bench"))
+    unprof = hosttime.unprofiled_step(st.stepset.steps, st.config.get("bench"))
     if unprof:
         st.out["steps"]["unprofiled"] = unprof
         if unprof["profiler_slowdown"] > 1 + 2 * hosttime.BENCH_NOISE:  # beyond two benches' noise
@@ -179,25 +179,6 @@ def pass_metrics(st: State) -> None:
     if st.out["steps"]["cpu_median_ms"] and gpu and st.out["steps"]["cpu_median_ms"] > 1.5 * st.step_ms:
         st.notes.append(f"CPU step ranges ({st.out['steps']['cpu_median_ms']:.1f} ms) are much longer than the "
                         f"GPU work they launch ({st.step_ms:.1f} ms): profiler overhead or host-side waits")
-
-
-def unprofiled_step(steps, bench: Optional[dict]) -> Optional[dict]:
-    """The decode step as the bench measured it without the profiler (its median inter-token latency
-    where that times a step, else its TPOT: ``hosttime.step_itl_ms``) against the profiled one: the
-    median time from one decode step's start to the next's in the trace. None without a bench or two
-    consecutive decode steps."""
-    if not bench or not isinstance(bench.get("tpot_ms"), (int, float)) or bench["tpot_ms"] <= 0:
-        return None
-    dec = sorted((s for s in steps if s.phase == "decode"), key=lambda s: s.cpu_start)
-    gaps = [b.cpu_start - a.cpu_start for a, b in zip(dec, dec[1:]) if b.index == a.index + 1]
-    if not gaps:
-        return None
-    itl = hosttime.step_itl_ms(bench)
-    meas = itl or float(bench["tpot_ms"])
-    cyc = statistics.median(gaps) / 1e3
-    return {"tpot_ms": round(float(bench["tpot_ms"]), 4), "step_ms": round(meas, 4),
-            "step_source": "itl" if itl else "tpot",
-            "profiled_cycle_ms": round(cyc, 4), "profiler_slowdown": round(cyc / meas, 3)}
 
 
 def pass_buckets(st: State) -> None:

@@ -175,6 +175,16 @@ def step_itl_ms(bench: Optional[dict]) -> Optional[float]:
     return float(itl)
 
 
+def bench_step_ms(bench: Optional[dict]) -> Optional[tuple[float, str]]:
+    """The decode step the bench measured without the profiler and what timed it: its median
+    inter-token latency where that times a step (``step_itl_ms``), else its TPOT; None without one."""
+    itl = step_itl_ms(bench)
+    if itl:
+        return itl, "itl"
+    tpot = (bench or {}).get("tpot_ms")
+    return (float(tpot), "tpot") if isinstance(tpot, (int, float)) and tpot > 0 else None
+
+
 def decode_tail_ms(bench: Optional[dict]) -> float:
     """What a request's TPOT holds beyond its decode steps, as the bench measured it: its median TPOT
     minus its median inter-token latency (prefill chunks of other requests interrupting decode, at
@@ -262,9 +272,10 @@ def anchor_to_bench(bench: Optional[dict], step_ms: float, replay: dict, host: O
     more than half of the measured step (ANCHOR_MAX_SAVED)."""
     if not bench or not step_ms:
         return None
-    meas = step_itl_ms(bench) or bench.get("tpot_ms")
-    if not isinstance(meas, (int, float)) or meas <= 0 or step_ms <= meas * (1 + BENCH_NOISE):
+    got = bench_step_ms(bench)
+    if got is None or step_ms <= got[0] * (1 + BENCH_NOISE):
         return None
+    meas = got[0]
     saved = max(float(replay.get("kernel_time_saved_ms") or 0.0), 0.0)
     if saved > ANCHOR_MAX_SAVED * meas:
         # the fix removes most of the measured step: what is left is not measured, and the profiled
@@ -291,10 +302,9 @@ def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Option
     {cycle_ms, idle_ms (cycle - GPU work), source, how} or None when nothing tells."""
     b = config.get("bench") or {}
     if b.get("tpot_ms"):
-        itl = step_itl_ms(b)
-        c = float(itl or b["tpot_ms"])
+        c, src = bench_step_ms(b) or (float(b["tpot_ms"]), "tpot")
         return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": "bench",
-                "how": f"the bench's {'median inter-token latency' if itl else 'TPOT'} without the "
+                "how": f"the bench's {'median inter-token latency' if src == 'itl' else 'TPOT'} without the "
                        f"profiler, {c:.2f} ms, against {gpu_ms:.2f} ms of GPU work per step"}
     from perfscope.analysis.stepmodel import host_busy_of
 
@@ -306,3 +316,21 @@ def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Option
     c = max(gpu_ms, h.point)
     return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": h.source,
             "how": f"{h.how}, against {gpu_ms:.2f} ms of GPU work per step"}
+
+
+def unprofiled_step(steps, bench: Optional[dict]) -> Optional[dict]:
+    """The decode step as the bench measured it without the profiler (its median inter-token latency
+    where that times a step, else its TPOT: ``bench_step_ms``) against the profiled one: the
+    median time from one decode step's start to the next's in the trace. None without a bench or two
+    consecutive decode steps."""
+    if not bench or not isinstance(bench.get("tpot_ms"), (int, float)) or bench["tpot_ms"] <= 0:
+        return None
+    got = bench_step_ms(bench)
+    dec = sorted((s for s in steps if s.phase == "decode"), key=lambda s: s.cpu_start)
+    gaps = [b.cpu_start - a.cpu_start for a, b in zip(dec, dec[1:]) if b.index == a.index + 1]
+    if not gaps or got is None:
+        return None
+    meas, src = got
+    cyc = statistics.median(gaps) / 1e3
+    return {"tpot_ms": round(float(bench["tpot_ms"]), 4), "step_ms": round(meas, 4), "step_source": src,
+            "profiled_cycle_ms": round(cyc, 4), "profiler_slowdown": round(cyc / meas, 3)}
