@@ -81,6 +81,12 @@ class RemoteError(PerfscopeError):
     exit_code = EXIT_REMOTE
 
 
+class StreamStall(RemoteError):
+    """The server sent nothing for the per-line (or per-reply) time limit: it stalled, it did not refuse.
+    An engine stalls so while it writes its profile (vLLM's worker: tens of seconds to minutes on a
+    loaded CPU host); ``perfscope trace``'s load tolerates it after the profile's steps."""
+
+
 class FixRefused(PerfscopeError):
     """A fix cannot (or must not) be applied here; nothing was changed."""
 

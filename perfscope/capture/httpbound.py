@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Optional
 
-from perfscope.errors import RemoteError
+from perfscope.errors import RemoteError, StreamStall
 from perfscope.util import limits
 
 
@@ -50,8 +50,8 @@ class Deadline:
     def done(self) -> None:
         self._stop.set()
 
-    def error(self, where: str, what: str = "a complete reply") -> RemoteError:
-        return RemoteError(f"{where}: timed out: no {what} within {self.seconds:g}s (the server sends too slowly "
+    def error(self, where: str, what: str = "a complete reply") -> StreamStall:
+        return StreamStall(f"{where}: timed out: no {what} within {self.seconds:g}s (the server sends too slowly "
                            "or not at all); each request has this total deadline, raise it with "
                            "PERFSCOPE_HTTP_DEADLINE_S=<seconds>")
 

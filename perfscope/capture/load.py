@@ -54,7 +54,17 @@ class TraceLoad:
         self._lock = threading.Lock()
         self.error: BaseException | None = None
         self.t0 = self.t1 = 0.0
+        # the profile's own steps are past once every stream could have had steps + 1 tokens (a forward
+        # step gives each running stream at most one); the engine may then stall while it writes its
+        # profile, or once /stop_profile was sent (vLLM)
+        self.profile_tokens = (opts.steps + 1) * opts.concurrency
+        self.stop_sent = False
         self.thread = threading.Thread(target=self._run, name="perfscope-load", daemon=True)
+
+    def writing(self) -> bool:
+        """Whether the engine may be writing its profile now (its steps are past, or it was told to stop):
+        a stream that stalls then is the engine busy, not a failed load."""
+        return self.stop_sent or self.tokens >= self.profile_tokens
 
     def _token(self) -> None:
         with self._lock:
@@ -68,7 +78,7 @@ class TraceLoad:
         try:
             self.results = workload.drive_decode(
                 client, self.opts.concurrency, self.opts.input_len, self.opts.output_len, seed=self.opts.seed,
-                stop=self.stop_event, timeout=self.opts.http_timeout, ids=self.ids,
+                stop=self.stop_event, timeout=self.opts.http_timeout, ids=self.ids, stall_expected=self.writing,
             )
         except BaseException as e:  # reported by the waiter
             self.error = e
@@ -102,6 +112,9 @@ class TraceLoad:
                                        "output_tokens", "throughput_tok_s", "duration_s") if k in r}
         timings["requests"] = len(whole)
         timings["requests_cut"] = len(cut)
+        stalled = sum(1 for t in self.results if t.stalled)
+        if stalled:
+            timings["requests_stalled"] = stalled
         timings["e2e_ms"] = summarize(whole, 1.0).e2e_ms if whole else None
         if "stats_ms" in timings:
             timings["stats_ms"] = {**timings["stats_ms"], "e2e": summarize(whole, 1.0).stats_ms["e2e"] if whole else None}

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
 from perfscope.capture.httpbound import Deadline, read_capped, readline_capped
-from perfscope.errors import InputError, RemoteError
+from perfscope.errors import InputError, RemoteError, StreamStall
 from perfscope.util import limits
 
 try:  # the SSH engineer's error type, so that `trace` can tell "nothing listens" from other failures
@@ -373,7 +373,7 @@ class SGLangClient:
                 try:
                     line = readline_capped(resp, where, cap)
                 except (socket.timeout, TimeoutError):
-                    raise RemoteError(f"POST {path}: no stream data for {conn.timeout:g}s") from None
+                    raise StreamStall(f"POST {path}: no stream data for {conn.timeout:g}s") from None
                 except (OSError, http.client.HTTPException) as e:
                     if watch.fired:
                         raise watch.error(where, "complete stream line") from None

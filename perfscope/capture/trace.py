@@ -208,6 +208,7 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             if opts.engine == "vllm":
                 n = wait_vllm_steps(load, opts, cancel, label)
                 say(f"{n} tokens streamed while profiling: stopping the profiler (vLLM writes its traces now)")
+                load.stop_sent = True
                 api.stop_profile()
             got = wait_complete(io, remote_dir, expected, baseline, opts, load, cancel, label, say)
             complete = True  # the load stops now: requests still streaming are cut, their tokens timed
@@ -221,6 +222,10 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 load.stop(wait=5 if not complete else 60)
         workload, timings = load.summary() if load else ({}, {})
         timings.setdefault("under_profiler", True)
+        if timings.get("requests_stalled"):
+            say(f"note: {timings['requests_stalled']} request(s) of the load got no stream line within "
+                f"{opts.http_timeout:g}s after the profile's steps (the engine was writing its profile); "
+                "not counted as failures")
         # copy back
         files = []
         try:

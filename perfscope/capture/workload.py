@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 from perfscope.capture.vocab import SAFE_IDS
-from perfscope.errors import PerfscopeError, RemoteError
+from perfscope.errors import PerfscopeError, RemoteError, StreamStall
 
 DEFAULT_ID_RANGE = SAFE_IDS  # ids every real tokenizer has (perfscope.capture.vocab)
 
@@ -39,6 +39,7 @@ class RequestTiming:
     start: float = 0.0  # perf_counter at send
     finish_reason: Optional[str] = None
     complete: bool = False  # the stream reached [DONE] (not abandoned by stop)
+    stalled: bool = False  # its error: the server sent nothing within the per-line limit (errors.StreamStall)
 
     @property
     def tpot_s(self) -> Optional[float]:
@@ -105,6 +106,7 @@ def stream_one(client, input_ids: list[int], output_len: int, *, index: int = 0,
             rt.complete = not (stop is not None and stop.is_set())
     except PerfscopeError as e:
         rt.error = str(e)
+        rt.stalled = isinstance(e, StreamStall)
     except Exception as e:  # noqa: BLE001 - any failure of one request is data, not a crash
         rt.error = f"{type(e).__name__}: {e}"
     rt.output_tokens = tokens
@@ -123,7 +125,8 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
                  duration_s: Optional[float] = None, temperature: float = 0.0, ignore_eos: bool = True,
                  timeout: Optional[float] = None, prompts: Optional[list[list[int]]] = None,
                  on_done: Optional[Callable[[RequestTiming], None]] = None,
-                 max_consecutive_errors: int = 3, ids: Optional[tuple[int, int]] = None) -> list[RequestTiming]:
+                 max_consecutive_errors: int = 3, ids: Optional[tuple[int, int]] = None,
+                 stall_expected: Optional[Callable[[], bool]] = None) -> list[RequestTiming]:
     """Keep ``concurrency`` streams busy: each worker sends the next request as its previous one
     ends, until ``num_requests`` were sent, ``stop`` is set, or ``duration_s`` passed (any that is
     given; with none of them, until ``stop``). Prompts are fixed by ``seed``, their token ids drawn
@@ -131,7 +134,9 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
     every request, in send order; requests cut by ``stop`` have ``complete=False``.
 
     Raises :class:`RemoteError` when the first requests all fail (server down, bad key): a load
-    that never ran must not look like a measurement."""
+    that never ran must not look like a measurement. A request that stalled (no stream line within
+    ``timeout``) while ``stall_expected()`` is true is recorded and does not count towards that: the
+    server is busy, not failing (an engine writing its profile streams nothing meanwhile)."""
     if concurrency < 1 or input_len < 1 or output_len < 1:
         raise ValueError("concurrency, input_len and output_len must be >= 1")
     if num_requests is None and stop is None and duration_s is None:
@@ -168,7 +173,8 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
                             ignore_eos=ignore_eos, timeout=timeout, stop=stop)
             with lock:
                 results.append(rt)
-                if rt.error and not stop.is_set():
+                if rt.error and not stop.is_set() and not (rt.stalled and stall_expected is not None
+                                                             and stall_expected()):
                     errors[0] += 1
                     if errors[0] >= max_consecutive_errors and not any(r.ok for r in results):
                         fatal.append(rt.error)

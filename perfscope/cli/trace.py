@@ -126,6 +126,10 @@ def command(
     output_len: int = typer.Option(128, "--output-len", min=1, help="Generated tokens per request (ignore_eos; 128, as bench and fix --bench-output-len); requests still streaming when the traces are complete are cut."),
     timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
+    http_timeout: float = typer.Option(30.0, "--http-timeout", min=1, metavar="SECONDS",
+                                       help="Longest wait for a reply or for the next line of a stream from the "
+                                            "server. A stream that stalls past it once the profile's steps are "
+                                            "done (the engine writing its profile) is noted, not a failure."),
     bench: int = typer.Option(0, "--bench", min=0, metavar="N",
                               help="First, before any profile, measure TTFT/TPOT without the profiler with N "
                                    "requests of the same workload (perfscope bench), stored in the run folder: "
@@ -204,6 +208,7 @@ def command(
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
         profile_prefix=profile_prefix, gpu_only=gpu_only, python=python, host_timing=not no_host_timing,
+        http_timeout=http_timeout,
     )
     argv = scrub_argv(_canonical_argv(ctx))
     from perfscope.errors import redact
