@@ -1,5 +1,5 @@
 """Predicted vs measured TPOT on the real SGLang on the H200 (examples/gpu_loop/results/
-h200-2026-12-01-predict and, the dense model again on another day, h200-2026-12-02-predict, made by
+h200-2026-12-01-predict and, both models again on another day, h200-2026-12-02-predict, made by
 examples/gpu_loop/sglang/predict_run.py): an unmodified SGLang
 0.5.13.post1, DeepSeek-V2-shaped MLA models (8 dense layers; 12 layers of which 10 MoE, 64 experts
 top-6, 2 shared), FP8 KV pools of 495k and 3M tokens, concurrency 1 and 16. Each case folder holds
@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-01-predict"
-RESULTS2 = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-predict"  # dense, another day
+RESULTS2 = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-predict"  # both models, another day
 sys.path.insert(0, str(REPO / "examples" / "gpu_loop" / "sglang"))
 from predict_table import rows  # noqa: E402
 
@@ -38,7 +38,7 @@ def table2():
 def test_every_case_is_predicted_from_its_gpu_only_profile(table, table2):
     # the second day's host-timing profiles are 32 plain steps (piecewise-graph prefills among the
     # full-graph decode steps): read as one "graph pieces" step they left the prediction on the full trace
-    assert len(table) == 8 and len(table2) == 4
+    assert len(table) == 8 and len(table2) == 8
     for r in [*table.values(), *table2.values()]:
         assert r["host_source"] == "gpu-only" and r["predicted_ms"] and r["range_ms"][0] < r["range_ms"][1], r
 
@@ -57,6 +57,18 @@ def test_every_measured_tpot_is_inside_the_predicted_range(table, table2):
     noisy = table["dense-3000000-c1"]["bench_medians_ms"]
     assert noisy[1] / noisy[0] > 1.6 and table["dense-3000000-c1"]["benches"] == 4
     assert abs(table["moe-495000-c1"]["error_pct"]) <= 3.0 and abs(table["moe-3000000-c1"]["error_pct"]) <= 15.0
+
+
+def test_moe_predictions_meet_the_target_on_the_second_day(table2):
+    """The MoE fixes re-measured with the current script (`trace --bench`: bench, GPU-only profile, full
+    trace): the step is held by the GPU's work or by a host only a little slower, and the prediction is
+    within the issue's target: median error <= 5%, every case within 15% of the measured TPOT."""
+    moe = [r for r in table2.values() if r["model"] == "moe"]
+    assert len(moe) == 4
+    errs = sorted(abs(r["error_pct"]) for r in moe)
+    assert statistics.median(errs) <= 5.0 and errs[-1] <= 15.0, errs
+    for r in moe:
+        assert r["bug_tpot_ms"] / r["measured_ms"] > 5 and r["range_ms"][0] <= r["measured_ms"] <= r["range_ms"][1], r
 
 
 def test_moe_fix_is_not_predicted_as_no_gain(table):
@@ -142,3 +154,27 @@ def test_a_host_bound_servers_tpot_switches_levels_within_one_process():
     for pinned in (True, False):
         t = [x for r in servers if bool(r["pinned"]) == pinned for x in (r["c1a"]["tpot_ms"], r["c1b"]["tpot_ms"])]
         assert max(t) / min(t) > 1.3, (pinned, t)
+
+
+def test_a_host_bound_servers_level_is_none_of_the_causes_measured_beside_it():
+    """examples/gpu_loop/sglang/levels_run.py on the H200: one pages-fixed dense server, a sampler beside it
+    (the scheduler's CPU, its involuntary switches, every CPU's steal and interrupt time, a busy loop's time
+    on a CPU of its own), batch-1 requests in phases: unpinned, the scheduler pinned to CPU 2, to CPU 3,
+    unpinned again; the whole run twice (two process starts). Measured: no steal, no interrupt time on the
+    scheduler's CPU while it decodes, the machine's speed elsewhere barely follows the TPOT (r 0.17), pinning
+    adds ~115 involuntary switches per request yet TPOT falls; two starts pinned alike differ by 1.27x."""
+    sys.path.insert(0, str(REPO / "examples" / "gpu_loop" / "sglang"))
+    from levels_table import rows as level_rows
+
+    starts = {s["start"]: s for s in level_rows(REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-levels")}
+    assert set(starts) == {"start1", "start2"} and all(s["reverted_byte_identical"] for s in starts.values())
+    for s in starts.values():
+        ph = {p["phase"]: p for p in s["phases"]}
+        assert len(ph) == 4 and all(p["steal_jiffies_per_request"] < 0.1 for p in ph.values())
+        assert all(p["irq_jiffies_per_request"] < 0.1 for p in ph.values())
+        assert abs(s["loop_tpot_r"]) < 0.5
+        pinned = ph["scheduler-on-cpu2"]
+        assert pinned["scheduler_cpus"] == [2] and pinned["nvcsw_per_request"] > 50 > ph["unpinned"]["nvcsw_per_request"]
+        assert pinned["tpot_median_ms"] < ph["unpinned"]["tpot_median_ms"]
+    a, b = (starts[k]["phases"][1]["tpot_median_ms"] for k in ("start1", "start2"))
+    assert max(a, b) / min(a, b) > 1.2  # the same server, pinned alike, another process start
