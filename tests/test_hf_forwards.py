@@ -1,6 +1,6 @@
 """Hugging Face model forwards are not decode steps, and eager-decode judges them by one threshold.
 
-Real traces: TraceLens' H100 forwards of BERT-small, a ViT classifier and the OWLv2 detector
+Real traces: TraceLens' H100 forwards of BERT-small, a ViT classifier, the OWLv2 detector and the TimeSformer video classifier
 (tests/traces/tracelens-hf, profiled with stacks, shapes and memory), TraceLens' H100 and MI300X
 Qwen1.5-0.5B forward, and the eager H200 decode traces of this project beside them. Each test
 recounts from the raw JSON by name what it asserts perfscope found.
@@ -22,6 +22,7 @@ HF = REPO / "tests" / "traces" / "tracelens-hf"
 BERT = HF / "gaunernst_bert-small-uncased__1016001.json.gz"
 VIT = HF / "Falconsai_nsfw_image_detection__1016002.json.gz"
 OWLV2 = HF / "google_owlv2-large-patch14-ensemble__1016001.json.gz"
+TIMESFORMER = HF / "facebook_timesformer-base-finetuned-k400__1016002.json.gz"
 QWEN_FORWARDS = [TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz",
                  TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"]
 
@@ -64,7 +65,7 @@ def recount(path: Path) -> dict:
                                                         and ("vllm/" in e["name"] or "sglang/" in e["name"]))}
 
 
-@pytest.mark.parametrize("path", [BERT, VIT, OWLV2] + QWEN_FORWARDS, ids=lambda p: p.name[:24] + p.parent.name)
+@pytest.mark.parametrize("path", [BERT, VIT, OWLV2, TIMESFORMER] + QWEN_FORWARDS, ids=lambda p: p.name[:24] + p.parent.name)
 def test_hf_forwards_are_inference_not_decode(path):
     # one forward of a transformers model per ProfilerStep (no serving engine, no generate loop): was
     # `phase: decode` ("ProfilerStep ranges taken as decode steps"), OWLv2 even `llm-inference`

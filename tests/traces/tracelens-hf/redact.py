@@ -18,7 +18,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FILES = ("gaunernst_bert-small-uncased__1016001.json.gz", "Falconsai_nsfw_image_detection__1016002.json.gz",
-         "google_owlv2-large-patch14-ensemble__1016001.json.gz")
+         "google_owlv2-large-patch14-ensemble__1016001.json.gz",
+         "facebook_timesformer-base-finetuned-k400__1016002.json.gz")
 _TOKEN = re.compile(rb"hf_[A-Za-z0-9]{20,}")
 
 
