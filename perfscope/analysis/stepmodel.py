@@ -287,6 +287,33 @@ class StepReplay:
                 dep[i] = best
         return dep
 
+    def _plan(self) -> tuple:
+        """What every :meth:`run` reads, flattened once per replay: per event its thread, times, op and
+        kernels (each with its stream, recorded times and the anchors the replay keeps)."""
+        plan = self.__dict__.get("_plan_cache")
+        if plan is not None:
+            return plan
+        kern = self.trace.kernels
+        ninf = float("-inf")
+        delay, first_on_stream, dep, graph_dep = self.delay, self.first_on_stream, self.dep, self.graph_dep
+        events = []
+        for n, (l, ks, wait) in enumerate(self.events):
+            graph, launch = self.kinds[n]
+            o = self.op_of_event[n]
+            kplan = []
+            for i in ks:
+                k = kern[i]
+                gd = graph_dep.get(i)
+                dp = dep.get(i)
+                kplan.append((i, k.stream, k.ts, k.end, k.dur, delay.get(i, 0.0), first_on_stream.get(i, ninf),
+                              (id(l), k.stream), None if gd is None else (gd[0], gd[1], kern[gd[0]].end),
+                              None if dp is None else (dp[0], dp[1], kern[dp[0]].end)))
+            events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
+                           bool(ks) and launch, wait, ks, kplan))
+        ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
+        plan = self._plan_cache = (events, ops, [(i, kern[i].ts) for i in self.orphans])
+        return plan
+
     def run(self, duration: Callable[[int], float], timeline: str = "recorded") -> dict:
         """Replay with ``duration(kernel index) -> µs``.
 
@@ -295,83 +322,106 @@ class StepReplay:
         its runtime calls' own time (back to back, no Python or torch time between them): a lower
         bound on any run's CPU, the profiled one included. Returns {span_us, last_end_us, last_launch_us}."""
         kern = self.trace.kernels
+        events, ops, orphans = self._plan()
+        ninf = float("-inf")
         new_d = {}
         for l, ks, _ in self.events:
             for i in ks:
-                new_d[i] = max(0.0, float(duration(i)))
+                v = float(duration(i))
+                new_d[i] = v if v > 0.0 else 0.0
         for i in self.orphans:
-            new_d[i] = max(0.0, float(duration(i)))
+            v = float(duration(i))
+            new_d[i] = v if v > 0.0 else 0.0
         gone = [bool(ks) and all(new_d[i] == 0.0 and kern[i].dur > 0 for i in ks) for _, ks, _ in self.events]
         # ops all of whose launches are gone
         keep_op: dict = {}
-        for n, o in enumerate(self.op_of_event):
-            if o is not None:
-                keep_op[id(o)] = keep_op.get(id(o), False) or not gone[n]
+        for n, e in enumerate(events):
+            if e[4] is not None:
+                keep_op[e[5]] = keep_op.get(e[5], False) or not gone[n]
         removed_op_done: set = set()
         free: dict = {}
         graph_prev: dict = {}
         clock: dict = {}  # thread -> its CPU time in the new timeline (launch-api) / shift (recorded)
         shift: dict = {}
-        orig_done = new_done = float("-inf")
-        first, last_end, last_launch = None, float("-inf"), float("-inf")
+        orig_done = new_done = ninf
+        first, last_end, last_launch = None, ninf, ninf
         new_end: dict = {}  # kernel -> its end in the replay
-        delay, first_on_stream, dep, latency = self.delay, self.first_on_stream, self.dep, self.latency_us
-        graph_dep = self.graph_dep
-        for n, (l, ks, wait) in enumerate(self.events):
-            graph, launch = self.kinds[n]
-            th = (l.pid, l.tid)
-            if timeline == "launch-api":
-                t = max(clock.get(th, l.ts), l.ts - 1e12)
-                cost = 0.0 if gone[n] else l.dur
+        latency = self.latency_us
+        api = timeline == "launch-api"
+        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait, ks, kplan) in enumerate(events):
+            if api:
+                t = clock.get(th, lts)
+                lo = lts - 1e12
+                if lo > t:
+                    t = lo
+                cost = 0.0 if gone[n] else ldur
             else:
-                t = l.ts + shift.get(th, 0.0)
-                cost = l.dur
-                o = self.op_of_event[n]
-                if o is not None and not keep_op[id(o)] and id(o) not in removed_op_done:
-                    removed_op_done.add(id(o))
+                t = lts + shift.get(th, 0.0)
+                cost = ldur
+                if o is not None and not keep_op[oid] and oid not in removed_op_done:
+                    removed_op_done.add(oid)
                     shift[th] = shift.get(th, 0.0) - o.dur  # the op's whole CPU time goes
-                    t = l.ts + shift[th]
+                    t = lts + shift[th]
             end = t + cost
-            if ks and launch:
-                last_launch = max(last_launch, t)
-            for i in ks:
-                k = kern[i]
+            if launched and t > last_launch:
+                last_launch = t
+            for i, stream, kts, kend, kdur, dl, fos, gkey, gd, dp in kplan:
                 d = new_d[i]
                 ready = t + latency
-                if graph and (id(l), k.stream) in graph_prev and i not in graph_dep:
-                    o_end, n_end = graph_prev[(id(l), k.stream)]
-                    ready = max(ready, n_end + max(0.0, k.ts - o_end))
-                start = max(ready, free.get(k.stream, float("-inf")) + delay.get(i, 0.0),
-                            first_on_stream.get(i, float("-inf")))
-                if i in graph_dep:  # ordered after another stream's kernel of the same graph
-                    j, gap = graph_dep[i]
-                    start = max(start, new_end.get(j, kern[j].end) + gap)
-                if i in dep:  # it waits for another stream's kernel (as replayed, else as recorded)
-                    j, gap = dep[i]
-                    start = max(start, new_end.get(j, kern[j].end) + gap)  # gap < 0: it held the SMs
-                graph_prev[(id(l), k.stream)] = (k.end, start + d)
-                new_end[i] = start + d
-                free[k.stream] = start + d
-                if d > 0 or k.dur == 0:  # a kernel the fix removes neither starts nor ends the step
-                    first = start if first is None else min(first, start)
-                    last_end = max(last_end, start + d)
-                orig_done = max(orig_done, k.end)
-                new_done = max(new_done, start + d)
+                if graph and gd is None:
+                    prev = graph_prev.get(gkey)
+                    if prev is not None:
+                        gap = kts - prev[0]
+                        x = prev[1] + (gap if gap > 0.0 else 0.0)
+                        if x > ready:
+                            ready = x
+                start = ready
+                x = free.get(stream, ninf) + dl
+                if x > start:
+                    start = x
+                if fos > start:
+                    start = fos
+                if gd is not None:  # ordered after another stream's kernel of the same graph
+                    x = new_end.get(gd[0], gd[2]) + gd[1]
+                    if x > start:
+                        start = x
+                if dp is not None:  # it waits for another stream's kernel (as replayed, else as recorded)
+                    x = new_end.get(dp[0], dp[2]) + dp[1]  # gap < 0: it held the SMs
+                    if x > start:
+                        start = x
+                e_new = start + d
+                graph_prev[gkey] = (kend, e_new)
+                new_end[i] = e_new
+                free[stream] = e_new
+                if d > 0 or kdur == 0:  # a kernel the fix removes neither starts nor ends the step
+                    if first is None or start < first:
+                        first = start
+                    if e_new > last_end:
+                        last_end = e_new
+                if kend > orig_done:
+                    orig_done = kend
+                if e_new > new_done:
+                    new_done = e_new
             # a wait ends when the GPU work before it (its own copy included) is done in the new timeline
-            if wait and orig_done > float("-inf") and l.ts + l.dur >= orig_done - 2.0:
-                extra = max(0.0, (l.ts + l.dur) - orig_done)
-                end = max(t + min(l.dur, _WAIT_MIN_US), new_done + extra)
-            if timeline == "launch-api":
+            if wait and orig_done > ninf and lend >= orig_done - 2.0:
+                extra = lend - orig_done
+                if not extra > 0.0:
+                    extra = 0.0
+                a = t + (ldur if _WAIT_MIN_US > ldur else _WAIT_MIN_US)
+                b = new_done + extra
+                end = b if b > a else a
+            if api:
                 clock[th] = end
             else:
-                shift[th] = end - (l.ts + l.dur)
-        for i in self.orphans:
-            k = kern[i]
-            first = k.ts if first is None else min(first, k.ts)
-            last_end = max(last_end, k.ts + new_d[i])
+                shift[th] = end - lend
+        for i, kts in orphans:
+            if first is None or kts < first:
+                first = kts
+            x = kts + new_d[i]
+            if x > last_end:
+                last_end = x
         # CPU time of the torch ops the fix removes (all their kernels gone): the host saves it too
-        removed_cpu = sum(o.dur for o in {id(o): o for o in self.op_of_event if o is not None}.values()
-                          if not keep_op[id(o)])
+        removed_cpu = sum(o.dur for o in ops if not keep_op[id(o)])
         if first is None:
             return {"span_us": 0.0, "last_end_us": 0.0, "last_launch_us": 0.0, "removed_cpu_us": removed_cpu}
         return {"span_us": last_end - first, "last_end_us": last_end, "last_launch_us": last_launch,
@@ -476,6 +526,16 @@ def _replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> 
     return hit[1], hit[2]
 
 
+def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
+    """Whether graph launches ran at least half the step's GPU time (once per replay)."""
+    hit = r.__dict__.get("_mostly_graph")
+    if hit is None:
+        graph_k = sum(kern[i].dur for i in s.kernels if (by_corr.get(kern[i].corr) is not None
+                                                          and is_graph_launch(by_corr[kern[i].corr].name)))
+        hit = r._mostly_graph = graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)
+    return hit
+
+
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
                   added_us_per_step: float = 0.0) -> dict:
     """The step after a fix that changes kernel durations (``new_duration(i)``: µs, or None = unchanged).
@@ -494,10 +554,12 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
             continue
         r, base = _replay_once(trace, s, by_corr, index)
 
-        def nd(i):
-            v = new_duration(i)
-            return kern[i].dur if v is None else v
-
+        ndv = {}  # the step's new durations, asked once per kernel
+        for i in s.kernels:
+            if i not in ndv:
+                v = new_duration(i)
+                ndv[i] = kern[i].dur if v is None else v
+        nd = ndv.__getitem__
         after = r.run(nd)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
@@ -509,9 +571,7 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         # the lower bound: the GPU work left, and the runtime calls alone back to back
         low = r.run(nd, timeline="launch-api")
         busy_after.append(_back_to_back_us(kern, s.kernels, nd) + added_us_per_step)
-        graph_k = sum(kern[i].dur for i in s.kernels if (by_corr.get(kern[i].corr) is not None
-                                                          and is_graph_launch(by_corr[kern[i].corr].name)))
-        graph_steps += graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)
+        graph_steps += _mostly_graph(r, kern, s, by_corr)
         gpu_left = s.gpu_us - ks
         low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))
         # launch-bound: the replayed step ends within a few launch latencies of its last launch
