@@ -65,12 +65,49 @@ def unwrap(doc: Optional[str]) -> str:
     return "\n\n".join(out)
 
 
-def examples_panel(examples: Sequence[tuple[str, str]]) -> Panel:
+def _shell_words(cmd: str) -> list[str]:
+    """``cmd`` split at the spaces a shell splits it at (a quoted argument is one word, its quotes kept)."""
+    words, cur, quote = [], "", ""
+    for ch in cmd:
+        if quote:
+            cur += ch
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            cur, quote = cur + ch, ch
+        elif ch == " ":
+            if cur:
+                words.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return words + ([cur] if cur else [])
+
+
+def shell_lines(cmd: str, width: int, indent: int = 4) -> list[str]:
+    """``cmd`` in lines of at most ``width`` columns that paste back as the same command: broken
+    only between shell words, each broken line ending in `` \\`` and the next indented (a word
+    longer than the line is left whole)."""
+    lines, cur = [], ""
+    for w in _shell_words(cmd):
+        if cur and len(cur) + 1 + len(w) + 2 > width:
+            lines.append(cur + " \\")
+            cur = " " * indent + w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return lines + [cur]
+
+
+def examples_panel(examples: Sequence[tuple[str, str]], width: Optional[int] = None) -> Panel:
+    """The examples, each command on lines that paste back into a shell (never folded mid-word at
+    the panel's edge: broken between words with `` \\``), its description indented under it."""
+    width = width or _console().width
     rows = []
     for cmd, what in examples:
-        rows.append(Text.assemble(("$ ", "dim"), (cmd, "bold")))
+        for i, line in enumerate(shell_lines(cmd, width - 6)):
+            rows.append(Text.assemble(("$ " if i == 0 else "  ", "dim"), (line, "bold"), no_wrap=True,
+                                      overflow="ignore"))
         if what:
-            rows.append(Text(f"  {what}", style="dim"))
+            rows.append(Padding(Text(what, style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*rows), title="Examples", title_align="left", border_style="dim")
 
 
