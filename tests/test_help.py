@@ -233,3 +233,27 @@ def test_examples_paste_back_as_the_same_commands(args, columns):
     assert _examples_shown(out) == want, out
     for c in _examples_shown(out):
         assert shlex.split(c)[:2] == ["perfscope", args[0]]
+
+
+def test_readme_use_block_is_a_path_for_your_own_server():
+    """The README's Use section: every perfscope command it shows parses with the real CLI (real
+    options, valid values), and it has the recipe for a user's own SGLang server: by --url on its
+    machine (SGLang, not only vLLM), by --host over SSH, diagnose and fix after each, and which
+    torch the main command installs."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    use = text[text.index("\n## Use\n"):text.index("\n## What `diagnose`")]
+    lines = [ln.split("  #")[0].strip() for block in re.findall(r"```\n(.*?)```", use, re.S)
+             for ln in block.splitlines() if ln.strip().startswith("perfscope ")]
+    group = get_command(app)
+    for ln in lines:
+        argv = shlex.split(ln)[1:]
+        if "--help" in argv:
+            continue
+        group.commands[argv[0]].make_context(f"perfscope {argv[0]}", argv[1:])  # raises on a bad option
+    sglang_url = [ln for ln in lines if ln.startswith("perfscope trace --url") and "--engine vllm" not in ln]
+    ssh = [ln for ln in lines if ln.startswith("perfscope trace --host")]
+    assert sglang_url and ssh, lines
+    assert any(ln.startswith("perfscope fix ") and "--trace run1" in ln for ln in lines)
+    assert "--remote-dir" in use and "known_hosts" in use and "torch 2.13.0" in use and "CUDA build" in use
