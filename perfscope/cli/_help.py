@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence
 
 from rich.console import Console, Group
 from rich.markup import escape
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
@@ -64,12 +65,49 @@ def unwrap(doc: Optional[str]) -> str:
     return "\n\n".join(out)
 
 
-def examples_panel(examples: Sequence[tuple[str, str]]) -> Panel:
+def _shell_words(cmd: str) -> list[str]:
+    """``cmd`` split at the spaces a shell splits it at (a quoted argument is one word, its quotes kept)."""
+    words, cur, quote = [], "", ""
+    for ch in cmd:
+        if quote:
+            cur += ch
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            cur, quote = cur + ch, ch
+        elif ch == " ":
+            if cur:
+                words.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return words + ([cur] if cur else [])
+
+
+def shell_lines(cmd: str, width: int, indent: int = 4) -> list[str]:
+    """``cmd`` in lines of at most ``width`` columns that paste back as the same command: broken
+    only between shell words, each broken line ending in `` \\`` and the next indented (a word
+    longer than the line is left whole)."""
+    lines, cur = [], ""
+    for w in _shell_words(cmd):
+        if cur and len(cur) + 1 + len(w) + 2 > width:
+            lines.append(cur + " \\")
+            cur = " " * indent + w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return lines + [cur]
+
+
+def examples_panel(examples: Sequence[tuple[str, str]], width: Optional[int] = None) -> Panel:
+    """The examples, each command on lines that paste back into a shell (never folded mid-word at
+    the panel's edge: broken between words with `` \\``), its description indented under it."""
+    width = width or _console().width
     rows = []
     for cmd, what in examples:
-        rows.append(Text.assemble(("$ ", "dim"), (cmd, "bold")))
+        for i, line in enumerate(shell_lines(cmd, width - 6)):
+            rows.append(Text.assemble(("$ " if i == 0 else "  ", "dim"), (line, "bold"), no_wrap=True,
+                                      overflow="ignore"))
         if what:
-            rows.append(Text(f"  {what}", style="dim"))
+            rows.append(Padding(Text(what, style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*rows), title="Examples", title_align="left", border_style="dim")
 
 
@@ -100,6 +138,60 @@ def _fold_option_help() -> None:
     rich_utils._get_parameter_help = folded
 
 
+def _stack_narrow_options() -> None:
+    """On a narrow screen (80 columns, or piped: rich's default) typer's option table leaves its help
+    column ~25 characters wide: option names were cut with an ellipsis (--accept-new-hos…), value
+    names and the URLs / paths / flags an option's help names were folded mid-token
+    (http://127.0.0.1: / 30000). There each option is drawn as a block instead: its names and value
+    name on a line of their own, never cut or folded, its help below, indented, wrapped at spaces
+    over the whole width. A wide screen keeps typer's table."""
+    from typer import rich_utils
+
+    inner = rich_utils._print_options_panel
+    if getattr(inner, "_stacks", False):
+        return
+
+    def head(param, ctx) -> Text:
+        if getattr(param, "param_type_name", "") == "argument":
+            names = [param.display_name_raw + ("..." if param.metavar is None and param.nargs != 1 else "")]
+        else:
+            longs = [o for o in param.opts if o.startswith("--")]
+            names = longs + [o for o in param.opts if not o.startswith("--")] + list(param.secondary_opts)
+        value = param.display_type_rich(ctx=ctx) if getattr(param, "param_type_name", "") != "argument" else None
+        text = ("* " if param.required else "") + ", ".join(names) + (f" {value}" if value else "")
+        return rich_utils.highlighter(Text(text, no_wrap=True, overflow="ignore"))
+
+    def panel(*, name, params, ctx, markup_mode, console) -> None:
+        heads = [head(p, ctx) for p in params]
+        if not params or console.width - _table_left(params, ctx) >= STACK_BELOW_HELP_WIDTH:
+            return inner(name=name, params=params, ctx=ctx, markup_mode=markup_mode, console=console)
+        rows = []
+        for h, p in zip(heads, params):
+            rows.append(h)
+            rows.append(Padding(rich_utils._get_parameter_help(param=p, ctx=ctx, markup_mode=markup_mode), (0, 0, 0, 4)))
+        console.print(Panel(Group(*rows), border_style=rich_utils.STYLE_OPTIONS_PANEL_BORDER, title=name,
+                            title_align=rich_utils.ALIGN_OPTIONS_PANEL))
+
+    def _table_left(params, ctx) -> int:
+        """Columns typer's table gives everything left of the help (long names, short names, the
+        negative flag, the value name; each padded) plus the panel's borders."""
+        cols = [0, 0, 0, 0]
+        for p in params:
+            arg = getattr(p, "param_type_name", "") == "argument"
+            cells = (",".join(o for o in p.opts if o.startswith("--")),
+                     p.display_name_raw if arg else ",".join(o for o in p.opts if not o.startswith("--")),
+                     ",".join(p.secondary_opts), "" if arg else str(p.display_type_rich(ctx=ctx) or ""))
+            cols = [max(c, len(x)) for c, x in zip(cols, cells)]
+        return sum(c + 2 for c in cols) + 8
+
+    panel._stacks = True
+    rich_utils._print_options_panel = panel
+
+
+# typer's table is kept while its help column is at least this wide
+STACK_BELOW_HELP_WIDTH = 50
+
+
 class Command(TyperCommand):
     """A perfscope command: its help ends with ``examples`` (set per command by :func:`command_class`)."""
 
@@ -108,6 +200,7 @@ class Command(TyperCommand):
     def format_help(self, ctx, formatter) -> None:
         _flags_as_flags(self, ctx)
         _fold_option_help()
+        _stack_narrow_options()
         super().format_help(ctx, formatter)
         if self.examples:
             _console().print(examples_panel(self.examples))
@@ -126,6 +219,7 @@ class RootGroup(TyperGroup):
 
     def format_help(self, ctx, formatter) -> None:
         _flags_as_flags(self, ctx)
+        _stack_narrow_options()
         super().format_help(ctx, formatter)
 
 
