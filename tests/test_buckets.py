@@ -65,8 +65,8 @@ TRITON_NORM = KERNEL_MIX / "triton_norm_rope_eager.json.gz"
 SDPA_CUDNN = KERNEL_MIX / "sdpa_cudnn.json.gz"  # torch SDPA on cuDNN, H200 (make_sdpa_traces.py)
 # real SGLang 0.5.x on an H200 (FlashInfer MLA backend, FP8 KV), traced by perfscope (h15, 2026-12-01)
 SGL_H200 = next(iter(sorted((GPU_LOOP / "h200-2026-12-01-sglang/pool495000/runs/495000-bug/traces").glob(
-    "*DECODE*.json.gz"))))
-PAGES_FIX = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/pages/traces").glob("*DECODE*.json.gz"))))
+    "*DECODE*.json.xz"))))
+PAGES_FIX = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/pages/traces").glob("*DECODE*.json.xz"))))
 
 # (trace, regex on the real kernel name, expected "bucket/sub" or "bucket")
 EXPECT = [

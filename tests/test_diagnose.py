@@ -152,7 +152,7 @@ def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
     # H200 EXTEND file of the repro server
     (prof / "1.1-TP-0-DECODE.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz"))
     (prof / "1.1-TP-1-DECODE.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_pages_graph.json.xz"))
-    extend = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/native/traces").glob("*EXTEND*.json.gz"))))
+    extend = next(iter(sorted((GPU_LOOP / "h200-2026-11-29/runs/native/traces").glob("*EXTEND*.json.xz"))))
     shutil.copy(extend, prof / "1.1-TP-1-EXTEND.trace.json.gz")
     d = diagnose([prof], workers=2)
     assert len(d.ranks) == 3 and not d.warnings, d.warnings

@@ -38,7 +38,7 @@ def test_bug_run_top_finding_and_prediction_against_both_fixes(RUNS):
 
 @pytest.mark.parametrize("RUNS", SETS, ids=IDS)
 def test_bug_trace_alone_without_server_config_still_fires(RUNS):
-    trace = next((RUNS / "bug" / "traces").glob("*DECODE*.json.gz"))
+    trace = next((RUNS / "bug" / "traces").glob("*DECODE*.json.xz"))
     d = diagnose([trace]).to_dict()
     assert d["findings"] and d["findings"][0]["id"] == "fp8-kv-cast"
 

@@ -82,8 +82,8 @@ def test_names_without_an_entry_point_keep_their_short_form():
 
 
 B200 = TRACELENS / "b200/eager_trace.json.xz"
-SGL_GRAPH = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.gz"))
-SGL_POOL = next((GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages/traces").glob("*-DECODE.trace.json.gz"))
+SGL_GRAPH = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.xz"))
+SGL_POOL = next((GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages/traces").glob("*-DECODE.trace.json.xz"))
 SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
 MOE_B300 = TRACELENS.parents[1] / "evals/unit_tests_nv/moe/nv_moe_06_tiny_batch_many_experts.json.xz"
 CROSS = REPO / "tests/traces/h200-cross-stream/base.json.gz"

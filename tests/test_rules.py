@@ -451,7 +451,7 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
 
     run = GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages"
     assert json.loads((run / "run.json").read_text())["server_info"]["disable_overlap_schedule"] is False
-    t = trace(next((run / "traces").glob("*-DECODE.trace.json.gz")))
+    t = trace(next((run / "traces").glob("*-DECODE.trace.json.xz")))
     assert not any("resolve_future_token_ids" in k.name for k in t.kernels)
     assert any(f.name.endswith(": event_loop_overlap") for f in t.frames)
     fs = findings(t)

@@ -32,7 +32,7 @@ def _cast(d) -> dict:
 def test_split_cast_graph_trace_is_one_cast_per_layer_of_the_whole_pool():
     """Replayed from a CUDA graph (no CPU ops): torch's 16 launches of each layer's 9.06e9-element
     cast are one cast; 8 casts per step of the 15.7M-row pool, not 128 of 983,003 rows."""
-    f = _cast(diagnose([SPLIT / "split_cast_graph.json.gz"]))
+    f = _cast(diagnose([SPLIT / "split_cast_graph.json.xz"]))
     ev = f["evidence"]
     assert ev["casts_per_step"] == 8 and ev["launches_per_cast"] == 16
     assert ROWS <= ev["pool_tokens"] <= ROWS + 16  # each launch's grid rounds up by < 1 row
@@ -42,7 +42,7 @@ def test_split_cast_graph_trace_is_one_cast_per_layer_of_the_whole_pool():
 
 
 def test_split_cast_eager_trace_sizes_from_the_cpu_op_and_counts_casts_not_launches():
-    f = _cast(diagnose([SPLIT / "split_cast_eager.json.gz"]))
+    f = _cast(diagnose([SPLIT / "split_cast_eager.json.xz"]))
     ev = f["evidence"]
     assert ev["input_dims"] == [ROWS, 1, 576] and ev["pool_tokens"] == ROWS
     assert ev["casts_per_step"] == 8 and ev["launches_per_cast"] == 16
@@ -51,7 +51,7 @@ def test_split_cast_eager_trace_sizes_from_the_cpu_op_and_counts_casts_not_launc
 
 @pytest.mark.parametrize("pool, match", [(ROWS - 1, True), (983_003, False)])
 def test_pool_checked_against_the_servers_max_total_num_tokens(pool, match):
-    f = _cast(diagnose([SPLIT / "split_cast_graph.json.gz"], {"max_total_num_tokens": pool}))
+    f = _cast(diagnose([SPLIT / "split_cast_graph.json.xz"], {"max_total_num_tokens": pool}))
     assert f["evidence"]["pool_matches_config"] is match
     assert ("the server reports" in f["summary"]) is (not match)
 

@@ -142,8 +142,8 @@ def test_graph_decode_with_a_blocking_host_copy(run):
     from paths import GPU_LOOP
 
     runs = GPU_LOOP / run / "runs"
-    before = diagnose([next(iter((runs / "bug/traces").glob("*DECODE*.json.gz")))]).to_dict()
-    after = diagnose([next(iter((runs / "native/traces").glob("*DECODE*.json.gz")))]).to_dict()
+    before = diagnose([next(iter((runs / "bug/traces").glob("*DECODE*.json.xz")))]).to_dict()
+    after = diagnose([next(iter((runs / "native/traces").glob("*DECODE*.json.xz")))]).to_dict()
     f = next(x for x in before["findings"] if x["id"] == "fp8-kv-cast")
     assert f["predicted_step_ms_after_fix"] == pytest.approx(after["steps"]["median_ms"], rel=0.15)
 
@@ -235,8 +235,8 @@ def _extend_pair(run, strategy):
     from paths import GPU_LOOP
 
     runs = GPU_LOOP / run / "runs"
-    return (next(iter((runs / "bug/traces").glob("*EXTEND*.json.gz"))),
-            next(iter((runs / f"{strategy}/traces").glob("*EXTEND*.json.gz"))))
+    return (next(iter((runs / "bug/traces").glob("*EXTEND*.json.xz"))),
+            next(iter((runs / f"{strategy}/traces").glob("*EXTEND*.json.xz"))))
 
 
 def _mla_ms(path):
@@ -257,7 +257,7 @@ def test_native_mla_slowdown_is_what_the_h200_runs_measured():
         from paths import GPU_LOOP
 
         runs = GPU_LOOP / run / "runs"
-        b, a = (next(iter((runs / f"{v}/traces").glob("*DECODE*.json.gz"))) for v in ("bug", "native"))
+        b, a = (next(iter((runs / f"{v}/traces").glob("*DECODE*.json.xz"))) for v in ("bug", "native"))
         assert _mla_ms(a) / _mla_ms(b) == pytest.approx(NATIVE_MLA_SLOWDOWN["decode"], rel=0.02), run
     stepbench = _mla_ms(H200 / "mla_fp8_graph.json.xz") / _mla_ms(H200 / "mla_pool_graph.json.xz")
     assert stepbench == pytest.approx(NATIVE_MLA_SLOWDOWN["decode"], rel=0.06)

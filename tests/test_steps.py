@@ -320,7 +320,7 @@ def test_full_graph_decode_without_annotations_stays_one_launch_per_step():
     # middle pieces between different ends, the same number per step)
     from paths import GPU_LOOP
 
-    path = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.gz"))
+    path = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.xz"))
     t = load_trace(path)
     marked = find_steps(t)
     ss = find_steps(replace(t, annotations=[], frames=[]))
@@ -340,7 +340,7 @@ def test_sglang_piecewise_prefill_among_full_graph_decode(case):
     from paths import REPO
 
     folder = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-predict" / case / "bug" / "host-timing"
-    (path,) = folder.rglob("*.trace.json.gz")
+    (path,) = folder.rglob("*.trace.json.xz")
     with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     kernels = Counter(e["args"]["correlation"] for e in ev if e.get("cat") == "kernel")

@@ -250,7 +250,7 @@ def test_an_op_in_some_steps_only_counts_a_fraction_not_zero():
     from perfscope.report.wording import per_step_count as count
 
     trace = next((GPU_LOOP / "h200-2026-12-01-sglang" / "pool-default" / "runs" / "default-pages" / "traces")
-                 .glob("*DECODE.trace.json.gz"))
+                 .glob("*DECODE.trace.json.xz"))
     r = screen(trace, "--top", "40", columns=200)
     assert r.returncode == 0, r.stderr
     ns = [ln.rstrip("│ ").split()[-1] for ln in r.stdout.splitlines() if "index_elementwise_kernel" in ln and "│" in ln]
