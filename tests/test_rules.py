@@ -250,14 +250,49 @@ def test_host_bubble_quiet(path):
 # ---- overlap-off (derived: real graph steps under SGLang's step annotation) -------------------
 
 def test_overlap_off_fires_when_config_says_so():
-    # DERIVED: mla_fp8_graph's ProfilerStep ranges renamed `step[DECODE bs=1]`
+    # DERIVED: mla_fp8_graph's ProfilerStep ranges renamed `step[DECODE bs=1]`; a bench whose step is the
+    # GPU work plus 1.2 ms of serial host time per step
     t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
-    fs = findings(t, {"disable_overlap_schedule": True})
+    gpu = analyze_trace(t).steps["median_ms"]
+    fs = findings(t, {"disable_overlap_schedule": True, "bench": {"tpot_ms": gpu + 1.2, "itl_p50_ms": gpu + 1.2}})
     f = fs["overlap-off"]
     check_finding(f)
-    assert f["confidence"] == "high" and f["evidence"]["disable_overlap_schedule"] is True
-    assert 0.8 < f["evidence"]["gap_between_steps_ms"] < 1.6
+    ev = f["evidence"]
+    assert f["confidence"] == "high" and ev["disable_overlap_schedule"] is True
+    assert 0.8 < ev["gap_between_steps_ms"] < 1.6
     assert "host-bubble" not in fs  # one cause, one finding
+    # the idle is the bench's step less the GPU work, not the profiled gap; overlapped, the step is the GPU work
+    assert ev["host_serial"]["source"] == "bench"
+    assert f["ms_per_step"] == pytest.approx(gpu + 1.2 - ev["gpu_work_ms"], abs=1e-3)
+    assert f["predicted_step_ms_after_fix"] == pytest.approx(ev["gpu_work_ms"], abs=1e-3)
+    lo, hi = ev["prediction"]["range_ms"]
+    assert lo < f["predicted_step_ms_after_fix"] < hi < gpu + 1.2
+    # a host slower than the GPU work: the overlapped step is the host's
+    slow = findings(t, {"disable_overlap_schedule": True, "bench": {"tpot_ms": 3 * gpu, "itl_p50_ms": 3 * gpu}})
+    p = slow["overlap-off"]["evidence"]["prediction"]
+    assert p["bound"] == "host" and p["predicted_step_ms"] == pytest.approx(3 * gpu - ev["gpu_work_ms"], abs=1e-3)
+
+
+def test_overlap_off_idle_is_the_unprofiled_hosts():
+    # the same trace, no bench: its 1.1 ms of profiled idle per step is the profiled host's; scaled by the
+    # profiler's measured slow-down (hosttime.SCALE["full"]) it is ~0.4 ms, 6% of the cycle: no finding
+    from perfscope.analysis.hosttime import SCALE
+    from perfscope.analysis.rules.overlap_off import OverlapOff
+
+    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
+    assert "overlap-off" not in findings(t, {"disable_overlap_schedule": True})
+    # a bench at the GPU work says the host hides nothing: no finding either
+    gpu = analyze_trace(t).steps["median_ms"]
+    assert "overlap-off" not in findings(t, {"disable_overlap_schedule": True, "bench": {"tpot_ms": gpu}})
+    old = OverlapOff.MIN_SHARE
+    try:  # below the threshold, the evidence: profiled idle x the scale
+        OverlapOff.MIN_SHARE = 0.0
+        ev = findings(t, {"disable_overlap_schedule": True})["overlap-off"]["evidence"]
+    finally:
+        OverlapOff.MIN_SHARE = old
+    assert ev["host_serial"]["source"] == "full"
+    assert ev["host_serial"]["point"] == pytest.approx(ev["profiled_idle_ms"] * SCALE["full"].point, abs=1e-3)
+    assert ev["profiled_idle_ms"] > 0.8
 
 
 def test_overlap_off_quiet_when_overlap_is_on_or_gap_small():

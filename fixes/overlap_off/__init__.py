@@ -27,7 +27,10 @@ class OverlapOffFix(LaunchFlagFix):
                                         "scheduler whatever the flag; nothing changed")
         f = self.finding(env, "overlap-off") or self.finding(env, "host-bubble")
         pred = f.get("predicted_step_ms_after_fix")
-        gap = (f.get("evidence") or {}).get("gap_between_steps_ms")
+        ev = f.get("evidence") or {}
+        gap = ev.get("gap_between_steps_ms")
+        if f.get("id") == "overlap-off" and isinstance(f.get("ms_per_step"), (int, float)):
+            gap = f["ms_per_step"]  # the idle the host's serial work leaves, without the profiler
         if not current.get("--disable-overlap-schedule"):
             why = "--disable-overlap-schedule is not on the launch command"
             if args.get("disable_overlap_schedule") is True:
@@ -37,9 +40,17 @@ class OverlapOffFix(LaunchFlagFix):
         return Decision([FlagChange("remove", "--disable-overlap-schedule",
                                     why="the overlap scheduler is SGLang's default")],
                         why="the next batch is scheduled while the current forward runs"
-                            + (f", hiding the {gap:.2f} ms the GPU idles between decode forwards" if gap else ""),
+                            + (f", hiding the {gap:.2f} ms per step the GPU idles waiting for the host" if gap else ""),
                         predicted_step_ms=pred,
-                        prediction="the step cycle without the idle gap between forwards" if pred is not None else "")
+                        prediction=(_range(ev) or "the larger of the step's GPU work and the host's serial work")
+                        if pred is not None else "")
+
+
+def _range(ev: dict) -> str:
+    r = (ev.get("prediction") or {}).get("range_ms")
+    if isinstance(r, list) and len(r) == 2 and all(isinstance(x, (int, float)) for x in r):
+        return f"the larger of the step's GPU work and the host's serial work; expect {r[0]:.2f}-{r[1]:.2f} ms"
+    return ""
 
 
 FIX = OverlapOffFix()
