@@ -34,7 +34,12 @@ class DemoConfig:
     device: str = "cpu"
     layers: int = 4
     pool_tokens: int = 32768
-    threads: int = 0
+    # one torch CPU thread: the demo's server, its load and perfscope share the machine (2 cores in CI); with
+    # torch's default of one thread per core every parallel op waits at OpenMP's barrier for a sibling
+    # thread the OS has descheduled, so the server's ops ran 10-100x slower after each CPU-hungry cast
+    # (a 0.04 ms matmul took 18-25 ms, 9.5 ms of it CPU time spinning) and the fixed server's step
+    # was a tenth of what the bug trace's other ops promised
+    threads: int = 1
     input_len: int = 32
     output_len: int = 8
     requests: int = 3  # 3 a side: the fewest a before/after interval is drawn from
@@ -71,7 +76,12 @@ class Server:
 
     def start(self, timeout: float = 120.0) -> str:
         logf = open(self.log, "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # glibc maps every allocation above its mmap threshold (at most 32 MB) afresh and unmaps it when freed:
+        # the bug's 37 MB BF16 copy of the pool then cost a page fault per 4 KB and a 3-5 ms munmap per layer,
+        # outside any op (CUDA's caching allocator on a GPU server does neither). Large allocations from the
+        # heap, kept: the CPU server pays for the cast itself, as a GPU one does.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_=str(1 << 32),
+                   MALLOC_TRIM_THRESHOLD_=str(1 << 32))
         self.proc = subprocess.Popen([sys.executable, "-m", "examples.repro_server", "--port", "0", *self.args],
                                      cwd=self.root, stdout=subprocess.PIPE, stderr=logf, env=env,
                                      start_new_session=True)

@@ -45,6 +45,12 @@ def test_demo_finds_fixes_and_measures(tmp_path):
     assert pr["finding"] == "fp8-kv-cast" and pr["measured_step_ms"] == s["step_ms_after"]
     assert pr["predicted_step_ms"] == round(s["predicted_step_ms_after_fix"], 4)
     assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)
+    # ... and not far from it: within 4x either way. It was 12-14x: with torch's thread per core the server's
+    # ops waited on OpenMP's barrier for descheduled threads after each cast, and glibc unmapped each
+    # layer's 37 MB BF16 copy (3-5 ms outside any op); the demo's server runs one thread and keeps large
+    # allocations (perfscope/demo.py). What is left: the ops after a cast run on caches it evicted (2x on a
+    # 2-core box), which a CPU-only trace cannot tell from their own time
+    assert 1 / 4 < pr["predicted_step_ms"] / pr["measured_step_ms"] < 4, pr
     said = " ".join(r.stderr.split())
     assert re.search(r"predicted by fp8-kv-cast \(before run\): step [\d.]+ ms, measured [\d.]+ ms \(error [+-][\d.]+%\)",
                      said), said[-2000:]
