@@ -312,3 +312,106 @@ def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_bou
     for prefix in cut:
         full = next(n for n in names if n.startswith(prefix) and len(n) > len(prefix))
         assert full[len(prefix)] in "_ <:,", (prefix, full)  # the cut falls on a boundary
+
+
+_SEP_AFTER, _SEP_BEFORE = "_ ,>:/])", "[(<"
+
+
+def _cells(out: str) -> list[str]:
+    """The first column's cell of each table row line in ``out`` (its one-space padding kept)."""
+    return [ln.split("│")[1] for ln in out.splitlines() if ln.startswith("│") and ln.count("│") >= 3]
+
+
+def _name_breaks(out: str, names: list[str], used: set | None = None) -> dict:
+    """Where each op name of the tables' first column in ``out`` went onto a new line: the name's
+    cell lines (each starting at the cell's padding) joined back, and for each break the character
+    before and after it, with the cell's width. ``used`` collects the cell lines the names took."""
+    cells = _cells(out)
+    found = {}
+    for n in names:
+        for i, c in enumerate(cells):
+            if i in (used or ()) or c.startswith("  ") or not c.strip() or not n.startswith(c.strip()):
+                continue
+            got, breaks, j = c.strip(), [], i + 1
+            while len(got) < len(n) and j < len(cells) and not cells[j].startswith("  "):
+                if n[len(got)] == " ":
+                    got += " "
+                breaks.append(len(got))
+                got += cells[j].strip()
+                j += 1
+            if got.startswith(n):
+                found[n] = [(n[b - 1], n[b], len(c) - 2) for b in breaks if b < len(n)]
+                if used is not None:
+                    used.update(range(i, j))
+                break
+    return found
+
+
+def _mid_word(n: str, breaks: list) -> list:
+    """Breaks inside a word (between two characters that are not separators) of a word that would
+    have fit on the cell's line."""
+    bad = []
+    for before, after, width in breaks:
+        if before in _SEP_AFTER or after in _SEP_BEFORE or after == " ":
+            continue
+        bad.append((before, after, width))
+    words = re.split(r"[_\s,<>:/\[\]()]+", n)
+    return [b for b in bad if max(map(len, words)) <= b[2]]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_kernel_names_in_the_op_tables_wrap_at_their_separators(columns):
+    """Piped, at 80 and 200 columns: the Dominant ops table of diagnose and compare's changed-ops
+    table wrap a kernel name after its `_` (or before its `[`), never mid-word: at 80 columns
+    `nvjet_sm90_tst_64x8_64x16_2x1_v_bz_split` / `K_NNT` and `unrolled_elemen` / `twise_kernel`
+    (rich folds a word at the cell's edge). The launching op chain's continuation lines keep its indent."""
+    import json
+
+    from paths import GPU_LOOP
+
+    trace = H200 / "mla_pool_eager.json.xz"
+    r = screen(trace, columns=columns)
+    assert r.returncode == 0, r.stderr
+    ops = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(trace), "--json"],
+                                    capture_output=True, text=True, timeout=300).stdout)["ops"][:10]
+    table = r.stdout[r.stdout.index("Dominant ops"):]
+    used: set = set()
+    got = _name_breaks(table, [o["short"] for o in ops], used)
+    assert len(got) == len(ops), sorted(got)
+    assert all(not _mid_word(n, b) for n, b in got.items()), got
+    if columns == 80:
+        assert any(got.values()), got  # some names did wrap here
+    # each op's "launched by" line starts with two spaces, and so does every line it wraps onto
+    rest = [c for k, c in enumerate(_cells(table)) if k not in used and c.strip()]
+    assert rest and all(c.startswith("   ") for c in rest), rest
+
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    env = {**os.environ, "COLUMNS": str(columns)}
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    c = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"),
+                                   "--json"], capture_output=True, text=True, timeout=300).stdout)
+    names = [o["short"] + {"gone": " (gone)", "new": " (new)"}.get(o["status"], "") for o in c["ops"][:10]]
+    got = _name_breaks(r.stdout[r.stdout.index("Top ops that changed"):], names)
+    assert len(got) == len(names), (sorted(got), names)
+    assert all(not _mid_word(n, b) for n, b in got.items()), got
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_verdicts_indented_lines_wrap_with_their_indent(columns):
+    """Piped, at 80 and 200 columns: a verdict line under `fix:` or `after:` (the fix's notes, what
+    the prediction is made of) that wraps continues under its own text, not at the panel's edge
+    (at 80 columns "(no host recorded: ... or run it on the server's" / "machine)" began at column 0)."""
+    r = screen(H200 / "mla_pool_eager.json.xz", columns=columns)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    end = next(k for k, ln in enumerate(lines) if ln.startswith("╰"))
+    body = [ln[2:-1].rstrip() for ln in lines[1:end]]
+    starts = ("fp8-kv-cast ", "costs ", "fix:   ", "after: ", "       ", "also: ")
+    assert [b for b in body if not b.startswith(starts)] == [], body
+    flat = " ".join(" ".join(body).split())
+    assert "(no host recorded: add --host HOST, or run it on the server's machine)" in flat
+    assert "the host bounds it)" in flat
+    if columns == 80:
+        assert len(body) > 7  # lines did wrap, each under its indent

@@ -6,10 +6,11 @@ from typing import Optional
 
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from perfscope.analysis.change import describe as describe_change
-from perfscope.report.escape import Console, markup as escape
-from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
+from perfscope.report.escape import Console, markup as escape, term
+from perfscope.report.terminal import BUCKET_STYLE, BoundaryText, _fmt_ms
 from perfscope.report.wording import per_step_count as _count
 
 
@@ -156,8 +157,8 @@ def ops_table(c: dict, limit: int = 10) -> Table:
     t.add_column("n/step", justify="right")
     for o in c["ops"][:limit]:
         st = BUCKET_STYLE.get(o["bucket"], "white")
-        name = escape(o["short"]) + (" [dim](gone)[/]" if o["status"] == "gone" else
-                                     " [dim](new)[/]" if o["status"] == "new" else "")
+        name = BoundaryText(Text.assemble(term(o["short"]), (" (gone)" if o["status"] == "gone" else
+                                                             " (new)" if o["status"] == "new" else "", "dim")))
         n = f"{_count(o['before_count'])} -> {_count(o['after_count'])}"
         t.add_row(name, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["before_ms"]), _fmt_ms(o["after_ms"]),
                   _signed(o["delta_ms"]), n)
