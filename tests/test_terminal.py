@@ -273,6 +273,15 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
                            capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stderr
         assert max(map(len, r.stdout.splitlines())) <= cols
+        lines = r.stdout.splitlines()
+        body = [ln[2:-1].rstrip() for ln in lines[1:next(k for k, ln in enumerate(lines) if ln.startswith("╰"))]]
+        noise = [k for k, b in enumerate(body) if b.startswith("noise: ")]
+        assert len(noise) == 2, body
+        for k in noise:  # a noise line that wraps continues under its text (issue 23 item 5)
+            k += 1
+            while body[k].startswith("       "):
+                k += 1
+            assert body[k].startswith(("noise: ", "predicted by ")), (cols, body[k])
         flats.append(" ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split()))
     import json
 
@@ -281,9 +290,13 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
     pr = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")
     e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
     assert abs(e) > abs(e0) and pr["measured_tpot_ms"]  # held to AFTER's bench: the error grew with the kernels
+    ch = c["change"]["step"]
+    lo, hi = ch["interval"]
     for flat in flats:
         assert (f"with their measured times the error is {e:+.1f}% (larger than {e0:+.1f}%: the kernels' move had offset "
                 "part of the step model's own error") in flat, flat[:1500]
+        # the change with its noise and its verdict (issue 23 item 1), whole at either width
+        assert f"[95% CI {lo:+.1%}, {hi:+.1%}]: {ch['verdict']}" in flat, flat[:1500]
 
 
 def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_boundary():
@@ -415,3 +428,37 @@ def test_the_verdicts_indented_lines_wrap_with_their_indent(columns):
     assert "the host bounds it)" in flat
     if columns == 80:
         assert len(body) > 7  # lines did wrap, each under its indent
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_files_written_are_named_on_one_line_whole(tmp_path, columns):
+    """Piped (a log), at 80 and 200 columns: the lines that name what diagnose --html/--markdown/--csv,
+    compare --html and report -o wrote hold each path whole on one line, pasteable; at 80 columns a
+    path under a deep folder was folded mid-name ("and-" / "more/report.html")."""
+    from paths import GPU_LOOP
+
+    deep = tmp_path / "a-rather-long-folder-name-for-the-reports" / "with-another-long-subfolder-name" / "and-more"
+    deep.mkdir(parents=True)
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stderr.splitlines()
+
+    trace = H200 / "mla_pool_graph.json.xz"
+    html, md, csv = deep / "report-of-the-pool.html", deep / "summary-of-the-pool.md", deep / "tables-of-the-pool"
+    assert len(str(html)) > 80
+    err = run("diagnose", trace, "--html", html, "--markdown", md, "--csv", csv)
+    assert any(ln.startswith("report written: ") and str(html) in ln for ln in err), err
+    assert f"markdown summary written: {md}" in err, err
+    assert any(ln.startswith("CSV tables written: ") and str(csv / "buckets.csv") in ln and str(csv / "ops.csv") in ln
+               for ln in err), err
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    cmp = deep / "before-and-after-of-the-pool.html"
+    err = run("compare", runs / "bug", runs / "pages", "--html", cmp)
+    assert any(ln.startswith("report written: ") and str(cmp) in ln for ln in err), err
+    rep = deep / "report-command-of-the-pool.html"
+    err = run("report", trace, "-o", rep)
+    assert any(ln.startswith("report written: ") and str(rep) in ln for ln in err), err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -83,13 +84,22 @@ def _device(side: dict) -> str:
     return str(side.get("device_label") or side.get("device") or "unknown device")
 
 
+def _labelled(label: str, rest: str, style: str = "") -> Table:
+    """``label`` then ``rest`` (markup), whose wrapped lines stay under ``rest``, not at the edge."""
+    g = Table.grid(padding=0)
+    g.add_column(width=len(label), no_wrap=True, style=style)
+    g.add_column()
+    g.add_row(label.rstrip(), rest)
+    return g
+
+
 def header(c: dict) -> Panel:
     b, a, st = c["before"], c["after"], c["step"]
-    lines = [f"[bold]{escape(c['verdict'])}[/]", ""]
-    lines.append(f"before: {escape(b['label'])}  ({escape(_device(b))}, {b['ranks']} file(s), "
-                 f"{b.get('step_count')} {b.get('phase')} steps)")
-    lines.append(f"after:  {escape(a['label'])}  ({escape(_device(a))}, {a['ranks']} file(s), "
-                 f"{a.get('step_count')} {a.get('phase')} steps)")
+    lines: list = [f"[bold]{escape(c['verdict'])}[/]", ""]
+    lines.append(_labelled("before: ", f"{escape(b['label'])}  ({escape(_device(b))}, {b['ranks']} file(s), "
+                                       f"{b.get('step_count')} {b.get('phase')} steps)"))
+    lines.append(_labelled("after:  ", f"{escape(a['label'])}  ({escape(_device(a))}, {a['ranks']} file(s), "
+                                       f"{a.get('step_count')} {a.get('phase')} steps)"))
     ratio = f"   after/before {st['ratio']:.3f}" if st.get("ratio") is not None else ""
     lines.append(f"median step ({'CPU ops' if cpu_only(c) else 'GPU work'}): [bold]{_fmt_ms(st['before_ms'])} -> {_fmt_ms(st['after_ms'])} ms[/]{ratio}")
     if c.get("tpot"):
@@ -99,7 +109,7 @@ def header(c: dict) -> Panel:
     for key, what in (("step", "step median"), ("tpot", "TPOT median")):
         ch = (c.get("change") or {}).get(key)
         if ch:
-            lines.append(f"[dim]noise:[/] {escape(describe_change(ch, what))}")
+            lines.append(_labelled("noise: ", escape(describe_change(ch, what)), style="dim"))
     if c.get("moved_together"):
         lines.append(f"[bold yellow]the machine changed between runs?[/] {escape(moved_line(c['moved_together']))}")
     for pr in c.get("predictions") or []:
@@ -110,7 +120,7 @@ def header(c: dict) -> Panel:
         lines.append("[yellow]note:[/] " + escape("; ".join(c["setup"]["warnings"])))
     for row in c["setup"]["config"] + c["setup"]["versions"]:
         lines.append(f"[dim]{escape(row['field'])}: {escape(str(row['before']))} -> {escape(str(row['after']))}[/]")
-    return Panel("\n".join(lines), title="perfscope compare", expand=False)
+    return Panel(Group(*lines), title="perfscope compare", expand=False)
 
 
 def bucket_table(c: dict) -> Table:

@@ -352,5 +352,5 @@ def write_diagnosis_html(path: str | Path, d: Diagnosis, config: Optional[dict] 
     """Render and write the breakdown report; ``announce`` (a rich Console) gets a one-line note."""
     out = write_html(path, render_diagnosis(d, config=config))
     if announce is not None:
-        announce.print(f"report written: {out} ({out.stat().st_size / 1e6:.1f} MB)", highlight=False)
+        announce.print(f"report written: {out} ({out.stat().st_size / 1e6:.1f} MB)", highlight=False, markup=False)
     return out
