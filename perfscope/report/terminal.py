@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Optional
 
 from rich.cells import cell_len
@@ -449,10 +448,9 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         c.print(line)
     for note in p.notes:
         c.print(f"[yellow]note:[/] {escape(note)}")
-    if d.skipped:
-        names = ", ".join(Path(x["path"]).name for x in d.skipped[:3]) + (", ..." if len(d.skipped) > 3 else "")
-        c.print(f"[yellow]note:[/] skipped {_plural(len(d.skipped), 'JSON file')} that "
-                f"{'is' if len(d.skipped) == 1 else 'are'} not a profiler trace: {escape(names)}")
+    skipped = wording.skipped_note(d.skipped)
+    if skipped:
+        c.print(f"[yellow]note:[/] {escape(skipped)}")
     if not p.per_step and p.cpu_ops:
         t = Table(title="Top CPU ops (no GPU kernels)", title_justify="left")
         t.add_column("op")
