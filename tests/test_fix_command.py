@@ -76,3 +76,27 @@ def test_a_bare_trace_says_what_to_add(tmp_path):
     assert f"`{cmd}`" in out["markdown"] and hint in out["markdown"]
     for page in ("html", "report"):
         assert f"<code>{html.escape(cmd)}</code>" in out[page] and hint in out[page], page
+
+
+def test_the_pages_show_the_command_in_chromium(tmp_path, chromium):
+    """diagnose --html and perfscope report of the same run folder, drawn in headless Chromium: the
+    verdict's fix line shows the command a user copies (the recorded --host/--port, --trace of the
+    run) as the text of its code element, and every finding's fix line the same command."""
+    from browser import load_page
+
+    run = _run_folder(tmp_path / "run1")
+    cmd = f"perfscope fix fp8-kv-cast --host gpu-box --port 30001 --trace {run}"
+    r = cli("diagnose", run, "--html", tmp_path / "d.html")
+    assert r.returncode == 0, r.stderr
+    r = cli("report", run, "-o", tmp_path / "report.html")
+    assert r.returncode == 0, r.stderr
+    for page in ("d.html", "report.html"):
+        def act(p):
+            act.codes = p.evaluate("() => Array.from(document.querySelectorAll('.fixcmd code')).map(c => c.innerText)")
+            act.shown = p.evaluate("() => { const c = document.querySelector('.fixcmd code');"
+                                   " const r = c.getBoundingClientRect(); return r.width > 0 && r.top < 1000; }")
+
+        res = load_page(chromium, tmp_path / page, actions=act)
+        assert res.console_errors == [] and res.page_errors == []
+        assert act.codes and all(c == cmd for c in act.codes), (page, act.codes)
+        assert act.shown, page  # on the first screen

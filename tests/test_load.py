@@ -116,3 +116,43 @@ def test_a_folder_with_a_json_array_beside_the_trace_skips_it_with_a_note(tmp_pa
                        timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "no trace files" in r.stderr and "execution_details.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tracelens_capture_folder_with_its_execution_details_is_read_as_shipped(tmp_path, chromium):
+    """TraceLens' vLLM profile folder as it ships it (tests/traces/corpus: the trace, and in its
+    capture_traces/ the graph-capture trace beside the execution_details.json TraceLens writes, a
+    JSON array of {file, batch_size, mode}). `diagnose FOLDER` stopped, exit 2: "execution_details.json:
+    not a Kineto trace (Expected `object`, got `array`)", as the capture map read every JSON file of
+    capture_traces/. Now: analysed, the capture trace attributes the replay, the array is skipped with
+    a note, at 80 and 200 columns, piped; `--capture-trace` on the capture folder alone likewise."""
+    import json
+    import os
+
+    folder = TRACELENS / "inference" / "vllm_decode_full"
+    details = folder / "capture_traces" / "execution_details.json"
+    rows = json.loads(details.read_text())
+    assert isinstance(rows, list) and rows[0]["mode"] == "FULL"
+    assert (folder / "capture_traces" / rows[0]["file"].replace(".json.gz", ".json.xz")).is_file()
+    note = "note: skipped 1 JSON file that is not a profiler trace: execution_details.json"
+    for cols in (80, 200):
+        r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder)], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "COLUMNS": str(cols)})
+        assert r.returncode == 0, r.stderr
+        assert note in r.stdout.splitlines(), r.stdout
+        assert "capture_32_FULL" in r.stdout and r.stderr == ""
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder / "graph_execution.json.xz"),
+                        "--capture-trace", str(folder / "capture_traces"), "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert any("421 of 421 kernels" in n and "capture_32_FULL" in n for n in d["notes"]), d["notes"]
+    # the Markdown summary and the HTML page (drawn in Chromium) carry the same note
+    from browser import load_page
+
+    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder), "--markdown", str(tmp_path / "s.md"),
+                        "--html", str(tmp_path / "d.html")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    said = "kipped 1 JSON file that is not a profiler trace: execution_details.json"
+    assert said in (tmp_path / "s.md").read_text().replace("\\", "")
+    res = load_page(chromium, tmp_path / "d.html", select=("#notes",))
+    assert res.console_errors == [] and said in (res.texts["#notes"] or ""), res.texts

@@ -251,10 +251,11 @@ def test_an_op_in_some_steps_only_counts_a_fraction_not_zero():
 
     trace = next((GPU_LOOP / "h200-2026-12-01-sglang" / "pool-default" / "runs" / "default-pages" / "traces")
                  .glob("*DECODE.trace.json.xz"))
-    r = screen(trace, "--top", "40", columns=200)
-    assert r.returncode == 0, r.stderr
-    ns = [ln.rstrip("│ ").split()[-1] for ln in r.stdout.splitlines() if "index_elementwise_kernel" in ln and "│" in ln]
-    assert "0.9" in ns, ns
+    for cols in (80, 200):  # piped
+        r = screen(trace, "--top", "40", columns=cols)
+        assert r.returncode == 0, r.stderr
+        ns = [ln.rstrip("│ ").split()[-1] for ln in r.stdout.splitlines() if "index_elementwise_kernel" in ln and "│" in ln]
+        assert "0.9" in ns, (cols, ns)
     assert [count(x) for x in (0.2, 0.4, 0.9, 8.0, 12.4)] == ["0.2", "0.4", "0.9", "8", "12"]
 
 
@@ -265,11 +266,23 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
     from paths import GPU_LOOP
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
-    env = {**os.environ, "COLUMNS": "400"}
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr
-    flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
+    flats = []
+    for cols in (80, 200):  # piped
+        env = {**os.environ, "COLUMNS": str(cols)}
+        r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        assert max(map(len, r.stdout.splitlines())) <= cols
+        lines = r.stdout.splitlines()
+        body = [ln[2:-1].rstrip() for ln in lines[1:next(k for k, ln in enumerate(lines) if ln.startswith("╰"))]]
+        noise = [k for k, b in enumerate(body) if b.startswith("noise: ")]
+        assert len(noise) == 2, body
+        for k in noise:  # a noise line that wraps continues under its text (issue 23 item 5)
+            k += 1
+            while body[k].startswith("       "):
+                k += 1
+            assert body[k].startswith(("noise: ", "predicted by ")), (cols, body[k])
+        flats.append(" ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split()))
     import json
 
     c = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"),
@@ -277,8 +290,13 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
     pr = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")
     e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
     assert abs(e) > abs(e0) and pr["measured_tpot_ms"]  # held to AFTER's bench: the error grew with the kernels
-    assert (f"with their measured times the error is {e:+.1f}% (larger than {e0:+.1f}%: the kernels' move had offset "
-            "part of the step model's own error") in flat, flat[:1500]
+    ch = c["change"]["step"]
+    lo, hi = ch["interval"]
+    for flat in flats:
+        assert (f"with their measured times the error is {e:+.1f}% (larger than {e0:+.1f}%: the kernels' move had offset "
+                "part of the step model's own error") in flat, flat[:1500]
+        # the change with its noise and its verdict (issue 23 item 1), whole at either width
+        assert f"[95% CI {lo:+.1%}, {hi:+.1%}]: {ch['verdict']}" in flat, flat[:1500]
 
 
 def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_boundary():
@@ -307,3 +325,140 @@ def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_bou
     for prefix in cut:
         full = next(n for n in names if n.startswith(prefix) and len(n) > len(prefix))
         assert full[len(prefix)] in "_ <:,", (prefix, full)  # the cut falls on a boundary
+
+
+_SEP_AFTER, _SEP_BEFORE = "_ ,>:/])", "[(<"
+
+
+def _cells(out: str) -> list[str]:
+    """The first column's cell of each table row line in ``out`` (its one-space padding kept)."""
+    return [ln.split("│")[1] for ln in out.splitlines() if ln.startswith("│") and ln.count("│") >= 3]
+
+
+def _name_breaks(out: str, names: list[str], used: set | None = None) -> dict:
+    """Where each op name of the tables' first column in ``out`` went onto a new line: the name's
+    cell lines (each starting at the cell's padding) joined back, and for each break the character
+    before and after it, with the cell's width. ``used`` collects the cell lines the names took."""
+    cells = _cells(out)
+    found = {}
+    for n in names:
+        for i, c in enumerate(cells):
+            if i in (used or ()) or c.startswith("  ") or not c.strip() or not n.startswith(c.strip()):
+                continue
+            got, breaks, j = c.strip(), [], i + 1
+            while len(got) < len(n) and j < len(cells) and not cells[j].startswith("  "):
+                if n[len(got)] == " ":
+                    got += " "
+                breaks.append(len(got))
+                got += cells[j].strip()
+                j += 1
+            if got.startswith(n):
+                found[n] = [(n[b - 1], n[b], len(c) - 2) for b in breaks if b < len(n)]
+                if used is not None:
+                    used.update(range(i, j))
+                break
+    return found
+
+
+def _mid_word(n: str, breaks: list) -> list:
+    """Breaks inside a word (between two characters that are not separators) of a word that would
+    have fit on the cell's line."""
+    bad = []
+    for before, after, width in breaks:
+        if before in _SEP_AFTER or after in _SEP_BEFORE or after == " ":
+            continue
+        bad.append((before, after, width))
+    words = re.split(r"[_\s,<>:/\[\]()]+", n)
+    return [b for b in bad if max(map(len, words)) <= b[2]]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_kernel_names_in_the_op_tables_wrap_at_their_separators(columns):
+    """Piped, at 80 and 200 columns: the Dominant ops table of diagnose and compare's changed-ops
+    table wrap a kernel name after its `_` (or before its `[`), never mid-word: at 80 columns
+    `nvjet_sm90_tst_64x8_64x16_2x1_v_bz_split` / `K_NNT` and `unrolled_elemen` / `twise_kernel`
+    (rich folds a word at the cell's edge). The launching op chain's continuation lines keep its indent."""
+    import json
+
+    from paths import GPU_LOOP
+
+    trace = H200 / "mla_pool_eager.json.xz"
+    r = screen(trace, columns=columns)
+    assert r.returncode == 0, r.stderr
+    ops = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(trace), "--json"],
+                                    capture_output=True, text=True, timeout=300).stdout)["ops"][:10]
+    table = r.stdout[r.stdout.index("Dominant ops"):]
+    used: set = set()
+    got = _name_breaks(table, [o["short"] for o in ops], used)
+    assert len(got) == len(ops), sorted(got)
+    assert all(not _mid_word(n, b) for n, b in got.items()), got
+    if columns == 80:
+        assert any(got.values()), got  # some names did wrap here
+    # each op's "launched by" line starts with two spaces, and so does every line it wraps onto
+    rest = [c for k, c in enumerate(_cells(table)) if k not in used and c.strip()]
+    assert rest and all(c.startswith("   ") for c in rest), rest
+
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    env = {**os.environ, "COLUMNS": str(columns)}
+    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    c = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"),
+                                   "--json"], capture_output=True, text=True, timeout=300).stdout)
+    names = [o["short"] + {"gone": " (gone)", "new": " (new)"}.get(o["status"], "") for o in c["ops"][:10]]
+    got = _name_breaks(r.stdout[r.stdout.index("Top ops that changed"):], names)
+    assert len(got) == len(names), (sorted(got), names)
+    assert all(not _mid_word(n, b) for n, b in got.items()), got
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_verdicts_indented_lines_wrap_with_their_indent(columns):
+    """Piped, at 80 and 200 columns: a verdict line under `fix:` or `after:` (the fix's notes, what
+    the prediction is made of) that wraps continues under its own text, not at the panel's edge
+    (at 80 columns "(no host recorded: ... or run it on the server's" / "machine)" began at column 0)."""
+    r = screen(H200 / "mla_pool_eager.json.xz", columns=columns)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    end = next(k for k, ln in enumerate(lines) if ln.startswith("╰"))
+    body = [ln[2:-1].rstrip() for ln in lines[1:end]]
+    starts = ("fp8-kv-cast ", "costs ", "fix:   ", "after: ", "       ", "also: ")
+    assert [b for b in body if not b.startswith(starts)] == [], body
+    flat = " ".join(" ".join(body).split())
+    assert "(no host recorded: add --host HOST, or run it on the server's machine)" in flat
+    assert "the host bounds it)" in flat
+    if columns == 80:
+        assert len(body) > 7  # lines did wrap, each under its indent
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_files_written_are_named_on_one_line_whole(tmp_path, columns):
+    """Piped (a log), at 80 and 200 columns: the lines that name what diagnose --html/--markdown/--csv,
+    compare --html and report -o wrote hold each path whole on one line, pasteable; at 80 columns a
+    path under a deep folder was folded mid-name ("and-" / "more/report.html")."""
+    from paths import GPU_LOOP
+
+    deep = tmp_path / "a-rather-long-folder-name-for-the-reports" / "with-another-long-subfolder-name" / "and-more"
+    deep.mkdir(parents=True)
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stderr.splitlines()
+
+    trace = H200 / "mla_pool_graph.json.xz"
+    html, md, csv = deep / "report-of-the-pool.html", deep / "summary-of-the-pool.md", deep / "tables-of-the-pool"
+    assert len(str(html)) > 80
+    err = run("diagnose", trace, "--html", html, "--markdown", md, "--csv", csv)
+    assert any(ln.startswith("report written: ") and str(html) in ln for ln in err), err
+    assert f"markdown summary written: {md}" in err, err
+    assert any(ln.startswith("CSV tables written: ") and str(csv / "buckets.csv") in ln and str(csv / "ops.csv") in ln
+               for ln in err), err
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    cmp = deep / "before-and-after-of-the-pool.html"
+    err = run("compare", runs / "bug", runs / "pages", "--html", cmp)
+    assert any(ln.startswith("report written: ") and str(cmp) in ln for ln in err), err
+    rep = deep / "report-command-of-the-pool.html"
+    err = run("report", trace, "-o", rep)
+    assert any(ln.startswith("report written: ") and str(rep) in ln for ln in err), err

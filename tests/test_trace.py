@@ -316,3 +316,21 @@ def test_a_busy_server_is_not_profiled_by_stage(repro_server, tmp_path, capsys, 
     assert rc == 0, err
     names = sorted(Path(f.path).name.rsplit("-", 1)[1] for f in rundir.read_run(out).files)
     assert names == ["DECODE.trace.json.gz", "EXTEND.trace.json.gz"], names
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_the_run_folder_and_the_next_command_are_one_line_each(repro_server, tmp_path, capsys, monkeypatch, columns):
+    """Piped (a log), at 80 and 200 columns: trace's last lines name the run folder and the next
+    command (perfscope diagnose RUN) whole, each on one line, however deep the folder (at 80 columns
+    the command was folded inside the path)."""
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    monkeypatch.setenv("COLUMNS", columns)
+    out = tmp_path / "a-rather-long-folder-name-for-the-runs" / "with-another-long-subfolder-name" / "run-one"
+    assert len(f"next: perfscope diagnose {out}") > 80
+    rc, stdout, err = run_cli(
+        ["trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
+         "--output-len", "8", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out)], capsys)
+    assert rc == 0, err
+    lines = stdout.splitlines()
+    assert f"next: perfscope diagnose {out}" in lines, stdout
+    assert any(ln.startswith(f"run folder: {out}  ") for ln in lines), stdout

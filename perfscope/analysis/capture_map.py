@@ -226,7 +226,10 @@ class CaptureSet:
         files: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
-                found = sorted(q for q in p.rglob("*") if q.name.endswith((".json", ".json.gz", ".json.xz")))
+                from perfscope.load.discover import not_a_trace
+
+                found = sorted(q for q in p.rglob("*") if q.name.endswith((".json", ".json.gz", ".json.xz"))
+                               and not not_a_trace(q))  # a tool's own JSON beside the traces (TraceLens' arrays)
                 if not found:
                     raise InputError(f"{p}: no capture traces (.json/.json.gz/.json.xz) in this folder")
                 files.extend(found)

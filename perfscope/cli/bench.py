@@ -135,7 +135,7 @@ def command(
     api_key = _apikey.read(api_key_env)
     ssh = {"user": ssh_user, "port": ssh_port, "identity": str(identity) if identity else None, "jump": jump,
            "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and errors: never folded
     from perfscope.capture.vocab import token_ids
 
     with _endpoint(url, host, port, ssh) as (base, label, io):

@@ -75,7 +75,8 @@ def command(
         from perfscope.report.html import render_compare, write_html
 
         path = write_html(html, render_compare(c, db, da))
-        Console(stderr=True, highlight=False).print(f"report written: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+        say = Console(stderr=True, highlight=False, soft_wrap=True)  # the path is never folded
+        say.print(f"report written: {path} ({path.stat().st_size / 1e6:.1f} MB)", markup=False)
     if json_out:
         jsonout.emit(c)
     else:

@@ -109,7 +109,7 @@ def command(
     fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
     if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
         raise InputError(f"--csv {csv_dir}: exists and is not a folder")
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # paths it names are never folded (a copy pastes back)
     cfg = _load_config(config)
     from perfscope.analysis.floor import with_floor_inputs
 

@@ -58,5 +58,5 @@ def command(
     from perfscope.report.fixcmd import point_at
 
     point_at(d, paths)
-    write_diagnosis_html(out, d, cfg, announce=Console(stderr=True))
+    write_diagnosis_html(out, d, cfg, announce=Console(stderr=True, soft_wrap=True))
     return 0

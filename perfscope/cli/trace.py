@@ -159,7 +159,7 @@ def command(
     from perfscope.capture.ssh import parse_target
     from perfscope.capture.trace import Endpoint, TraceOptions, trace
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # hosts, paths, commands: never folded
     if bool(host) == bool(url):
         raise InputError("give --host HOST (over SSH) or --url URL (no SSH), not both or neither")
     engine = engine.lower()
@@ -235,6 +235,6 @@ def command(
         b = t.get("bench") or {}
         if b.get("tpot_ms") is not None:
             extra += f"\nwithout the profiler: TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms (bench.json)"
-        Console().print(f"run folder: {out}  {len(info.files)} trace file(s){extra}\nnext: perfscope diagnose {out}",
+        Console(soft_wrap=True).print(f"run folder: {out}  {len(info.files)} trace file(s){extra}\nnext: perfscope diagnose {out}",
                         markup=False, highlight=False)
     return 0

@@ -165,12 +165,11 @@ def discover(paths: list[str | Path]) -> TraceSet:
                 raise InputError(f"{p}: cannot walk this folder ({type(e).__name__}: too deep or unreadable)") from None
             kept = []
             for q in found:
-                if _in_capture_dir(q, p):
-                    capture.append(q)
-                    continue
-                why = not_a_trace(q)
+                why = not_a_trace(q)  # TraceLens writes execution_details.json (an array) into capture_traces/
                 if why:
                     skipped.append({"path": str(q), "why": f"not a profiler trace ({why})"})
+                elif _in_capture_dir(q, p):
+                    capture.append(q)
                 else:
                     kept.append(q)
             if not kept:

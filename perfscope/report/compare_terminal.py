@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from perfscope.analysis.change import describe as describe_change
-from perfscope.report.escape import Console, markup as escape
-from perfscope.report.terminal import BUCKET_STYLE, _fmt_ms
+from perfscope.report.escape import Console, markup as escape, term
+from perfscope.report.terminal import BUCKET_STYLE, BoundaryText, _fmt_ms
 from perfscope.report.wording import per_step_count as _count
 
 
@@ -82,13 +84,22 @@ def _device(side: dict) -> str:
     return str(side.get("device_label") or side.get("device") or "unknown device")
 
 
+def _labelled(label: str, rest: str, style: str = "") -> Table:
+    """``label`` then ``rest`` (markup), whose wrapped lines stay under ``rest``, not at the edge."""
+    g = Table.grid(padding=0)
+    g.add_column(width=len(label), no_wrap=True, style=style)
+    g.add_column()
+    g.add_row(label.rstrip(), rest)
+    return g
+
+
 def header(c: dict) -> Panel:
     b, a, st = c["before"], c["after"], c["step"]
-    lines = [f"[bold]{escape(c['verdict'])}[/]", ""]
-    lines.append(f"before: {escape(b['label'])}  ({escape(_device(b))}, {b['ranks']} file(s), "
-                 f"{b.get('step_count')} {b.get('phase')} steps)")
-    lines.append(f"after:  {escape(a['label'])}  ({escape(_device(a))}, {a['ranks']} file(s), "
-                 f"{a.get('step_count')} {a.get('phase')} steps)")
+    lines: list = [f"[bold]{escape(c['verdict'])}[/]", ""]
+    lines.append(_labelled("before: ", f"{escape(b['label'])}  ({escape(_device(b))}, {b['ranks']} file(s), "
+                                       f"{b.get('step_count')} {b.get('phase')} steps)"))
+    lines.append(_labelled("after:  ", f"{escape(a['label'])}  ({escape(_device(a))}, {a['ranks']} file(s), "
+                                       f"{a.get('step_count')} {a.get('phase')} steps)"))
     ratio = f"   after/before {st['ratio']:.3f}" if st.get("ratio") is not None else ""
     lines.append(f"median step ({'CPU ops' if cpu_only(c) else 'GPU work'}): [bold]{_fmt_ms(st['before_ms'])} -> {_fmt_ms(st['after_ms'])} ms[/]{ratio}")
     if c.get("tpot"):
@@ -98,7 +109,7 @@ def header(c: dict) -> Panel:
     for key, what in (("step", "step median"), ("tpot", "TPOT median")):
         ch = (c.get("change") or {}).get(key)
         if ch:
-            lines.append(f"[dim]noise:[/] {escape(describe_change(ch, what))}")
+            lines.append(_labelled("noise: ", escape(describe_change(ch, what)), style="dim"))
     if c.get("moved_together"):
         lines.append(f"[bold yellow]the machine changed between runs?[/] {escape(moved_line(c['moved_together']))}")
     for pr in c.get("predictions") or []:
@@ -109,7 +120,7 @@ def header(c: dict) -> Panel:
         lines.append("[yellow]note:[/] " + escape("; ".join(c["setup"]["warnings"])))
     for row in c["setup"]["config"] + c["setup"]["versions"]:
         lines.append(f"[dim]{escape(row['field'])}: {escape(str(row['before']))} -> {escape(str(row['after']))}[/]")
-    return Panel("\n".join(lines), title="perfscope compare", expand=False)
+    return Panel(Group(*lines), title="perfscope compare", expand=False)
 
 
 def bucket_table(c: dict) -> Table:
@@ -156,8 +167,8 @@ def ops_table(c: dict, limit: int = 10) -> Table:
     t.add_column("n/step", justify="right")
     for o in c["ops"][:limit]:
         st = BUCKET_STYLE.get(o["bucket"], "white")
-        name = escape(o["short"]) + (" [dim](gone)[/]" if o["status"] == "gone" else
-                                     " [dim](new)[/]" if o["status"] == "new" else "")
+        name = BoundaryText(Text.assemble(term(o["short"]), (" (gone)" if o["status"] == "gone" else
+                                                             " (new)" if o["status"] == "new" else "", "dim")))
         n = f"{_count(o['before_count'])} -> {_count(o['after_count'])}"
         t.add_row(name, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["before_ms"]), _fmt_ms(o["after_ms"]),
                   _signed(o["delta_ms"]), n)

@@ -28,7 +28,8 @@ from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.terminal import _fmt_ms, op_where
 from perfscope.report.wording import (evidence_pairs, gpu_arch, graph_word, ms_range, predicted_range,
-                                     prediction_basis, per_step_count as count, saving_note)
+                                     prediction_basis, per_step_count as count, saving_note,
+                                     skipped_note)
 from perfscope.util.files import atomic_write_text, resource_dir
 
 # One colour per bucket (the hues of the terminal's BUCKET_STYLE), and the idle gaps.
@@ -288,7 +289,7 @@ def _env():
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value,
                        code=code_spans)
-    env.globals.update(saving_note=saving_note, predicted_range=predicted_range, prediction_basis=prediction_basis, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
+    env.globals.update(saving_note=saving_note, skipped_note=skipped_note, predicted_range=predicted_range, prediction_basis=prediction_basis, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
                        bucket_order=BUCKETS)
     return env
 
@@ -352,5 +353,5 @@ def write_diagnosis_html(path: str | Path, d: Diagnosis, config: Optional[dict] 
     """Render and write the breakdown report; ``announce`` (a rich Console) gets a one-line note."""
     out = write_html(path, render_diagnosis(d, config=config))
     if announce is not None:
-        announce.print(f"report written: {out} ({out.stat().st_size / 1e6:.1f} MB)", highlight=False)
+        announce.print(f"report written: {out} ({out.stat().st_size / 1e6:.1f} MB)", highlight=False, markup=False)
     return out

@@ -53,6 +53,9 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     else:
         out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
                 f"({'CPU ops' if cpu else 'GPU kernels'}).", ""]
+    skipped = wording.skipped_note(d.skipped)
+    if skipped:
+        out += [f"Note: {_text(skipped)}.", ""]
     t = d.timings
     if t.get("tpot_ms"):
         how = "perfscope bench" if t["source"] == "bench" else "during the trace, under the profiler"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
 from typing import Optional
 
+from rich.cells import cell_len
 from rich.console import Group
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -89,7 +91,8 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
                 f"({'their CPU ops: the trace has no GPU kernels' if cpu else 'their GPU kernels'}).",
                 f"[dim]The {len(ran)} rules checked look for: {', '.join(r.id for r in ran)}{skipped} "
                 f"(what each means: perfscope rules).[/]"]
-        return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
+        return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
+                     expand=False)
     f = p.findings[0]
     body = head + [f"[bold red]{escape(f['id'])}[/]  [bold]{escape(f['title'])}[/]",
             f"costs [bold]{_fmt_ms(f['ms_per_step'])} ms[/] per step ({wording.pct(f['share'])} of {share_of(f, cpu)}), "
@@ -125,7 +128,9 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
             body.append(f"[dim]       ({escape(why)})[/]")
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{escape(x['id'])} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
-    return Panel("\n".join(body), title=escape(title), title_align="left", expand=False)
+    # a line that wraps keeps its indent (the fix's notes under "fix:", the prediction under "after:")
+    return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
+                 expand=False)
 
 
 # the panel's frame and padding, and the "fix:   " label before the command
@@ -208,6 +213,48 @@ def bucket_table(p: RankAnalysis) -> Table:
     return t
 
 
+# a kernel name's pieces: opening brackets, a word, the separators after it (a line may break
+# after a piece: after `_`, a space, `,`, `>`, `:`, `/`, a closing bracket; before an opening one)
+_NAME_PIECE = re.compile(r"[\[(<]*[^_\s,<>:/\[\]()]*[_\s,>:/\])]*")
+
+
+class BoundaryText:
+    """A name (a kernel's) that a narrow table cell wraps at its own separators (after ``_``, a
+    space, ``,``, ``>``, ``:``, ``/``, a closing bracket; before an opening one), never mid-word: rich folds a word wider than its cell at
+    the cell's edge ("nvjet_..._split" / "K_NNT"). Only a piece wider than the cell alone is folded."""
+
+    def __init__(self, text: Text):
+        self.text = text
+
+    def _pieces(self) -> list[tuple[int, int]]:
+        return [m.span() for m in _NAME_PIECE.finditer(self.text.plain) if m.end() > m.start()]
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        plain = self.text.plain
+        widest = max((cell_len(plain[a:b].rstrip()) for a, b in self._pieces()), default=1)
+        return Measurement(max(1, min(widest, options.max_width)), max(1, cell_len(plain)))
+
+    def __rich_console__(self, console, options):
+        width = max(1, options.max_width)
+        plain = self.text.plain
+        cuts: list[int] = []
+        used = 0
+        for a, b in self._pieces():
+            word = cell_len(plain[a:b].rstrip())
+            if used and used + word > width:
+                cuts.append(a)
+                used = 0
+            while word > width:  # one piece wider than the cell: folded, the only cut inside a word
+                a += width
+                cuts.append(a)
+                word -= width
+            used += cell_len(plain[a:b])
+        lines = self.text.divide(cuts)
+        for ln in lines:
+            ln.rstrip()
+        yield Text("\n").join(lines)
+
+
 def op_where(o: dict, graph: str = "CUDA graph") -> str:
     """One line: who launched the op, with which dtypes/shapes, from which source line. ``graph``:
     what the platform calls its graphs (``wording.graph_word``: HIP graph on ROCm)."""
@@ -236,7 +283,8 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
     for o in p.ops[:limit]:
         st = BUCKET_STYLE.get(o["bucket"], "white")
         where = op_where(o, wording.graph_word(p.meta))
-        cell = f"[bold]{escape(o['short'])}[/]" + (f"\n[dim]  {escape(where)}[/]" if where else "")
+        name = BoundaryText(Text(term(o["short"]), style="bold"))
+        cell = Group(name, hanging(f"[dim]  {escape(where)}[/]")) if where else name
         t.add_row(cell, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["ms_per_step"]), f"{o['share']:.1%}",
                   wording.per_step_count(o["count_per_step"]))
     return t
@@ -327,23 +375,28 @@ def _cut_name(name: str, limit: int = 48) -> str:
     return (name[:cut] if cut > limit // 2 else name[:limit]) + "…"
 
 
-def hanging(markup: str):
+_LABEL = re.compile(r"(?:fix|after|remedy): +")
+
+
+def hanging(markup: str, labels: bool = False):
     """A line whose leading spaces stay the indent of every line it wraps onto (rich folds a long
-    line back to column 0)."""
+    line back to column 0); with ``labels``, a line led by ``fix:``, ``after:`` or ``remedy:`` wraps
+    under the text after its label."""
     from rich.table import Table as _Grid
 
     body = markup.lstrip(" ")
     style = ""
     if markup.startswith("[dim]") and markup.endswith("[/]"):  # the style wraps the whole line
         style, body = "dim", markup[len("[dim]"):-len("[/]")]
-    indent = len(body) - len(body.lstrip(" "))
-    body = body.lstrip(" ")
-    if not indent:
+    m = _LABEL.match(body) if labels else None
+    lead = m.group(0) if m else " " * (len(body) - len(body.lstrip(" ")))
+    body = body[len(lead):]
+    if not lead:
         return markup
     g = _Grid.grid(padding=0)
-    g.add_column(width=indent, no_wrap=True)
+    g.add_column(width=len(lead), no_wrap=True, style=style)
     g.add_column(style=style)
-    g.add_row("", body)
+    g.add_row(lead.rstrip() or "", body)
     return g
 
 
@@ -395,10 +448,9 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         c.print(line)
     for note in p.notes:
         c.print(f"[yellow]note:[/] {escape(note)}")
-    if d.skipped:
-        names = ", ".join(Path(x["path"]).name for x in d.skipped[:3]) + (", ..." if len(d.skipped) > 3 else "")
-        c.print(f"[yellow]note:[/] skipped {_plural(len(d.skipped), 'JSON file')} that "
-                f"{'is' if len(d.skipped) == 1 else 'are'} not a profiler trace: {escape(names)}")
+    skipped = wording.skipped_note(d.skipped)
+    if skipped:
+        c.print(f"[yellow]note:[/] {escape(skipped)}")
     if not p.per_step and p.cpu_ops:
         t = Table(title="Top CPU ops (no GPU kernels)", title_justify="left")
         t.add_column("op")

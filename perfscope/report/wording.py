@@ -214,3 +214,16 @@ def evidence_pairs(ev: dict) -> list[tuple[str, str, bool]]:
             s = dtype_name(v) if "dtype" in k else str(v)
             rows.append((_label(k), s if len(s) <= 160 else s[:157] + "...", False))
     return rows
+
+
+def skipped_note(skipped: list) -> Optional[str]:
+    """The JSON files a folder held that are not profiler traces (a tool's own output, TraceLens'
+    execution_details.json), skipped: one sentence naming up to three of them, or None."""
+    if not skipped:
+        return None
+    from pathlib import Path
+
+    names = ", ".join(Path(x["path"]).name for x in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+    n = len(skipped)
+    return (f"skipped {n} JSON file{'s' if n != 1 else ''} that {'is' if n == 1 else 'are'} not a profiler trace: "
+            f"{names}")
