@@ -30,13 +30,15 @@ _ADDRESS = re.compile(r"^(auto|ray://.+|[\w.\-]+:\d+|\[[0-9a-fA-F:.]+\]:\d+)$")
 
 
 class HELP_CLASS(_help.Command):
-    """``--ray`` takes an optional address: ``--ray PATH`` (a trace path right after it, not a Ray
-    address) is read as ``--ray`` then ``PATH``."""
+    """``--ray`` takes an optional address: ``--ray`` last, before another option or before a trace
+    path (anything but a Ray address) is ``--ray=auto``, the cluster this machine is part of."""
 
     def parse_args(self, ctx, args):
         args = list(args)
-        for i, a in enumerate(args[:-1]):
-            if a == "--ray" and not _ADDRESS.match(args[i + 1]):
+        for i, a in enumerate(args):
+            if a == "--":
+                break
+            if a == "--ray" and (i + 1 == len(args) or not _ADDRESS.match(args[i + 1])):
                 args[i] = "--ray=auto"
         return super().parse_args(ctx, args)
 
@@ -136,11 +138,11 @@ def command(
     csv_dir: Optional[Path] = _paths.out_option("--csv", metavar="DIR",
                                                 help="Also write the bucket and op tables (and the per-rank "
                                                      "table) as CSV files into this folder."),
-    ray: Optional[str] = typer.Option(None, "--ray", metavar="[ADDRESS]", flag_value="auto",
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="[ADDRESS]",
                                       help="Analyse each rank on the Ray node that holds its trace file and bring "
                                            "back only the results (the paths are read on the nodes). ADDRESS: the "
                                            "cluster's (HOST:PORT, ray://HOST:PORT); alone: the cluster this "
-                                           "machine is part of. Needs pip install 'perfscope[ray]'."),
+                                           "machine is part of. Needs pip install 'perfscope\\[ray]'."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,
     GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with

@@ -139,14 +139,35 @@ def connect(address: Optional[str]):
     ray = import_ray()
     if ray.is_initialized():
         return ray, False
+    _reachable(address or os.environ.get("RAY_ADDRESS") or "")
     try:
         ray.init(address=address or "auto", logging_level=logging.ERROR, log_to_driver=False,
                  configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        first = " ".join(str(e).split())[:300]
-        raise RemoteError(f"--ray {address or 'auto'}: no Ray cluster reachable ({first}); start one "
-                          "(ray start --head) or give its address (--ray HOST:6379)") from None
+        why = " ".join(str(e).split())[:300]
+        if "Could not find any running Ray instance" in why:
+            why = "none runs on this machine and RAY_ADDRESS is not set"
+        raise RemoteError(f"--ray {address or ''}: no Ray cluster reachable ({why}); start one "
+                          "(ray start --head) or give its address (--ray HOST:6379)".replace("--ray :", "--ray:")) from None
     return ray, True
+
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _reachable(address: str) -> None:
+    """A ``HOST:PORT`` address answers TCP within CONNECT_TIMEOUT_S, or RemoteError (exit 3): Ray's
+    own client retries an unreachable head for minutes."""
+    if address in ("", "auto") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"--ray {address}: not a Ray address (HOST:PORT, ray://HOST:PORT)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise RemoteError(f"--ray {address}: no Ray cluster reachable ({e.strerror or type(e).__name__}); start "
+                          "one there (ray start --head) or give its address") from None
 
 
 def alive_nodes(ray) -> dict[str, Node]:
@@ -204,7 +225,18 @@ def _get(ray, ref):
                             f"{' '.join(str(cause).split())[:200]}); install it on every node: {INSTALL}")
         raise cause from None
     except ray.exceptions.RayError as e:  # the worker or its node died, the task was cancelled, ...
-        return ("lost", f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        return ("lost", _LOST.get(type(e).__name__) or f"{type(e).__name__}: {' '.join(str(e).split())[:160]}")
+
+
+_LOST = {  # Ray's errors for a task that did not come back, in a few words
+    "NodeDiedError": "its node died while it ran",
+    "TaskUnschedulableError": "its node is gone",
+    "WorkerCrashedError": "its worker process died",
+    "LocalRayletDiedError": "its node's raylet died",
+    "OutOfMemoryError": "Ray's memory monitor killed it (out of memory on its node)",
+    "TaskCancelledError": "cancelled",
+    "ObjectLostError": "its result was lost with its node",
+}
 
 
 def _cancel(ray, ref) -> None:
@@ -411,7 +443,7 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
                     if others:
                         lost_on = nodes[job.node].name()
                         job.node = others[0]
-                        run.retried.append(f"{what}: lost on node {lost_on} ({out}); retried on node "
+                        run.retried.append(f"{what}: lost on node {lost_on} ({out}), retried on node "
                                            f"{nodes[job.node].name()}")
                         submit(job)
                         continue
