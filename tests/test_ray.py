@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import need
-from paths import HTA
+from paths import GPU_LOOP, HTA
 
 ray = need.module("ray")
 
@@ -112,6 +112,17 @@ def test_run_folder_host_pins_each_rank_to_its_node(cluster, tmp_path):
     where = {Path(p).name.split("-TP-")[1].split(".")[0]: v.split(" ")[0] for p, v in run.placement.items()}
     assert where == {"0": "a", "1": "b", "2": "b", "3": "a"}
     assert [r.meta["host"] for r in d.ranks] == ["a", "a", "b", "b"]
+
+
+def test_run_folder_with_host_timing_and_bench(cluster):
+    """A real H200 run folder (SGLang, DECODE and EXTEND files, its GPU-only host-timing profile and its
+    bench): the host timing is read on a node, the diagnosis (predictions included) is the local one."""
+    run_dir = GPU_LOOP / "h200-2026-12-02-predict/dense-495000-c1/bug"
+    assert (run_dir / "host-timing/run.json").is_file()
+    d, _ = rd.diagnose_on_ray([run_dir])
+    local = diagnose([run_dir])
+    _same(d, local)
+    assert [f for f in d.primary.findings if f.get("id") == "fp8-kv-cast"]
 
 
 def test_cli_json_is_the_local_json(cluster, tmp_path):

@@ -28,7 +28,7 @@ import os
 import pickle
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -125,7 +125,7 @@ class RayRun:
     """How a ``--ray`` diagnosis ran: where each rank went, what moved, what was retried or lost."""
 
     nodes: dict  # node id -> name
-    placement: dict = field(default_factory=dict)  # file -> node name that analysed it
+    placement: dict = field(default_factory=dict)  # file (_where) -> name of the node that analysed it
     retried: list[str] = field(default_factory=list)  # one line per retry
     missing: list[str] = field(default_factory=list)  # one line per rank lost with its node
     trace_bytes: int = 0  # what the copy-everything path would move (the files, as stored)
@@ -147,8 +147,9 @@ def connect(address: Optional[str]):
         why = " ".join(str(e).split())[:300]
         if "Could not find any running Ray instance" in why:
             why = "none runs on this machine and RAY_ADDRESS is not set"
-        raise RemoteError(f"--ray {address or ''}: no Ray cluster reachable ({why}); start one "
-                          "(ray start --head) or give its address (--ray HOST:6379)".replace("--ray :", "--ray:")) from None
+        opt = f"--ray {address}" if address else "--ray"
+        raise RemoteError(f"{opt}: no Ray cluster reachable ({why}); start one (ray start --head) or give its "
+                          "address (--ray HOST:6379)") from None
     return ray, True
 
 
@@ -317,12 +318,15 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
             why = next(iter(replies.values()))["paths"][k]["error"]
             raise InputError(f"{why} (on every one of the {len(nodes)} Ray node(s): "
                              f"{', '.join(sorted({n.name() for n in nodes.values()}))})")
+        # as discover() of several paths: the last run folder given is the run (the first node holding it)
+        ts0 = next((rep["tset"] for _, rep in found if rep["tset"].run_dir is not None), None)
+        if ts0 is not None:
+            run_dir, run_info = ts0.run_dir, ts0.run_info
+        ht = next(((n, rep["tset"]) for n, rep in found if rep["tset"].host_timing), None)
+        if ht is not None:
+            ht_node, host_timing_files = ht[0], ht[1].host_timing
         for n, rep in found:
             ts: TraceSet = rep["tset"]
-            if ts.run_dir is not None and run_dir is None:
-                run_dir, run_info = ts.run_dir, ts.run_info
-            if ts.host_timing and ht_node is None:
-                host_timing_files, ht_node = ts.host_timing, n
             for tf, info in zip(ts.files, rep["files"]):
                 files.append((tf, info, n))
             for s in ts.skipped:
@@ -357,6 +361,17 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
         by_key[key] = job
         by_bytes.setdefault(info["fp"], job)
         jobs.append(job)
+    # one path holding different bytes on different nodes (node-local folders of the same name): files of
+    # different hosts, each named by its node as a run folder names each file's host
+    same_path: dict = {}
+    for j in jobs:
+        same_path.setdefault(str(j.tf.path), []).append(j)
+    for group in same_path.values():
+        if len(group) > 1:
+            for j in group:
+                if not j.tf.host:
+                    n = nodes[j.holders[0]]
+                    j.tf = replace(j.tf, host=n.labels.get(HOST_LABEL) or n.hostname or n.ip)
     jobs.sort(key=lambda j: (j.tf.host or "", j.tf.rank if j.tf.rank is not None else -1, j.tf.stage or "",
                              j.tf.path.name))
     for i, j in enumerate(jobs):
@@ -435,7 +450,7 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
                 if status == "ok":
                     results[job.index] = RankAnalysis.from_dict(out["ok"])
                     run.moved_bytes += out["bytes"]
-                    run.placement[str(job.tf.path)] = nodes[job.node].name()
+                    run.placement[_where(job)] = nodes[job.node].name()
                 else:
                     live = alive_nodes(ray)
                     others = [n for n in job.holders if n not in job.tried and n in live]
@@ -455,7 +470,7 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
         ranks = [r for r in results if r is not None]
         if not ranks:
             raise RemoteError(f"--ray: no rank could be analysed: {run.missing[0]}")
-        used = sorted({run.placement[str(j.tf.path)] for j in sv.jobs if str(j.tf.path) in run.placement})
+        used = sorted({run.placement[_where(j)] for j in sv.jobs if _where(j) in run.placement})
         d = reduce(sv.tset, ranks, {"files": len(sv.jobs), "workers": len(used), "bound": "ray"},
                    warnings=run.missing)
         run.seconds = round(time.perf_counter() - t0, 3)
@@ -463,6 +478,12 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
     finally:
         if ours:
             ray.shutdown()
+
+
+def _where(job: Job) -> str:
+    """A rank's file as RayRun.placement names it: its path (``HOST:PATH`` when the path alone is
+    ambiguous: the same path on several nodes, different files)."""
+    return f"{job.tf.host}:{job.tf.path}" if job.tf.host and not job.pinned else str(job.tf.path)
 
 
 def _gather_some(ray, pending: dict) -> dict:
