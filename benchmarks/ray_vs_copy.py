@@ -114,7 +114,8 @@ def main() -> int:
                 same = dumps(x).replace(str(prof).encode(), b"F") == dumps(y).replace(str(here).encode(), b"F")
                 link_s = moved * 8 / (a.link_gbps * 1e9)
                 print(f"{n} ranks ({_mb(size)} as gzip, {_mb(size / n)} each): "
-                      f"wall ray {ray_s:.2f} s / copy {local_s:.2f} s (copy {copy_s:.2f} s + diagnose) = "
+                      f"wall ray {ray_s:.2f} s (its tasks {run.task_seconds:.2f} s over {a.nodes} nodes) / copy {local_s:.2f} s "
+                      f"(copy {copy_s:.2f} s + diagnose) = "
                       f"{ray_s / local_s:.2f}x; "
                       f"bytes ray {_mb(run.moved_bytes)} / copy {_mb(moved)} = {run.moved_bytes / moved:.4f}x; "
                       f"copy over a {a.link_gbps:g} Gb/s link alone {link_s:.2f} s (computed); "

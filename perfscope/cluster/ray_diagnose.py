@@ -131,6 +131,7 @@ class RayRun:
     trace_bytes: int = 0  # what the copy-everything path would move (the files, as stored)
     moved_bytes: int = 0  # what moved here: survey replies, task arguments, results
     seconds: float = 0.0
+    task_seconds: float = 0.0  # the rank tasks' own time on their nodes, summed
 
 
 def connect(address: Optional[str]):
@@ -450,6 +451,7 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
                 if status == "ok":
                     results[job.index] = RankAnalysis.from_dict(out["ok"])
                     run.moved_bytes += out["bytes"]
+                    run.task_seconds += out["seconds"]
                     run.placement[_where(job)] = nodes[job.node].name()
                 else:
                     live = alive_nodes(ray)
