@@ -1,4 +1,5 @@
-"""Diagnose a set of trace files: each rank (file) analysed in its own process, then combined."""
+"""Diagnose a set of trace files: each rank (file) analysed in its own process, then combined
+(the task and the reduce: :mod:`perfscope.analysis.split`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from typing import Callable, Optional
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
 from perfscope.analysis.result import Diagnosis, RankAnalysis
-from perfscope.capture.rundir import FRONTEND_NOTE
-from perfscope.errors import InputError, PerfscopeError
-from perfscope.load.discover import TraceFile, TraceSet, discover
+from perfscope.errors import InputError
+from perfscope.load.discover import TraceFile
 from perfscope.load.reader import load_trace
 
 
@@ -36,11 +36,9 @@ def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None,
 
 
 def _worker(args: tuple) -> dict:
-    tf, config, capture = args
-    try:
-        return {"ok": analyze_file(tf, config, capture).to_dict()}
-    except PerfscopeError as e:
-        return {"error": str(e), "exit_code": e.exit_code}
+    from perfscope.analysis.split import rank_task
+
+    return rank_task(*args)
 
 
 def _compute_ms(r: RankAnalysis) -> float:
@@ -173,26 +171,10 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
     """Analyse every trace under ``paths``; several files are parsed in parallel processes.
     ``on_read(bytes_done, bytes_total)`` follows the reading of a file analysed in this process;
     ``on_done(files_done, files_total)`` the files."""
-    tset: TraceSet = discover(paths)
-    cfg = dict(tset.server_info)
-    if tset.run_info.get("workload"):
-        cfg.setdefault("workload", tset.run_info["workload"])  # batch/context for the floor model
-    cfg.update(config or {})
-    # what the run measured beside the trace: the host's time without the CPU profiler (its GPU-only
-    # profile) and the TPOT without any profiler (its bench): the predictions' host side
-    from perfscope.analysis import hosttime
+    from perfscope.analysis.split import prepare, reduce
 
-    if tset.host_timing and "host_timing" not in cfg:
-        ht = hosttime.of_run(tset.host_timing, tset.run_info.get("workload"))
-        if ht:
-            cfg["host_timing"] = ht
-    if "bench" not in cfg:
-        b = hosttime.bench_of_run(tset.run_info)
-        if b:
-            cfg["bench"] = b
-    files = tset.files
-    if tset.capture:
-        capture = list(capture or []) + list(tset.capture)  # a capture_traces/ subfolder: the capture map
+    plan = prepare(paths, config, capture)
+    files, cfg, capture = plan.files, plan.config, plan.capture
     results: list[Optional[RankAnalysis]] = [None] * len(files)
     if workers:
         nproc, bound = workers, "option"
@@ -218,21 +200,7 @@ def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Op
                 if on_done:
                     on_done(done, len(files))
     ranks = [r for r in results if r is not None]
-    for path in tset.frontend:
-        for r in ranks:
-            r.notes.append(f"{path.name} not analysed: {FRONTEND_NOTE}")
-    warnings = []
-    for dup in tset.duplicates:
-        warnings.append(f"{dup['path']} is {dup['same_as']} again ({dup['how']}): analysed once, not as another rank")
-    if tset.capture:
-        warnings.append(f"{len(tset.capture)} graph-capture trace(s) in capture_traces/ used as the capture map "
-                        "(they attribute graph-replayed kernels), not as ranks")
-    mixed = not_one_job(ranks)
-    warnings.extend(mixed)
-    strag = None if mixed else straggler(ranks)
-    return Diagnosis(ranks=ranks, run=tset.run_info, straggler=strag, warnings=warnings,
-                     parallel={"files": len(files), "workers": min(nproc, len(files)), "bound": bound},
-                     skipped=tset.skipped)
+    return reduce(plan.tset, ranks, {"files": len(files), "workers": min(nproc, len(files)), "bound": bound})
 
 
 def not_one_job(ranks: list[RankAnalysis]) -> list[str]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from perfscope.cli import _paths
+from perfscope.cli import _help, _paths
 from perfscope.errors import GateFailed, InputError
 from perfscope.report.escape import Console
 
@@ -20,7 +21,26 @@ EXAMPLES = [
     ("perfscope diagnose run1 --json --fail-on fp8-kv-cast", "CI gate: exit 1 when that finding is present"),
     ("perfscope diagnose run1 --model-config config.json --html r.html --markdown r.md",
      "+ the hardware floor, an HTML report and a Markdown summary for an issue or PR"),
+    ("perfscope diagnose /data/prof --ray",
+     "on the Ray cluster this machine is part of: each rank analysed on the node that holds its file "
+     "(--ray HOST:6379 names another cluster; pip install 'perfscope[ray]')"),
 ]
+
+_ADDRESS = re.compile(r"^(auto|ray://.+|[\w.\-]+:\d+|\[[0-9a-fA-F:.]+\]:\d+)$")
+
+
+class HELP_CLASS(_help.Command):
+    """``--ray`` takes an optional address: ``--ray`` last, before another option or before a trace
+    path (anything but a Ray address) is ``--ray=auto``, the cluster this machine is part of."""
+
+    def parse_args(self, ctx, args):
+        args = list(args)
+        for i, a in enumerate(args):
+            if a == "--":
+                break
+            if a == "--ray" and (i + 1 == len(args) or not _ADDRESS.match(args[i + 1])):
+                args[i] = "--ray=auto"
+        return super().parse_args(ctx, args)
 
 
 def _load_config(path: Optional[Path]) -> dict:
@@ -64,6 +84,28 @@ def gate(findings: list[dict], fail_on: Optional[str]) -> None:
         raise GateFailed(f"gated finding(s) present: {', '.join(sorted(set(hit)))}")
 
 
+def _on_ray(paths, cfg: dict, address: str, capture, err: Console, quiet: bool):
+    """``--ray``: the ranks on the nodes that hold them, a progress bar of the results as they arrive;
+    retried and missing ranks said in one line each on stderr."""
+    from perfscope.cluster.ray_diagnose import diagnose_on_ray, import_ray
+
+    import_ray()  # not installed: one line, exit 2, before anything else
+    addr = None if address == "auto" else address
+    if quiet:
+        d, run = diagnose_on_ray(paths, cfg, address=addr, capture=capture)
+    else:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as prog:
+            task = prog.add_task("surveying the Ray nodes", total=None)
+            d, run = diagnose_on_ray(paths, cfg, address=addr, capture=capture,
+                                     on_done=lambda done, total: prog.update(
+                                         task, description=f"analysed {done}/{total} ranks on their nodes",
+                                         completed=done, total=total))
+    for line in run.retried + run.missing:
+        err.print(line, markup=False, highlight=False)
+    return d
+
+
 def command(
     paths: List[Path] = typer.Argument(..., help="Trace files (.json/.json.gz), SGLang profile folders (one file "
                                                  "per rank) or perfscope run folders (run.json + traces/)."),
@@ -96,6 +138,11 @@ def command(
     csv_dir: Optional[Path] = _paths.out_option("--csv", metavar="DIR",
                                                 help="Also write the bucket and op tables (and the per-rank "
                                                      "table) as CSV files into this folder."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="[ADDRESS]",
+                                      help="Analyse each rank on the Ray node that holds its trace file and bring "
+                                           "back only the results (the paths are read on the nodes). ADDRESS: the "
+                                           "cluster's (HOST:PORT, ray://HOST:PORT); alone: the cluster this "
+                                           "machine is part of. Needs pip install 'perfscope\\[ray]'."),
 ) -> int:
     """Parse traces fast and show where each decode step's time goes: steps and their median time,
     GPU kernel time per bucket (copy / gemm / attention / communication / ...), the dominant ops with
@@ -118,7 +165,9 @@ def command(
         from perfscope.analysis.moe_config import read_log
 
         cfg["server_log"] = read_log(server_log)
-    if json_out or not err.is_terminal:
+    if ray is not None:
+        d = _on_ray(paths, cfg, ray, capture_trace, err, quiet=json_out or not err.is_terminal)
+    elif json_out or not err.is_terminal:
         d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
     else:
         with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
