@@ -35,6 +35,7 @@ SM sharing between concurrent kernels on two streams (their durations inflate to
 
 from __future__ import annotations
 
+import operator
 import statistics
 from typing import Callable, Optional
 
@@ -288,31 +289,72 @@ class StepReplay:
         return dep
 
     def _plan(self) -> tuple:
-        """What every :meth:`run` reads, flattened once per replay: per event its thread, times, op and
-        kernels (each with its stream, recorded times and the anchors the replay keeps)."""
+        """What every :meth:`run` reads, flattened once per replay. Each kernel of the step has a slot (its
+        position in ``step.kernels``); the replay keeps every kernel's new end in a list by slot, seeded
+        with the recorded ends (a kernel waited for before the replay reaches it counts as recorded).
+        A kernel's start is the latest of: its launch plus the launch latency, the new end of the kernel
+        before it on its stream (plus its unexplained delay), of the kernel before it in its CUDA graph
+        on its stream (plus the recorded gap), of the kernel another stream's it waits for (plus the
+        gap), and its recorded start when it was the first on its stream. Which kernel precedes which
+        is fixed by the replay's order, so each of those is a slot found here once; a missing one is
+        the last slot, which holds -inf."""
         plan = self.__dict__.get("_plan_cache")
         if plan is not None:
             return plan
         kern = self.trace.kernels
         ninf = float("-inf")
         delay, first_on_stream, dep, graph_dep = self.delay, self.first_on_stream, self.dep, self.graph_dep
+        kidx = self.step.kernels
+        slot = {i: n for n, i in enumerate(kidx)}
+        none = len(kidx)  # the -inf slot
+        rec_end = [kern[i].end for i in kidx] + [ninf]
+        durs = [kern[i].dur for i in kidx]
+        prev_on_stream: dict = {}  # stream -> the slot the replay last ended on it
         events = []
+        orig_done = ninf
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
             kplan = []
+            prev_in_graph: dict = {}  # stream -> (slot, recorded end) of this launch's previous kernel on it
             for i in ks:
                 k = kern[i]
+                p = slot[i]
+                sp = prev_on_stream.get(k.stream, none)
                 gd = graph_dep.get(i)
                 dp = dep.get(i)
-                kplan.append((i, k.stream, k.ts, k.end, k.dur, delay.get(i, 0.0), first_on_stream.get(i, ninf),
-                              (id(l), k.stream), None if gd is None else (gd[0], gd[1], kern[gd[0]].end),
-                              None if dp is None else (dp[0], dp[1], kern[dp[0]].end)))
+                gp, gadd = none, 0.0
+                if graph and gd is None:
+                    prev = prev_in_graph.get(k.stream)
+                    if prev is not None:
+                        gap = k.ts - prev[1]
+                        gp, gadd = prev[0], (gap if gap > 0.0 else 0.0)
+                extra = None
+                fos = first_on_stream.get(i, ninf)
+                if gd is not None or dp is not None or fos > ninf:
+                    extra = (none if gd is None else slot[gd[0]], 0.0 if gd is None else gd[1],
+                             none if dp is None else slot[dp[0]], 0.0 if dp is None else dp[1], fos)
+                kplan.append((p, sp, delay.get(i, 0.0), gp, gadd, extra, k.dur == 0))
+                prev_in_graph[k.stream] = (p, k.end)
+                prev_on_stream[k.stream] = p
+                if k.end > orig_done:
+                    orig_done = k.end
+            # a host wait ends when the GPU work before it (its own copy included) is done in the new timeline:
+            # how long after that it returned (as recorded), or None when it is no such wait
+            wait_extra = None
+            if wait and orig_done > ninf and l.ts + l.dur >= orig_done - 2.0:
+                extra = l.ts + l.dur - orig_done
+                wait_extra = extra if extra > 0.0 else 0.0
             events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
-                           bool(ks) and launch, wait, ks, kplan))
+                           bool(ks) and launch, wait_extra, [slot[i] for i in ks], kplan))
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
-        plan = self._plan_cache = (events, ops, [(i, kern[i].ts) for i in self.orphans])
+        orphans = [(slot[i], kern[i].ts) for i in self.orphans]
+        plan = self._plan_cache = (events, ops, orphans, rec_end, durs)
         return plan
+
+    def durations(self, duration: Callable[[int], float]) -> list:
+        """``duration(kernel index)`` of each kernel of the step, by slot (``step.kernels`` order)."""
+        return [duration(i) for i in self.step.kernels]
 
     def run(self, duration: Callable[[int], float], timeline: str = "recorded") -> dict:
         """Replay with ``duration(kernel index) -> µs``.
@@ -321,34 +363,37 @@ class StepReplay:
         the fix removes, and host waits that end earlier). ``"launch-api"``: each thread only spends
         its runtime calls' own time (back to back, no Python or torch time between them): a lower
         bound on any run's CPU, the profiled one included. Returns {span_us, last_end_us, last_launch_us}."""
-        kern = self.trace.kernels
-        events, ops, orphans = self._plan()
-        ninf = float("-inf")
-        new_d = {}
-        for l, ks, _ in self.events:
-            for i in ks:
-                v = float(duration(i))
-                new_d[i] = v if v > 0.0 else 0.0
-        for i in self.orphans:
-            v = float(duration(i))
-            new_d[i] = v if v > 0.0 else 0.0
-        gone = [bool(ks) and all(new_d[i] == 0.0 and kern[i].dur > 0 for i in ks) for _, ks, _ in self.events]
-        # ops all of whose launches are gone
+        return self.run_slots(self.durations(duration), timeline)
+
+    def run_slots(self, nd: list, timeline: str = "recorded") -> dict:
+        """:meth:`run` with the new durations by slot (``nd[n]``: µs of ``step.kernels[n]``)."""
+        events, ops, orphans, rec_end, durs = self._plan()
+        ninf, inf = float("-inf"), float("inf")
+        new_d = []
+        for v in nd:
+            v = float(v)
+            new_d.append(v if v > 0.0 else 0.0)
+        # the kernels the fix removes (0 µs now, not before): a launch all of whose kernels go costs no CPU
+        # time on the launch-api timeline, and a torch op all of whose launches go is removed
+        removed = [n for n, v in enumerate(new_d) if v == 0.0 and durs[n] > 0]
+        if removed:
+            rset = set(removed)
+            gone = [bool(ss) and all(p in rset for p in ss) for *_, ss, _ in events]
+        else:
+            gone = [False] * len(events)
         keep_op: dict = {}
         for n, e in enumerate(events):
             if e[4] is not None:
                 keep_op[e[5]] = keep_op.get(e[5], False) or not gone[n]
         removed_op_done: set = set()
-        free: dict = {}
-        graph_prev: dict = {}
         clock: dict = {}  # thread -> its CPU time in the new timeline (launch-api) / shift (recorded)
         shift: dict = {}
-        orig_done = new_done = ninf
-        first, last_end, last_launch = None, ninf, ninf
-        new_end: dict = {}  # kernel -> its end in the replay
+        ne = list(rec_end)  # each kernel's end: as replayed once the replay reached it, as recorded before
+        new_done = last_end = last_launch = ninf
+        first = inf
         latency = self.latency_us
         api = timeline == "launch-api"
-        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait, ks, kplan) in enumerate(events):
+        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait_extra, _, kplan) in enumerate(events):
             if api:
                 t = clock.get(th, lts)
                 lo = lts - 1e12
@@ -365,64 +410,52 @@ class StepReplay:
             end = t + cost
             if launched and t > last_launch:
                 last_launch = t
-            for i, stream, kts, kend, kdur, dl, fos, gkey, gd, dp in kplan:
-                d = new_d[i]
-                ready = t + latency
-                if graph and gd is None:
-                    prev = graph_prev.get(gkey)
-                    if prev is not None:
-                        gap = kts - prev[0]
-                        x = prev[1] + (gap if gap > 0.0 else 0.0)
-                        if x > ready:
-                            ready = x
+            ready = t + latency
+            for p, sp, dl, gp, gadd, extra, zero in kplan:
                 start = ready
-                x = free.get(stream, ninf) + dl
+                x = ne[sp] + dl
                 if x > start:
                     start = x
-                if fos > start:
-                    start = fos
-                if gd is not None:  # ordered after another stream's kernel of the same graph
-                    x = new_end.get(gd[0], gd[2]) + gd[1]
+                x = ne[gp] + gadd
+                if x > start:
+                    start = x
+                if extra is not None:
+                    gs, gg, ds, dg, fos = extra
+                    if fos > start:
+                        start = fos
+                    x = ne[gs] + gg  # ordered after another stream's kernel of the same graph
                     if x > start:
                         start = x
-                if dp is not None:  # it waits for another stream's kernel (as replayed, else as recorded)
-                    x = new_end.get(dp[0], dp[2]) + dp[1]  # gap < 0: it held the SMs
+                    x = ne[ds] + dg  # it waits for another stream's kernel (gap < 0: it held the SMs)
                     if x > start:
                         start = x
+                d = new_d[p]
                 e_new = start + d
-                graph_prev[gkey] = (kend, e_new)
-                new_end[i] = e_new
-                free[stream] = e_new
-                if d > 0 or kdur == 0:  # a kernel the fix removes neither starts nor ends the step
-                    if first is None or start < first:
+                ne[p] = e_new
+                if d > 0 or zero:  # a kernel the fix removes neither starts nor ends the step
+                    if start < first:
                         first = start
                     if e_new > last_end:
                         last_end = e_new
-                if kend > orig_done:
-                    orig_done = kend
                 if e_new > new_done:
                     new_done = e_new
-            # a wait ends when the GPU work before it (its own copy included) is done in the new timeline
-            if wait and orig_done > ninf and lend >= orig_done - 2.0:
-                extra = lend - orig_done
-                if not extra > 0.0:
-                    extra = 0.0
+            if wait_extra is not None:
                 a = t + (ldur if _WAIT_MIN_US > ldur else _WAIT_MIN_US)
-                b = new_done + extra
+                b = new_done + wait_extra
                 end = b if b > a else a
             if api:
                 clock[th] = end
             else:
                 shift[th] = end - lend
-        for i, kts in orphans:
-            if first is None or kts < first:
+        for p, kts in orphans:
+            if kts < first:
                 first = kts
-            x = kts + new_d[i]
+            x = kts + new_d[p]
             if x > last_end:
                 last_end = x
         # CPU time of the torch ops the fix removes (all their kernels gone): the host saves it too
         removed_cpu = sum(o.dur for o in ops if not keep_op[id(o)])
-        if first is None:
+        if first == inf:
             return {"span_us": 0.0, "last_end_us": 0.0, "last_launch_us": 0.0, "removed_cpu_us": removed_cpu}
         return {"span_us": last_end - first, "last_end_us": last_end, "last_launch_us": last_launch,
                 "removed_cpu_us": removed_cpu}
@@ -522,7 +555,7 @@ def _replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> 
     hit = memo.get(id(step))
     if hit is None or hit[0] is not step:
         r = StepReplay(trace, step, by_corr, index)
-        hit = memo[id(step)] = (step, r, r.run(lambda i: trace.kernels[i].dur))
+        hit = memo[id(step)] = (step, r, r.run_slots(r._plan()[4]))
     return hit[1], hit[2]
 
 
@@ -534,6 +567,24 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
                                                           and is_graph_launch(by_corr[kern[i].corr].name)))
         hit = r._mostly_graph = graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)
     return hit
+
+
+def _streams(r: StepReplay) -> list:
+    """Each kernel's stream by slot (``step.kernels`` order), once per replay."""
+    hit = r.__dict__.get("_streams")
+    if hit is None:
+        kern = r.trace.kernels
+        hit = r._streams = [kern[i].stream for i in r.step.kernels]
+    return hit
+
+
+def _back_to_back_slots(streams: list, nd: list) -> float:
+    """:func:`_back_to_back_us` with the durations by slot."""
+    per: dict = {}
+    for st, v in zip(streams, nd):
+        v = float(v)
+        per[st] = per.get(st, 0.0) + (v if v > 0.0 else 0.0)
+    return max(per.values(), default=0.0)
 
 
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
@@ -553,24 +604,23 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         if not s.kernels:
             continue
         r, base = _replay_once(trace, s, by_corr, index)
-
-        ndv = {}  # the step's new durations, asked once per kernel
-        for i in s.kernels:
-            if i not in ndv:
-                v = new_duration(i)
-                ndv[i] = kern[i].dur if v is None else v
-        nd = ndv.__getitem__
-        after = r.run(nd)
+        durs = r._plan()[4]
+        # the step's new durations by slot (step.kernels order), asked once per kernel
+        nd = []
+        for i, d in zip(s.kernels, durs):
+            v = new_duration(i)
+            nd.append(d if v is None else v)
+        after = r.run_slots(nd)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
             host_before.append(busy[id(s)])
             removed.append(after["removed_cpu_us"])
-        ks = sum(kern[i].dur - nd(i) for i in s.kernels) - added_us_per_step
+        ks = sum(map(operator.sub, durs, nd)) - added_us_per_step
         saved.append(base["span_us"] - after["span_us"] - added_us_per_step)
         kernel_saved.append(ks)
         # the lower bound: the GPU work left, and the runtime calls alone back to back
-        low = r.run(nd, timeline="launch-api")
-        busy_after.append(_back_to_back_us(kern, s.kernels, nd) + added_us_per_step)
+        low = r.run_slots(nd, timeline="launch-api")
+        busy_after.append(_back_to_back_slots(_streams(r), nd) + added_us_per_step)
         graph_steps += _mostly_graph(r, kern, s, by_corr)
         gpu_left = s.gpu_us - ks
         low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))
