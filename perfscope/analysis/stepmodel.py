@@ -81,20 +81,36 @@ class StepReplay:
         kern = trace.kernels
         by_corr = by_corr if by_corr is not None else {l.corr: l for l in trace.launches if l.corr is not None}
         self.orphans = []  # kernels with no launch record: kept where they ran
-        launched: dict = {}  # id(launch) -> [kernel indices]
-        lat = []
-        prev_end: dict = {}
+        launched: dict = {}  # id(launch) -> (launch, [kernel indices])
+        # the step's kernels by start: (index, kernel, its launch or None, whether that is a graph launch)
+        graph_of: dict = {}  # launch name -> is_graph_launch
+        lk = []
         for i in sorted(step.kernels, key=lambda j: kern[j].ts):
             k = kern[i]
             l = by_corr.get(k.corr)
             if l is None:
+                lk.append((i, k, None, False))
+                continue
+            g = graph_of.get(l.name)
+            if g is None:
+                g = graph_of[l.name] = is_graph_launch(l.name)
+            lk.append((i, k, l, g))
+        lat = []
+        prev_end: dict = {}
+        for i, k, l, g in lk:
+            if l is None:
                 self.orphans.append(i)
                 continue
-            pe = prev_end.get(k.stream)
-            if not is_graph_launch(l.name) and (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
-                lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
-            prev_end[k.stream] = k.end
-            launched.setdefault(id(l), (l, []))[1].append(i)
+            if not g:
+                pe = prev_end.get(k.stream)
+                if (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
+                    lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
+            prev_end[k.stream] = k.ts + k.dur
+            e = launched.get(id(l))
+            if e is None:
+                launched[id(l)] = (l, [i])
+            else:
+                e[1].append(i)
         # the launch latency: the quickest launch-to-start on an idle stream, capped (a GPU running behind
         # its CPU makes every launch-to-start long: that is queueing, kept by the anchors below)
         lat.sort()
@@ -105,18 +121,17 @@ class StepReplay:
         self.delay: dict = {}
         self.first_on_stream: dict = {}
         prev_end = {}
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
+        for i, k, l, g in lk:
             pe = prev_end.get(k.stream)
             if pe is None:
                 self.first_on_stream[i] = k.ts
-            if l is not None and not is_graph_launch(l.name):  # graph kernels keep their spacing instead
-                expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
+            elif l is not None and not g:  # graph kernels keep their spacing instead
+                expl = max(l.ts + self.latency_us, pe)
                 d = k.ts - expl
-                if d > 3 * self.latency_us and pe is not None:
+                if d > 3 * self.latency_us:
                     self.delay[i] = d
-            prev_end[k.stream] = k.end
+            prev_end[k.stream] = k.ts + k.dur
+        self._lk = lk
         self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
         self.graph_dep = self._graph_stream_joins(kern, launched)
         for i in list(self.dep) + list(self.graph_dep):
@@ -217,14 +232,12 @@ class StepReplay:
         kernels_of = {id(l): ks for l, ks in launched.values()}
         prev_launch: dict = {}  # stream -> CPU time of the previous launch on it
         paired = {}
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
+        for i, k, l, g in self._lk:
             if l is None:
                 continue
             lo = prev_launch.get(k.stream, l.ts - 2e4)
             prev_launch[k.stream] = l.ts
-            if is_graph_launch(l.name):
+            if g:
                 continue
             calls = [c for c in index.launches_between(lo, l.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
             w = next((c for c in reversed(calls) if c.name == "cudaStreamWaitEvent"), None)
@@ -244,20 +257,17 @@ class StepReplay:
                 if kernels_of.get(id(c)):
                     break  # the last launch before the record was on its own stream: not this pattern
 
-        ends = sorted((kern[j].end, j) for j in step.kernels)
-        end_ts = [e for e, _ in ends]
+        ends = end_ts = None  # the step's kernel ends, sorted: built when a kernel needs them
         tol = 3 * self.latency_us + 5.0
         # a kernel can also wait for the SMs another stream's kernel holds: it starts as that kernel's
         # last wave drains, before its end (two GEMMs on two streams run one after the other)
         tail = 0.25
         dep = {}
         prev_end: dict = {}
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
+        for i, k, l, g in self._lk:
             pe = prev_end.get(k.stream)
-            prev_end[k.stream] = k.end
-            if l is None or is_graph_launch(l.name):
+            prev_end[k.stream] = k.ts + k.dur
+            if l is None or g:
                 continue
             expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
             if k.ts - expl <= 3 * self.latency_us:
@@ -265,6 +275,9 @@ class StepReplay:
             if i in paired:
                 dep[i] = paired[i]
                 continue
+            if ends is None:
+                ends = sorted((kern[j].end, j) for j in step.kernels)
+                end_ts = [e for e, _ in ends]
             n = bisect.bisect_right(end_ts, k.ts + 1.0)
             for m in range(n - 1, -1, -1):  # the latest end on another stream before it started
                 e, j = ends[m]
@@ -309,36 +322,42 @@ class StepReplay:
         none = len(kidx)  # the -inf slot
         rec_end = [kern[i].end for i in kidx] + [ninf]
         durs = [kern[i].dur for i in kidx]
-        prev_on_stream: dict = {}  # stream -> the slot the replay last ended on it
+        # kernels with more than their stream and graph order to keep: a wait, a delay, a first start
+        special = set(graph_dep) | set(dep) | set(first_on_stream) | set(delay)
+        prev_on: dict = {}  # stream -> (slot, recorded end, event) of the kernel the replay last ran on it
         events = []
         orig_done = ninf
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
             kplan = []
-            prev_in_graph: dict = {}  # stream -> (slot, recorded end) of this launch's previous kernel on it
             for i in ks:
                 k = kern[i]
+                st, kts, kdur = k.stream, k.ts, k.dur
+                kend = kts + kdur
                 p = slot[i]
-                sp = prev_on_stream.get(k.stream, none)
-                gd = graph_dep.get(i)
-                dp = dep.get(i)
-                gp, gadd = none, 0.0
-                if graph and gd is None:
-                    prev = prev_in_graph.get(k.stream)
-                    if prev is not None:
-                        gap = k.ts - prev[1]
-                        gp, gadd = prev[0], (gap if gap > 0.0 else 0.0)
+                # the anchor: the kernel before it on its stream (plus its delay); in a graph launch, the
+                # one before it in the launch on its stream, with the recorded gap (never less than the
+                # stream's own order, as the gap is not negative and graph kernels have no delay)
+                prev = prev_on.get(st)
+                a, add = (none, 0.0) if prev is None else (prev[0], 0.0)
                 extra = None
-                fos = first_on_stream.get(i, ninf)
-                if gd is not None or dp is not None or fos > ninf:
-                    extra = (none if gd is None else slot[gd[0]], 0.0 if gd is None else gd[1],
-                             none if dp is None else slot[dp[0]], 0.0 if dp is None else dp[1], fos)
-                kplan.append((p, sp, delay.get(i, 0.0), gp, gadd, extra, k.dur == 0))
-                prev_in_graph[k.stream] = (p, k.end)
-                prev_on_stream[k.stream] = p
-                if k.end > orig_done:
-                    orig_done = k.end
+                gd = None
+                if i in special:
+                    gd = graph_dep.get(i)
+                    dp = dep.get(i)
+                    fos = first_on_stream.get(i, ninf)
+                    add = delay.get(i, 0.0)
+                    if gd is not None or dp is not None or fos > ninf:
+                        extra = (none if gd is None else slot[gd[0]], 0.0 if gd is None else gd[1],
+                                 none if dp is None else slot[dp[0]], 0.0 if dp is None else dp[1], fos)
+                if graph and gd is None and prev is not None and prev[2] == n:
+                    gap = kts - prev[1]
+                    add = gap if gap > 0.0 else 0.0
+                kplan.append((p, a, add, extra, kdur == 0))
+                prev_on[st] = (p, kend, n)
+                if kend > orig_done:
+                    orig_done = kend
             # a host wait ends when the GPU work before it (its own copy included) is done in the new timeline:
             # how long after that it returned (as recorded), or None when it is no such wait
             wait_extra = None
@@ -411,14 +430,10 @@ class StepReplay:
             if launched and t > last_launch:
                 last_launch = t
             ready = t + latency
-            for p, sp, dl, gp, gadd, extra, zero in kplan:
-                start = ready
-                x = ne[sp] + dl
-                if x > start:
-                    start = x
-                x = ne[gp] + gadd
-                if x > start:
-                    start = x
+            for p, a, add, extra, zero in kplan:
+                start = ne[a] + add
+                if ready > start:
+                    start = ready
                 if extra is not None:
                     gs, gg, ds, dg, fos = extra
                     if fos > start:
@@ -563,9 +578,10 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
     """Whether graph launches ran at least half the step's GPU time (once per replay)."""
     hit = r.__dict__.get("_mostly_graph")
     if hit is None:
-        graph_k = sum(kern[i].dur for i in s.kernels if (by_corr.get(kern[i].corr) is not None
-                                                          and is_graph_launch(by_corr[kern[i].corr].name)))
-        hit = r._mostly_graph = graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)
+        graph = {i: g for i, _, _, g in r._lk}
+        durs = r._plan()[4]
+        graph_k = sum([d for i, d in zip(s.kernels, durs) if graph[i]])
+        hit = r._mostly_graph = graph_k >= 0.5 * sum(durs)
     return hit
 
 
