@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import operator
 import statistics
+from collections import Counter
 from typing import Callable, Optional
 
 from perfscope.analysis.kernel_table import launches_by_corr
@@ -512,11 +513,12 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
     kern = trace.kernels
     count: dict = {}
     copies: dict = {}  # corr -> the memcpy activities of that call
-    for s in steps:
-        for i in s.kernels:
-            l = by_corr.get(kern[i].corr)
-            if l is not None:
-                count[(l.pid, l.tid)] = count.get((l.pid, l.tid), 0) + 1
+    # kernels per launching thread (counted per correlation id first: one launch, one thread)
+    per_corr = Counter(kern[i].corr for s in steps for i in s.kernels)
+    for corr, n in per_corr.items():
+        l = by_corr.get(corr)
+        if l is not None:
+            count[(l.pid, l.tid)] = count.get((l.pid, l.tid), 0) + n
     if not count:
         return {}
     thread = max(count, key=count.get)
@@ -531,7 +533,7 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
             continue
         wait = 0.0
         for l in index.launches_between(lo, hi):
-            if (l.pid, l.tid) == thread:
+            if l.dur >= _WAIT_MIN_US and (l.pid, l.tid) == thread:  # a shorter call waited for nothing
                 wait += host_wait_us(l, copies.get(l.corr))
         out[id(a)] = max(0.0, (hi - lo) - wait)
     return out

@@ -45,13 +45,6 @@ BACKWARD_KERNEL_SHARE = 0.10
 CONV_SHARE = 0.20
 
 
-def _memo_search(memo: dict, rx: re.Pattern, name: str) -> bool:
-    hit = memo.get(name)
-    if hit is None:
-        hit = memo[name] = rx.search(name) is not None
-    return hit
-
-
 def classify_workload(trace: Trace) -> dict:
     """{kind: "llm-inference" | "training" | "inference", serving_rules: bool, evidence: {...}, how: str,
     model: "diffusion" | "cnn" (non-LLM inference only)}.
@@ -66,17 +59,26 @@ def classify_workload(trace: Trace) -> dict:
     total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
     bw_us = conv_us = llm_us = 0.0
     table = kernel_table(trace)
-    bw_kernel: dict = {}
-    for i, k in enumerate(trace.kernels):
-        if k.kind != "kernel":
-            continue
+    kern = trace.kernels
+    # per distinct (name, kind): (a backward kernel, a convolution, LLM evidence), or None when none or
+    # not a kernel; (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and
+    # other top-k run them)
+    flags: list = []
+    for i in table.first:
+        k = kern[i]
         b, sub = table.pair[i]
-        if _memo_search(bw_kernel, _BACKWARD_KERNEL, k.name):
+        f = (_BACKWARD_KERNEL.search(k.name) is not None, sub == "conv",
+             sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name)
+        flags.append(f if k.kind == "kernel" and any(f) else None)
+    for k, key in zip(kern, table.key):
+        f = flags[key]
+        if f is None:
+            continue
+        if f[0]:
             bw_us += k.dur
-        if sub == "conv":
+        if f[1]:
             conv_us += k.dur
-        # (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and other top-k run them)
-        if sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name:
+        if f[2]:
             llm_us += k.dur
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}
