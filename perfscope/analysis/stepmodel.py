@@ -35,6 +35,7 @@ SM sharing between concurrent kernels on two streams (their durations inflate to
 
 from __future__ import annotations
 
+import bisect
 import operator
 import statistics
 from collections import Counter
@@ -44,6 +45,7 @@ from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Trace
 
+_TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
 _WAIT_MIN_US = 5.0  # a runtime call this long that returns when the GPU work before it ends: a host wait
 
 
@@ -56,18 +58,36 @@ class TraceIndex:
     """Runtime calls and torch ops of a trace sorted by start, for per-step windows by bisection."""
 
     def __init__(self, trace: Trace):
-        self.launches = sorted(trace.launches, key=lambda l: l.ts)
+        self.launches = sorted(trace.launches, key=_TS)
         self.l_ts = [l.ts for l in self.launches]
-        self.ops = sorted((o for o in trace.cpu_ops if o.name.startswith("aten::")), key=lambda o: o.ts)
+        # by start, the longer first at one start (two stable sorts: by duration, longest first, then by
+        # start): each thread's ops in the order StepReplay reads them
+        self.ops = sorted(sorted((o for o in trace.cpu_ops if o.name.startswith("aten::")), key=_DUR, reverse=True),
+                          key=_TS)
         self.o_ts = [o.ts for o in self.ops]
+        self._waits: Optional[dict] = None
 
     def launches_between(self, lo: float, hi: float):
-        import bisect
         return self.launches[bisect.bisect_left(self.l_ts, lo):bisect.bisect_right(self.l_ts, hi)]
 
     def aten_ops_between(self, lo: float, hi: float):
-        import bisect
         return self.ops[bisect.bisect_left(self.o_ts, lo):bisect.bisect_right(self.o_ts, hi)]
+
+    def last_wait(self, thread, lo: float, hi: float):
+        """The last cudaStreamWaitEvent call of ``thread`` (pid, tid) that started in [lo, hi], or None."""
+        if self._waits is None:
+            waits: dict = {}
+            for l in self.launches:
+                if l.name == "cudaStreamWaitEvent":
+                    w = waits.setdefault((l.pid, l.tid), ([], []))
+                    w[0].append(l)
+                    w[1].append(l.ts)
+            self._waits = waits
+        w = self._waits.get(thread)
+        if w is None:
+            return None
+        j = bisect.bisect_right(w[1], hi) - 1
+        return w[0][j] if j >= 0 and w[1][j] >= lo else None
 
 
 class StepReplay:
@@ -159,8 +179,7 @@ class StepReplay:
         for o in index.aten_ops_between(lo - 1e4, hi):
             if (o.pid, o.tid) in threads:
                 by_thread.setdefault((o.pid, o.tid), []).append(o)
-        for th, ops in by_thread.items():
-            ops.sort(key=lambda o: (o.ts, -o.dur))
+        for th, ops in by_thread.items():  # by (start, -duration): TraceIndex.ops' order
             outer, end = [], float("-inf")
             for o in ops:
                 if o.ts >= end:
@@ -240,8 +259,7 @@ class StepReplay:
             prev_launch[k.stream] = l.ts
             if g:
                 continue
-            calls = [c for c in index.launches_between(lo, l.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
-            w = next((c for c in reversed(calls) if c.name == "cudaStreamWaitEvent"), None)
+            w = index.last_wait((l.pid, l.tid), lo, l.ts)
             if w is None:
                 continue
             before = [c for c in index.launches_between(w.ts - 2e4, w.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
@@ -369,7 +387,7 @@ class StepReplay:
                            bool(ks) and launch, wait_extra, [slot[i] for i in ks], kplan))
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
         orphans = [(slot[i], kern[i].ts) for i in self.orphans]
-        plan = self._plan_cache = (events, ops, orphans, rec_end, durs)
+        plan = self._plan_cache = (events, ops, orphans, rec_end, durs, [e[9] for e in events])
         return plan
 
     def durations(self, duration: Callable[[int], float]) -> list:
@@ -387,7 +405,7 @@ class StepReplay:
 
     def run_slots(self, nd: list, timeline: str = "recorded") -> dict:
         """:meth:`run` with the new durations by slot (``nd[n]``: µs of ``step.kernels[n]``)."""
-        events, ops, orphans, rec_end, durs = self._plan()
+        events, ops, orphans, rec_end, durs, ev_slots = self._plan()
         ninf, inf = float("-inf"), float("inf")
         new_d = []
         for v in nd:
@@ -398,7 +416,7 @@ class StepReplay:
         removed = [n for n, v in enumerate(new_d) if v == 0.0 and durs[n] > 0]
         if removed:
             rset = set(removed)
-            gone = [bool(ss) and all(p in rset for p in ss) for *_, ss, _ in events]
+            gone = [bool(ss) and rset.issuperset(ss) for ss in ev_slots]
         else:
             gone = [False] * len(events)
         keep_op: dict = {}
