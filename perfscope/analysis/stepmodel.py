@@ -43,9 +43,9 @@ from typing import Callable, Optional
 
 from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
-from perfscope.load.model import Trace
+from perfscope.load.model import Trace, by_start_longest_first
 
-_TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
+_TS = operator.attrgetter("ts")
 _WAIT_MIN_US = 5.0  # a runtime call this long that returns when the GPU work before it ends: a host wait
 
 
@@ -60,10 +60,8 @@ class TraceIndex:
     def __init__(self, trace: Trace):
         self.launches = sorted(trace.launches, key=_TS)
         self.l_ts = [l.ts for l in self.launches]
-        # by start, the longer first at one start (two stable sorts: by duration, longest first, then by
-        # start): each thread's ops in the order StepReplay reads them
-        self.ops = sorted(sorted((o for o in trace.cpu_ops if o.name.startswith("aten::")), key=_DUR, reverse=True),
-                          key=_TS)
+        # by start, the longer first at one start: each thread's ops in the order StepReplay reads them
+        self.ops = by_start_longest_first([o for o in trace.cpu_ops if o.name.startswith("aten::")])
         self.o_ts = [o.ts for o in self.ops]
         self._waits: Optional[dict] = None
 

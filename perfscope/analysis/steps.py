@@ -126,8 +126,14 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
-    fr = [Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid) for f in trace.frames
-          if _VLLM_RUNNER_FRAME.search(f.name)]
+    runner: dict = {}  # frame name -> a vLLM model-runner execute_model frame? (asked once per name)
+    fr = []
+    for f in trace.frames:
+        hit = runner.get(f.name)
+        if hit is None:
+            hit = runner[f.name] = _VLLM_RUNNER_FRAME.search(f.name) is not None
+        if hit:
+            fr.append(Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid))
     if fr:
         return "model-runner-frames", fr, "vLLM model-runner execute_model calls (Python frames)"
     ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
