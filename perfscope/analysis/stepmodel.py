@@ -401,14 +401,12 @@ class StepReplay:
         bound on any run's CPU, the profiled one included. Returns {span_us, last_end_us, last_launch_us}."""
         return self.run_slots(self.durations(duration), timeline)
 
-    def run_slots(self, nd: list, timeline: str = "recorded") -> dict:
-        """:meth:`run` with the new durations by slot (``nd[n]``: µs of ``step.kernels[n]``)."""
-        events, ops, orphans, rec_end, durs, ev_slots = self._plan()
-        ninf, inf = float("-inf"), float("inf")
-        new_d = []
-        for v in nd:
-            v = float(v)
-            new_d.append(v if v > 0.0 else 0.0)
+    def prepare(self, nd: list) -> tuple:
+        """What every replay of the new durations ``nd`` (by slot) reads, whichever its timeline: the
+        durations clamped at 0, which launches the fix removes (all their kernels go), and which torch
+        ops it keeps (one of their launches stays)."""
+        events, _, _, _, durs, ev_slots = self._plan()
+        new_d = [v if v > 0.0 else 0.0 for v in map(float, nd)]
         # the kernels the fix removes (0 µs now, not before): a launch all of whose kernels go costs no CPU
         # time on the launch-api timeline, and a torch op all of whose launches go is removed
         removed = [n for n, v in enumerate(new_d) if v == 0.0 and durs[n] > 0]
@@ -421,6 +419,14 @@ class StepReplay:
         for n, e in enumerate(events):
             if e[4] is not None:
                 keep_op[e[5]] = keep_op.get(e[5], False) or not gone[n]
+        return new_d, gone, keep_op
+
+    def run_slots(self, nd: list, timeline: str = "recorded", prepared: Optional[tuple] = None) -> dict:
+        """:meth:`run` with the new durations by slot (``nd[n]``: µs of ``step.kernels[n]``);
+        ``prepared``: :meth:`prepare` of ``nd``, when the caller has it."""
+        events, ops, orphans, rec_end, durs, ev_slots = self._plan()
+        ninf, inf = float("-inf"), float("inf")
+        new_d, gone, keep_op = prepared if prepared is not None else self.prepare(nd)
         removed_op_done: set = set()
         clock: dict = {}  # thread -> its CPU time in the new timeline (launch-api) / shift (recorded)
         shift: dict = {}
@@ -613,11 +619,10 @@ def _streams(r: StepReplay) -> list:
 
 
 def _back_to_back_slots(streams: list, nd: list) -> float:
-    """:func:`_back_to_back_us` with the durations by slot."""
+    """:func:`_back_to_back_us` with the durations by slot, each at least 0."""
     per: dict = {}
-    for st, v in zip(streams, nd):
-        v = float(v)
-        per[st] = per.get(st, 0.0) + (v if v > 0.0 else 0.0)
+    for st, v in zip(streams, nd):  # nd: clamped at 0 already (StepReplay.prepare)
+        per[st] = per.get(st, 0.0) + v
     return max(per.values(), default=0.0)
 
 
@@ -644,7 +649,8 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         for i, d in zip(s.kernels, durs):
             v = new_duration(i)
             nd.append(d if v is None else v)
-        after = r.run_slots(nd)
+        prep = r.prepare(nd)
+        after = r.run_slots(nd, prepared=prep)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
             host_before.append(busy[id(s)])
@@ -653,8 +659,8 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         saved.append(base["span_us"] - after["span_us"] - added_us_per_step)
         kernel_saved.append(ks)
         # the lower bound: the GPU work left, and the runtime calls alone back to back
-        low = r.run_slots(nd, timeline="launch-api")
-        busy_after.append(_back_to_back_slots(_streams(r), nd) + added_us_per_step)
+        low = r.run_slots(nd, timeline="launch-api", prepared=prep)
+        busy_after.append(_back_to_back_slots(_streams(r), prep[0]) + added_us_per_step)
         graph_steps += _mostly_graph(r, kern, s, by_corr)
         gpu_left = s.gpu_us - ks
         low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))

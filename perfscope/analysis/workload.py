@@ -24,13 +24,14 @@ trace kind is read first, from what each kind must contain:
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.load.model import Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
-_OPTIMIZER = re.compile(r"^Optimizer\.step#")  # one per iteration (zero_grad is another range of the same one)
+_OPTIMIZER = "Optimizer.step#"  # a range name's start, one per iteration (zero_grad is another range of the same one)
 _BACKWARD_KERNEL = re.compile(r"backward|_bwd|dgrad|wgrad", re.I)
 _DIFFUSION_ANN = re.compile(r"diffusion|denois", re.I)
 _DIFFUSION_FRAME = re.compile(r"(^|/)(diffusers|xfuser)/|(^|/)scheduling_\w+\.py\(|"
@@ -137,8 +138,8 @@ def optimizer_steps(trace: Trace) -> list[tuple]:
     may step two optimizers per iteration (Shampoo, then an EMA): the iterations are the ranges of the
     optimizer stepped most often, each once (zero_grad, another range of the same iteration, not at all)."""
     by: dict[str, set] = {}
-    for x in list(trace.cpu_ops) + [a for a in trace.annotations if not a.gpu]:
-        if _OPTIMIZER.match(x.name):
+    for x in itertools.chain(trace.cpu_ops, [a for a in trace.annotations if not a.gpu]):
+        if x.name.startswith(_OPTIMIZER):
             by.setdefault(x.name, set()).add((x.tid, x.ts, x.ts + x.dur))
     return sorted(max(by.values(), key=len), key=lambda r: r[1]) if by else []
 
