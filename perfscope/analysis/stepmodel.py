@@ -116,11 +116,13 @@ class StepReplay:
             lk.append((i, k, l, g))
         lat = []
         prev_end: dict = {}
+        eager = False  # a kernel of the step has a launch of its own (not a graph replay)
         for i, k, l, g in lk:
             if l is None:
                 self.orphans.append(i)
                 continue
             if not g:
+                eager = True
                 pe = prev_end.get(k.stream)
                 if (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
                     lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
@@ -139,19 +141,27 @@ class StepReplay:
         # also never starts before it did (the GPU was busy before the step)
         self.delay: dict = {}
         self.first_on_stream: dict = {}
-        prev_end = {}
-        for i, k, l, g in lk:
-            pe = prev_end.get(k.stream)
-            if pe is None:
-                self.first_on_stream[i] = k.ts
-            elif l is not None and not g:  # graph kernels keep their spacing instead
-                expl = max(l.ts + self.latency_us, pe)
-                d = k.ts - expl
-                if d > 3 * self.latency_us:
-                    self.delay[i] = d
-            prev_end[k.stream] = k.ts + k.dur
         self._lk = lk
-        self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
+        if eager:
+            prev_end = {}
+            for i, k, l, g in lk:
+                pe = prev_end.get(k.stream)
+                if pe is None:
+                    self.first_on_stream[i] = k.ts
+                elif l is not None and not g:  # graph kernels keep their spacing instead
+                    expl = max(l.ts + self.latency_us, pe)
+                    d = k.ts - expl
+                    if d > 3 * self.latency_us:
+                        self.delay[i] = d
+                prev_end[k.stream] = k.ts + k.dur
+            self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
+        else:  # graph replays only: no delay to keep and no wait to follow, each stream's first start kept
+            seen: set = set()
+            for i, k, _, _ in lk:
+                if k.stream not in seen:
+                    seen.add(k.stream)
+                    self.first_on_stream[i] = k.ts
+            self.dep = {}
         self.graph_dep = self._graph_stream_joins(kern, launched)
         for i in list(self.dep) + list(self.graph_dep):
             self.delay.pop(i, None)
