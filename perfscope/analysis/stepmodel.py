@@ -101,23 +101,31 @@ class StepReplay:
         by_corr = by_corr if by_corr is not None else {l.corr: l for l in trace.launches if l.corr is not None}
         self.orphans = []  # kernels with no launch record: kept where they ran
         launched: dict = {}  # id(launch) -> (launch, [kernel indices])
-        # the step's kernels by start: (index, kernel, its launch or None, whether that is a graph launch)
+        # the step's kernels by start: (index, kernel, its launch or None, whether that is a graph launch);
+        # the launches' kernels, and the launch-to-start of kernels that started on an idle stream
         graph_of: dict = {}  # launch name -> is_graph_launch
         lk = []
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
-            if l is None:
-                lk.append((i, k, None, False))
-                continue
-            g = graph_of.get(l.name)
-            if g is None:
-                g = graph_of[l.name] = is_graph_launch(l.name)
-            lk.append((i, k, l, g))
         lat = []
         prev_end: dict = {}
         eager = False  # a kernel of the step has a launch of its own (not a graph replay)
-        for i, k, l, g in lk:
+        corr = cached = None  # the previous kernel's correlation id and (launch, graph?, its kernels)
+        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
+            k = kern[i]
+            if cached is None or k.corr != corr:  # a graph launch's kernels share one id: looked up once
+                corr = k.corr
+                l = by_corr.get(corr)
+                if l is None:
+                    cached = (None, False, None)
+                else:
+                    g = graph_of.get(l.name)
+                    if g is None:
+                        g = graph_of[l.name] = is_graph_launch(l.name)
+                    e = launched.get(id(l))
+                    if e is None:
+                        e = launched[id(l)] = (l, [])
+                    cached = (l, g, e[1])
+            l, g, ks = cached
+            lk.append((i, k, l, g))
             if l is None:
                 self.orphans.append(i)
                 continue
@@ -127,11 +135,7 @@ class StepReplay:
                 if (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
                     lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
             prev_end[k.stream] = k.ts + k.dur
-            e = launched.get(id(l))
-            if e is None:
-                launched[id(l)] = (l, [i])
-            else:
-                e[1].append(i)
+            ks.append(i)
         # the launch latency: the quickest launch-to-start on an idle stream, capped (a GPU running behind
         # its CPU makes every launch-to-start long: that is queueing, kept by the anchors below)
         lat.sort()
@@ -347,8 +351,9 @@ class StepReplay:
         kidx = self.step.kernels
         slot = {i: n for n, i in enumerate(kidx)}
         none = len(kidx)  # the -inf slot
-        rec_end = [kern[i].end for i in kidx] + [ninf]
-        durs = [kern[i].dur for i in kidx]
+        ks_ = [kern[i] for i in kidx]
+        rec_end = [k.ts + k.dur for k in ks_] + [ninf]
+        durs = [k.dur for k in ks_]
         # kernels with more than their stream and graph order to keep: a wait, a delay, a first start
         special = set(graph_dep) | set(dep) | set(first_on_stream) | set(delay)
         prev_on: dict = {}  # stream -> (slot, recorded end, event) of the kernel the replay last ran on it
@@ -358,16 +363,19 @@ class StepReplay:
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
             kplan = []
+            ss = []  # the event's kernels' slots
             for i in ks:
                 k = kern[i]
                 st, kts, kdur = k.stream, k.ts, k.dur
                 kend = kts + kdur
                 p = slot[i]
+                ss.append(p)
                 # the anchor: the kernel before it on its stream (plus its delay); in a graph launch, the
                 # one before it in the launch on its stream, with the recorded gap (never less than the
                 # stream's own order, as the gap is not negative and graph kernels have no delay)
                 prev = prev_on.get(st)
-                a, add = (none, 0.0) if prev is None else (prev[0], 0.0)
+                a = none if prev is None else prev[0]
+                add = 0.0
                 extra = None
                 gd = None
                 if i in special:
@@ -392,7 +400,7 @@ class StepReplay:
                 extra = l.ts + l.dur - orig_done
                 wait_extra = extra if extra > 0.0 else 0.0
             events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
-                           bool(ks) and launch, wait_extra, [slot[i] for i in ks], kplan))
+                           bool(ks) and launch, wait_extra, ss, kplan))
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
         orphans = [(slot[i], kern[i].ts) for i in self.orphans]
         plan = self._plan_cache = (events, ops, orphans, rec_end, durs, [e[9] for e in events])
