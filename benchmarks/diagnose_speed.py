@@ -8,7 +8,9 @@ The floor is `orjson.loads(gzip.open(f).read())` of the same file: reading the J
 measurement runs in a fresh child process (its CPU time is user+sys of that child and its
 children, its peak RSS its own) and the children alternate (floor, perfscope, floor, ...) so a
 loaded machine slows both; each figure is the minimum over the rounds. CPU time, not wall time:
-on a shared box wall time measures the neighbours. Printed, each with its target:
+on a shared box wall time measures the neighbours. perfscope's modules are byte-compiled first (as
+an installed package's are), so no child spends its time compiling perfscope's source. Printed,
+each with its target:
 
   - eager:  diagnose of TRACE / the floor                               (target <= 1.0)
             the reader alone (perfscope.load.load_trace) / the floor   (target <= 0.75)
@@ -295,7 +297,8 @@ def rank_lines(trace: Path, n: int, rounds: int) -> list[str]:
 
 def readme_text(lines: list[str]) -> str:
     head = ("Speed (CPU time, `python benchmarks/diagnose_speed.py --readme` printed these lines; the floor is "
-            f"`orjson.loads(gzip.open(f).read())` of the same file, measured in the same run, {os.cpu_count()} cores):")
+            f"`orjson.loads(gzip.open(f).read())` of the same file, measured in the same run, perfscope byte-compiled "
+            f"as installed, {os.cpu_count()} cores):")
     return "\n".join([BEGIN, head, *lines, END])
 
 
@@ -341,8 +344,20 @@ def main() -> int:
         return run(a, trace)
 
 
+def byte_compile() -> None:
+    """perfscope's modules compiled to bytecode before anything is measured, as an installed package's
+    are: a child then reads them, whatever the environment says (with PYTHONDONTWRITEBYTECODE set,
+    every child would compile perfscope's source again, ~0.1 s of CPU per run that no installed
+    perfscope spends; without it, the first round alone would)."""
+    import compileall
+
+    compileall.compile_dir(str(REPO / "perfscope"), quiet=1)
+
+
 def run(a, trace: Path) -> int:
-    print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds", flush=True)
+    byte_compile()
+    print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds; perfscope byte-compiled",
+          flush=True)
     lines, gated = ([], []) if a.only == "graph" else trace_lines("eager", trace, a.rounds, json_mb(trace))
     gated = [] if a.only == "graph" else [(gated, trace.name)]
     if a.only != "eager":

@@ -97,11 +97,15 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     assert not (root / ".venv").exists() and not list(root.glob("perfscope-demo-*"))
     # the speed gate ran after the tests, in the test clone with its venv, on the trace the benchmark
     # builds itself from the repository (no path: nothing beside the clone is read), checking
-    gate = next(ln.split() for ln in r.stderr.splitlines() if ln.startswith("gate "))
+    gates = [ln.split() for ln in r.stderr.splitlines() if ln.startswith("gate ")]
+    gate = gates[0]
     assert gate[1] == gate[2][:-len("/.venv")] and gate[1].endswith("/test/p")
     assert gate[3:6] == ["--only", "eager", "--check"]
     assert "--check" in gate and gate[gate.index("--gate") + 1] == "1.5"
     assert r.stderr.index("gate ") > r.stderr.index("tests ")
+    # then the CUDA-graph trace, in the same clone, with its own (looser) gate
+    assert len(gates) == 2 and gates[1][1:3] == gate[1:3]
+    assert gates[1][3:6] == ["--only", "graph", "--check"] and gates[1][gates[1].index("--gate") + 1] == "2.0"
 
     # a failing main command fails CI (and the test command is not reached)
     r = _ci(_repo(tmp_path / "a", readme.replace(FAKE_DEMO, "false")))

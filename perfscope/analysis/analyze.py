@@ -15,6 +15,7 @@ from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
 from perfscope.analysis import hosttime
 from perfscope.analysis.floor import annotate_findings, compute_floor
+from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.cpu_ops import NOTE as CPU_ONLY_NOTE, cpu_ops_as_kernels
 from perfscope.analysis.metrics import StepMetrics, step_metrics
 from perfscope.analysis.names import short_name
@@ -193,12 +194,16 @@ def pass_buckets(st: State) -> None:
         comm["overlapped_share"] = round(max(0.0, 1 - exposed / comm["ms_per_step"]), 4)
     sub = defaultdict(float)
     kern = st.trace.kernels
+    pair = kernel_table(st.trace).pair  # classify(name, kind) of each kernel, once per distinct name
+    labels: dict = {}  # (bucket, sub-bucket) -> "bucket/sub-bucket"
     for s in st.steps:
         over = step_overrides(st.trace, s, serving=bool(st.workload.get("serving_rules")))
         for i in s.kernels:
-            k = kern[i]
-            b, sb = over.get(i) or classify(k.name, k.kind)  # the sampler's softmax / cumsum; mid-step top-k
-            sub[f"{b}/{sb}"] += k.dur
+            bs = over.get(i) or pair[i]  # the sampler's softmax / cumsum; mid-step top-k
+            lab = labels.get(bs)
+            if lab is None:
+                lab = labels[bs] = f"{bs[0]}/{bs[1]}"
+            sub[lab] += kern[i].dur
     n = max(len(st.steps), 1)
     st.out["sub_buckets"] = {k: {"ms_per_step": round(v / n / 1e3, 4), "share": round(v / n / 1e3 / total, 4)}
                              for k, v in sorted(sub.items(), key=lambda kv: -kv[1])}

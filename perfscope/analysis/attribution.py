@@ -17,7 +17,7 @@ import msgspec
 from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import is_graph_launch
 from perfscope.load import shapes
-from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace
+from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace, by_start_longest_first
 
 # frames that are plumbing, not the line a user wants to see
 _PLUMBING = ("torch/", "<built-in", "nn.Module:", "contextlib.py", "functools.py", "threading.py",
@@ -71,13 +71,17 @@ class Attributor:
         if self._ops_by_ext is None:
             self._ops_by_ext = {}
             by_tid: dict[Any, list[CpuOp]] = {}
+            by_ext = self._ops_by_ext
             for o in self.trace.cpu_ops:
-                if o.ext is not None:
-                    self._ops_by_ext.setdefault(o.ext, o)
-                by_tid.setdefault((o.pid, o.tid), []).append(o)
+                if o.ext is not None and o.ext not in by_ext:
+                    by_ext[o.ext] = o
+                th = by_tid.get((o.pid, o.tid))
+                if th is None:
+                    th = by_tid[(o.pid, o.tid)] = []
+                th.append(o)
             self._ops_by_tid = {}
             for key, ops in by_tid.items():
-                ops.sort(key=lambda o: (o.ts, -o.dur))
+                ops = by_start_longest_first(ops)
                 self._ops_by_tid[key] = (ops, [o.ts for o in ops])
 
     def _index_frames(self):
@@ -85,12 +89,15 @@ class Attributor:
             by_tid: dict[Any, list[PyFrame]] = {}
             self._frame_by_id = {}
             for f in self.trace.frames:
-                by_tid.setdefault((f.pid, f.tid), []).append(f)
+                th = by_tid.get((f.pid, f.tid))
+                if th is None:
+                    th = by_tid[(f.pid, f.tid)] = []
+                th.append(f)
                 if f.id is not None:
                     self._frame_by_id[f.id] = f
             self._frames_by_tid = {}
             for key, fr in by_tid.items():
-                fr.sort(key=lambda f: (f.ts, -f.dur))
+                fr = by_start_longest_first(fr)
                 self._frames_by_tid[key] = (fr, [f.ts for f in fr])
 
     def op_of(self, k: Kernel) -> Optional[CpuOp]:

@@ -15,21 +15,24 @@ from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.load.discover import TraceFile
 from perfscope.load.reader import load_trace
+from perfscope.util.gcpause import collector_paused
 
 
 def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None,
                  on_read: Optional[Callable[[int, int], None]] = None) -> RankAnalysis:
     """``capture``: graph-capture trace paths (files or folders) that attribute graph-replayed kernels;
     ``on_read(bytes_done, bytes_total)`` follows the reading of the file."""
-    trace = load_trace(tf.path, progress=on_read)
-    if not trace.kernels and not trace.cpu_ops and not trace.annotations:
-        raise InputError(f"{tf.path}: no events perfscope can use (no kernels, CPU ops or annotations)")
-    rank = tf.rank if tf.rank is not None else trace.meta.rank
-    cap = None
-    if capture:
-        from perfscope.analysis.capture_map import CaptureSet
-        cap = CaptureSet.load(capture)
-    ra = analyze_trace(trace, config, rank=rank, stage=tf.stage, capture=cap)
+    with collector_paused():  # millions of long-lived tuples: the collector's passes would walk them all
+        trace = load_trace(tf.path, progress=on_read)
+        if not trace.kernels and not trace.cpu_ops and not trace.annotations:
+            raise InputError(f"{tf.path}: no events perfscope can use (no kernels, CPU ops or annotations)")
+        rank = tf.rank if tf.rank is not None else trace.meta.rank
+        cap = None
+        if capture:
+            from perfscope.analysis.capture_map import CaptureSet
+            cap = CaptureSet.load(capture)
+        ra = analyze_trace(trace, config, rank=rank, stage=tf.stage, capture=cap)
+        del trace  # freed before the collector is back (else its first pass would walk the whole trace)
     if getattr(tf, "host", None):
         ra.meta["host"] = tf.host  # several hosts: the per-rank table names each rank's host
     return ra

@@ -20,25 +20,31 @@ TORCH_SORT = re.compile(r"RadixSort|radix_sort|radixSort|bitonicSort|segmented_s
 
 class KernelTable:
     """Per kernel index of ``trace.kernels``: ``pair`` (bucket, sub-bucket), ``bucket``, ``gemm`` (a kernel
-    whose bucket is gemm; memcpy/memset never), ``torch_sort`` (its name is a torch sort / top-k)."""
+    whose bucket is gemm; memcpy/memset never), ``torch_sort`` (its name is a torch sort / top-k),
+    ``key`` (its distinct (name, kind), numbered); ``first``: the first kernel of each key."""
 
-    __slots__ = ("pair", "bucket", "gemm", "torch_sort")
+    __slots__ = ("pair", "bucket", "gemm", "torch_sort", "key", "first")
 
     def __init__(self, trace: Trace):
         seen: dict = {}
-        pair, bucket, gemm, sort = [], [], [], []
-        for k in trace.kernels:
+        pair, bucket, gemm, sort, keys, first = [], [], [], [], [], []
+        for n, k in enumerate(trace.kernels):
             key = (k.name, k.kind)
             row = seen.get(key)
             if row is None:
                 bs = classify(k.name, k.kind)
                 row = seen[key] = (bs, bs[0], k.kind == "kernel" and bs[0] == "gemm",
-                                   TORCH_SORT.search(k.name) is not None)
+                                   TORCH_SORT.search(k.name) is not None, len(first))
+                first.append(n)
             pair.append(row[0])
             bucket.append(row[1])
             gemm.append(row[2])
             sort.append(row[3])
+            keys.append(row[4])
         self.pair, self.bucket, self.gemm, self.torch_sort = pair, bucket, gemm, sort
+        # the distinct (name, kind) of each kernel as a number, and the first kernel of each: a question
+        # of the name is asked once per number (RuleContext.time_of)
+        self.key, self.first = keys, first
 
 
 def kernel_table(trace: Trace) -> KernelTable:

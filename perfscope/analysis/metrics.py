@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.buckets import BUCKETS
+from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
@@ -52,9 +53,10 @@ def step_metrics(trace: Trace, step: Step, sampler: bool = True) -> StepMetrics:
     other = []  # everything but communication: what can hide a collective
     ksum = 0.0
     over = step_overrides(trace, step, serving=sampler)  # the sampler's softmax / cumsum; mid-step top-k
+    bucket = kernel_table(trace).bucket  # classify(name, kind)[0] of each kernel, once per distinct name
     for i in step.kernels:
         k = kern[i]
-        b = over[i][0] if i in over else classify(k.name, k.kind)[0]
+        b = over[i][0] if i in over else bucket[i]
         buckets[b] += k.dur
         ksum += k.dur
         ivs.append((k.ts, k.ts + k.dur))

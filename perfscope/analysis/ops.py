@@ -43,7 +43,7 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
         return []
     kern = trace.kernels
     total: dict = {}
-    count: Counter = Counter()
+    count: dict = {}
     sample: dict = {}
     geo: dict = {}
     seen: set = set()  # a CPU op's self time comes in pieces (one per gap between its children)
@@ -53,23 +53,27 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
         over.update(step_overrides(trace, s, serving=False))
         for i in s.kernels:
             k = kern[i]
-            key = sig(k)
+            cpu = k.kind == "cpu"
+            key = sig(k) if cpu else k.name  # the signature of a GPU kernel is its name
             total[key] = total.get(key, 0.0) + k.dur
-            if k.kind == "cpu" and k.corr >= 0:
+            if cpu and k.corr >= 0:
                 if (key, k.corr) in seen:
                     continue
                 seen.add((key, k.corr))
-            count[key] += 1
-            if key not in sample:
+            count[key] = count.get(key, 0) + 1
+            g = geo.get(key)
+            if g is None:
                 sample[key] = i
-            geo.setdefault(key, Counter())[(k.grid, k.block)] += 1
+                g = geo[key] = {}
+            shape = (k.grid, k.block)
+            g[shape] = g.get(shape, 0) + 1
     n = len(steps)
     all_us = sum(total.values()) or 1.0
     ops = []
     for key, us in sorted(total.items(), key=lambda kv: -kv[1])[:limit]:
         k = kern[sample[key]]
         bucket, sub = over.get(sample[key]) or classify(k.name, k.kind)
-        (grid, block), _ = geo[key].most_common(1)[0]
+        (grid, block), _ = Counter(geo[key]).most_common(1)[0]
         ops.append(Op(
             name=k.name, short=short_name(k.name), bucket=bucket, sub=sub, ms_per_step=us / n / 1e3,
             count_per_step=count[key] / n, share=us / all_us, avg_us=us / count[key],

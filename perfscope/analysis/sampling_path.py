@@ -30,16 +30,18 @@ __all__ = ["TORCH_SORT", "MID_STEP_SORT", "kind_of", "sampling_tail", "step_over
 
 
 def _last_gemm(trace: Trace, step: Step) -> Optional[tuple[float, float]]:
-    """(latest start, latest end) of the step's GEMM kernels; None when it has none."""
+    """(latest start, latest end) of the step's GEMM kernels; None when it has none. Once per step and
+    trace (the overrides, the sampling rule and the timeline ask it of the same steps)."""
+    memo = trace.memo.setdefault("last_gemm", {})
+    hit = memo.get(id(step))
+    if hit is not None and hit[0] is step:
+        return hit[1]
     kern = trace.kernels
     gemm = kernel_table(trace).gemm
-    start = end = None
-    for i in step.kernels:
-        if gemm[i]:
-            k = kern[i]
-            start = k.ts if start is None else max(start, k.ts)
-            end = k.end if end is None else max(end, k.end)
-    return None if start is None else (start, end)
+    ks = [kern[i] for i in step.kernels if gemm[i]]
+    out = (max([k.ts for k in ks]), max([k.ts + k.dur for k in ks])) if ks else None
+    memo[id(step)] = (step, out)  # the step held: its id is not reused while the memo lives
+    return out
 
 
 def sampling_tail(trace: Trace, step: Step, last_gemm: Optional[tuple[float, float]] = None) -> list[int]:

@@ -35,13 +35,17 @@ SM sharing between concurrent kernels on two streams (their durations inflate to
 
 from __future__ import annotations
 
+import bisect
+import operator
 import statistics
+from collections import Counter
 from typing import Callable, Optional
 
 from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
-from perfscope.load.model import Trace
+from perfscope.load.model import Trace, by_start_longest_first
 
+_TS = operator.attrgetter("ts")
 _WAIT_MIN_US = 5.0  # a runtime call this long that returns when the GPU work before it ends: a host wait
 
 
@@ -54,18 +58,34 @@ class TraceIndex:
     """Runtime calls and torch ops of a trace sorted by start, for per-step windows by bisection."""
 
     def __init__(self, trace: Trace):
-        self.launches = sorted(trace.launches, key=lambda l: l.ts)
+        self.launches = sorted(trace.launches, key=_TS)
         self.l_ts = [l.ts for l in self.launches]
-        self.ops = sorted((o for o in trace.cpu_ops if o.name.startswith("aten::")), key=lambda o: o.ts)
+        # by start, the longer first at one start: each thread's ops in the order StepReplay reads them
+        self.ops = by_start_longest_first([o for o in trace.cpu_ops if o.name.startswith("aten::")])
         self.o_ts = [o.ts for o in self.ops]
+        self._waits: Optional[dict] = None
 
     def launches_between(self, lo: float, hi: float):
-        import bisect
         return self.launches[bisect.bisect_left(self.l_ts, lo):bisect.bisect_right(self.l_ts, hi)]
 
     def aten_ops_between(self, lo: float, hi: float):
-        import bisect
         return self.ops[bisect.bisect_left(self.o_ts, lo):bisect.bisect_right(self.o_ts, hi)]
+
+    def last_wait(self, thread, lo: float, hi: float):
+        """The last cudaStreamWaitEvent call of ``thread`` (pid, tid) that started in [lo, hi], or None."""
+        if self._waits is None:
+            waits: dict = {}
+            for l in self.launches:
+                if l.name == "cudaStreamWaitEvent":
+                    w = waits.setdefault((l.pid, l.tid), ([], []))
+                    w[0].append(l)
+                    w[1].append(l.ts)
+            self._waits = waits
+        w = self._waits.get(thread)
+        if w is None:
+            return None
+        j = bisect.bisect_right(w[1], hi) - 1
+        return w[0][j] if j >= 0 and w[1][j] >= lo else None
 
 
 class StepReplay:
@@ -80,20 +100,42 @@ class StepReplay:
         kern = trace.kernels
         by_corr = by_corr if by_corr is not None else {l.corr: l for l in trace.launches if l.corr is not None}
         self.orphans = []  # kernels with no launch record: kept where they ran
-        launched: dict = {}  # id(launch) -> [kernel indices]
+        launched: dict = {}  # id(launch) -> (launch, [kernel indices])
+        # the step's kernels by start: (index, kernel, its launch or None, whether that is a graph launch);
+        # the launches' kernels, and the launch-to-start of kernels that started on an idle stream
+        graph_of: dict = {}  # launch name -> is_graph_launch
+        lk = []
         lat = []
         prev_end: dict = {}
+        eager = False  # a kernel of the step has a launch of its own (not a graph replay)
+        corr = cached = None  # the previous kernel's correlation id and (launch, graph?, its kernels)
         for i in sorted(step.kernels, key=lambda j: kern[j].ts):
             k = kern[i]
-            l = by_corr.get(k.corr)
+            if cached is None or k.corr != corr:  # a graph launch's kernels share one id: looked up once
+                corr = k.corr
+                l = by_corr.get(corr)
+                if l is None:
+                    cached = (None, False, None)
+                else:
+                    g = graph_of.get(l.name)
+                    if g is None:
+                        g = graph_of[l.name] = is_graph_launch(l.name)
+                    e = launched.get(id(l))
+                    if e is None:
+                        e = launched[id(l)] = (l, [])
+                    cached = (l, g, e[1])
+            l, g, ks = cached
+            lk.append((i, k, l, g))
             if l is None:
                 self.orphans.append(i)
                 continue
-            pe = prev_end.get(k.stream)
-            if not is_graph_launch(l.name) and (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
-                lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
-            prev_end[k.stream] = k.end
-            launched.setdefault(id(l), (l, []))[1].append(i)
+            if not g:
+                eager = True
+                pe = prev_end.get(k.stream)
+                if (pe is None or k.ts > pe + 1.0) and k.ts >= l.ts:
+                    lat.append(k.ts - l.ts)  # started on an idle stream: pure launch latency
+            prev_end[k.stream] = k.ts + k.dur
+            ks.append(i)
         # the launch latency: the quickest launch-to-start on an idle stream, capped (a GPU running behind
         # its CPU makes every launch-to-start long: that is queueing, kept by the anchors below)
         lat.sort()
@@ -103,20 +145,27 @@ class StepReplay:
         # also never starts before it did (the GPU was busy before the step)
         self.delay: dict = {}
         self.first_on_stream: dict = {}
-        prev_end = {}
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
-            pe = prev_end.get(k.stream)
-            if pe is None:
-                self.first_on_stream[i] = k.ts
-            if l is not None and not is_graph_launch(l.name):  # graph kernels keep their spacing instead
-                expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
-                d = k.ts - expl
-                if d > 3 * self.latency_us and pe is not None:
-                    self.delay[i] = d
-            prev_end[k.stream] = k.end
-        self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
+        self._lk = lk
+        if eager:
+            prev_end = {}
+            for i, k, l, g in lk:
+                pe = prev_end.get(k.stream)
+                if pe is None:
+                    self.first_on_stream[i] = k.ts
+                elif l is not None and not g:  # graph kernels keep their spacing instead
+                    expl = max(l.ts + self.latency_us, pe)
+                    d = k.ts - expl
+                    if d > 3 * self.latency_us:
+                        self.delay[i] = d
+                prev_end[k.stream] = k.ts + k.dur
+            self.dep = self._cross_stream_waits(kern, by_corr, step, index, launched)
+        else:  # graph replays only: no delay to keep and no wait to follow, each stream's first start kept
+            seen: set = set()
+            for i, k, _, _ in lk:
+                if k.stream not in seen:
+                    seen.add(k.stream)
+                    self.first_on_stream[i] = k.ts
+            self.dep = {}
         self.graph_dep = self._graph_stream_joins(kern, launched)
         for i in list(self.dep) + list(self.graph_dep):
             self.delay.pop(i, None)
@@ -142,8 +191,7 @@ class StepReplay:
         for o in index.aten_ops_between(lo - 1e4, hi):
             if (o.pid, o.tid) in threads:
                 by_thread.setdefault((o.pid, o.tid), []).append(o)
-        for th, ops in by_thread.items():
-            ops.sort(key=lambda o: (o.ts, -o.dur))
+        for th, ops in by_thread.items():  # by (start, -duration): TraceIndex.ops' order
             outer, end = [], float("-inf")
             for o in ops:
                 if o.ts >= end:
@@ -216,17 +264,14 @@ class StepReplay:
         kernels_of = {id(l): ks for l, ks in launched.values()}
         prev_launch: dict = {}  # stream -> CPU time of the previous launch on it
         paired = {}
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
+        for i, k, l, g in self._lk:
             if l is None:
                 continue
             lo = prev_launch.get(k.stream, l.ts - 2e4)
             prev_launch[k.stream] = l.ts
-            if is_graph_launch(l.name):
+            if g:
                 continue
-            calls = [c for c in index.launches_between(lo, l.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
-            w = next((c for c in reversed(calls) if c.name == "cudaStreamWaitEvent"), None)
+            w = index.last_wait((l.pid, l.tid), lo, l.ts)
             if w is None:
                 continue
             before = [c for c in index.launches_between(w.ts - 2e4, w.ts) if (c.pid, c.tid) == (l.pid, l.tid)]
@@ -243,20 +288,17 @@ class StepReplay:
                 if kernels_of.get(id(c)):
                     break  # the last launch before the record was on its own stream: not this pattern
 
-        ends = sorted((kern[j].end, j) for j in step.kernels)
-        end_ts = [e for e, _ in ends]
+        ends = end_ts = None  # the step's kernel ends, sorted: built when a kernel needs them
         tol = 3 * self.latency_us + 5.0
         # a kernel can also wait for the SMs another stream's kernel holds: it starts as that kernel's
         # last wave drains, before its end (two GEMMs on two streams run one after the other)
         tail = 0.25
         dep = {}
         prev_end: dict = {}
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
-            k = kern[i]
-            l = by_corr.get(k.corr)
+        for i, k, l, g in self._lk:
             pe = prev_end.get(k.stream)
-            prev_end[k.stream] = k.end
-            if l is None or is_graph_launch(l.name):
+            prev_end[k.stream] = k.ts + k.dur
+            if l is None or g:
                 continue
             expl = max(l.ts + self.latency_us, pe if pe is not None else float("-inf"))
             if k.ts - expl <= 3 * self.latency_us:
@@ -264,6 +306,9 @@ class StepReplay:
             if i in paired:
                 dep[i] = paired[i]
                 continue
+            if ends is None:
+                ends = sorted((kern[j].end, j) for j in step.kernels)
+                end_ts = [e for e, _ in ends]
             n = bisect.bisect_right(end_ts, k.ts + 1.0)
             for m in range(n - 1, -1, -1):  # the latest end on another stream before it started
                 e, j = ends[m]
@@ -288,31 +333,82 @@ class StepReplay:
         return dep
 
     def _plan(self) -> tuple:
-        """What every :meth:`run` reads, flattened once per replay: per event its thread, times, op and
-        kernels (each with its stream, recorded times and the anchors the replay keeps)."""
+        """What every :meth:`run` reads, flattened once per replay. Each kernel of the step has a slot (its
+        position in ``step.kernels``); the replay keeps every kernel's new end in a list by slot, seeded
+        with the recorded ends (a kernel waited for before the replay reaches it counts as recorded).
+        A kernel's start is the latest of: its launch plus the launch latency, the new end of the kernel
+        before it on its stream (plus its unexplained delay), of the kernel before it in its CUDA graph
+        on its stream (plus the recorded gap), of the kernel another stream's it waits for (plus the
+        gap), and its recorded start when it was the first on its stream. Which kernel precedes which
+        is fixed by the replay's order, so each of those is a slot found here once; a missing one is
+        the last slot, which holds -inf."""
         plan = self.__dict__.get("_plan_cache")
         if plan is not None:
             return plan
         kern = self.trace.kernels
         ninf = float("-inf")
         delay, first_on_stream, dep, graph_dep = self.delay, self.first_on_stream, self.dep, self.graph_dep
+        kidx = self.step.kernels
+        slot = {i: n for n, i in enumerate(kidx)}
+        none = len(kidx)  # the -inf slot
+        ks_ = [kern[i] for i in kidx]
+        rec_end = [k.ts + k.dur for k in ks_] + [ninf]
+        durs = [k.dur for k in ks_]
+        # kernels with more than their stream and graph order to keep: a wait, a delay, a first start
+        special = set(graph_dep) | set(dep) | set(first_on_stream) | set(delay)
+        prev_on: dict = {}  # stream -> (slot, recorded end, event) of the kernel the replay last ran on it
         events = []
+        orig_done = ninf
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
             kplan = []
+            ss = []  # the event's kernels' slots
             for i in ks:
                 k = kern[i]
-                gd = graph_dep.get(i)
-                dp = dep.get(i)
-                kplan.append((i, k.stream, k.ts, k.end, k.dur, delay.get(i, 0.0), first_on_stream.get(i, ninf),
-                              (id(l), k.stream), None if gd is None else (gd[0], gd[1], kern[gd[0]].end),
-                              None if dp is None else (dp[0], dp[1], kern[dp[0]].end)))
+                st, kts, kdur = k.stream, k.ts, k.dur
+                kend = kts + kdur
+                p = slot[i]
+                ss.append(p)
+                # the anchor: the kernel before it on its stream (plus its delay); in a graph launch, the
+                # one before it in the launch on its stream, with the recorded gap (never less than the
+                # stream's own order, as the gap is not negative and graph kernels have no delay)
+                prev = prev_on.get(st)
+                a = none if prev is None else prev[0]
+                add = 0.0
+                extra = None
+                gd = None
+                if i in special:
+                    gd = graph_dep.get(i)
+                    dp = dep.get(i)
+                    fos = first_on_stream.get(i, ninf)
+                    add = delay.get(i, 0.0)
+                    if gd is not None or dp is not None or fos > ninf:
+                        extra = (none if gd is None else slot[gd[0]], 0.0 if gd is None else gd[1],
+                                 none if dp is None else slot[dp[0]], 0.0 if dp is None else dp[1], fos)
+                if graph and gd is None and prev is not None and prev[2] == n:
+                    gap = kts - prev[1]
+                    add = gap if gap > 0.0 else 0.0
+                kplan.append((p, a, add, extra, kdur == 0))
+                prev_on[st] = (p, kend, n)
+                if kend > orig_done:
+                    orig_done = kend
+            # a host wait ends when the GPU work before it (its own copy included) is done in the new timeline:
+            # how long after that it returned (as recorded), or None when it is no such wait
+            wait_extra = None
+            if wait and orig_done > ninf and l.ts + l.dur >= orig_done - 2.0:
+                extra = l.ts + l.dur - orig_done
+                wait_extra = extra if extra > 0.0 else 0.0
             events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
-                           bool(ks) and launch, wait, ks, kplan))
+                           bool(ks) and launch, wait_extra, ss, kplan))
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
-        plan = self._plan_cache = (events, ops, [(i, kern[i].ts) for i in self.orphans])
+        orphans = [(slot[i], kern[i].ts) for i in self.orphans]
+        plan = self._plan_cache = (events, ops, orphans, rec_end, durs, [e[9] for e in events])
         return plan
+
+    def durations(self, duration: Callable[[int], float]) -> list:
+        """``duration(kernel index)`` of each kernel of the step, by slot (``step.kernels`` order)."""
+        return [duration(i) for i in self.step.kernels]
 
     def run(self, duration: Callable[[int], float], timeline: str = "recorded") -> dict:
         """Replay with ``duration(kernel index) -> µs``.
@@ -321,34 +417,43 @@ class StepReplay:
         the fix removes, and host waits that end earlier). ``"launch-api"``: each thread only spends
         its runtime calls' own time (back to back, no Python or torch time between them): a lower
         bound on any run's CPU, the profiled one included. Returns {span_us, last_end_us, last_launch_us}."""
-        kern = self.trace.kernels
-        events, ops, orphans = self._plan()
-        ninf = float("-inf")
-        new_d = {}
-        for l, ks, _ in self.events:
-            for i in ks:
-                v = float(duration(i))
-                new_d[i] = v if v > 0.0 else 0.0
-        for i in self.orphans:
-            v = float(duration(i))
-            new_d[i] = v if v > 0.0 else 0.0
-        gone = [bool(ks) and all(new_d[i] == 0.0 and kern[i].dur > 0 for i in ks) for _, ks, _ in self.events]
-        # ops all of whose launches are gone
+        return self.run_slots(self.durations(duration), timeline)
+
+    def prepare(self, nd: list) -> tuple:
+        """What every replay of the new durations ``nd`` (by slot) reads, whichever its timeline: the
+        durations clamped at 0, which launches the fix removes (all their kernels go), and which torch
+        ops it keeps (one of their launches stays)."""
+        events, _, _, _, durs, ev_slots = self._plan()
+        new_d = [v if v > 0.0 else 0.0 for v in map(float, nd)]
+        # the kernels the fix removes (0 µs now, not before): a launch all of whose kernels go costs no CPU
+        # time on the launch-api timeline, and a torch op all of whose launches go is removed
+        removed = [n for n, v in enumerate(new_d) if v == 0.0 and durs[n] > 0]
+        if removed:
+            rset = set(removed)
+            gone = [bool(ss) and rset.issuperset(ss) for ss in ev_slots]
+        else:
+            gone = [False] * len(events)
         keep_op: dict = {}
         for n, e in enumerate(events):
             if e[4] is not None:
                 keep_op[e[5]] = keep_op.get(e[5], False) or not gone[n]
+        return new_d, gone, keep_op
+
+    def run_slots(self, nd: list, timeline: str = "recorded", prepared: Optional[tuple] = None) -> dict:
+        """:meth:`run` with the new durations by slot (``nd[n]``: µs of ``step.kernels[n]``);
+        ``prepared``: :meth:`prepare` of ``nd``, when the caller has it."""
+        events, ops, orphans, rec_end, durs, ev_slots = self._plan()
+        ninf, inf = float("-inf"), float("inf")
+        new_d, gone, keep_op = prepared if prepared is not None else self.prepare(nd)
         removed_op_done: set = set()
-        free: dict = {}
-        graph_prev: dict = {}
         clock: dict = {}  # thread -> its CPU time in the new timeline (launch-api) / shift (recorded)
         shift: dict = {}
-        orig_done = new_done = ninf
-        first, last_end, last_launch = None, ninf, ninf
-        new_end: dict = {}  # kernel -> its end in the replay
+        ne = list(rec_end)  # each kernel's end: as replayed once the replay reached it, as recorded before
+        new_done = last_end = last_launch = ninf
+        first = inf
         latency = self.latency_us
         api = timeline == "launch-api"
-        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait, ks, kplan) in enumerate(events):
+        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait_extra, _, kplan) in enumerate(events):
             if api:
                 t = clock.get(th, lts)
                 lo = lts - 1e12
@@ -365,64 +470,48 @@ class StepReplay:
             end = t + cost
             if launched and t > last_launch:
                 last_launch = t
-            for i, stream, kts, kend, kdur, dl, fos, gkey, gd, dp in kplan:
-                d = new_d[i]
-                ready = t + latency
-                if graph and gd is None:
-                    prev = graph_prev.get(gkey)
-                    if prev is not None:
-                        gap = kts - prev[0]
-                        x = prev[1] + (gap if gap > 0.0 else 0.0)
-                        if x > ready:
-                            ready = x
-                start = ready
-                x = free.get(stream, ninf) + dl
-                if x > start:
-                    start = x
-                if fos > start:
-                    start = fos
-                if gd is not None:  # ordered after another stream's kernel of the same graph
-                    x = new_end.get(gd[0], gd[2]) + gd[1]
+            ready = t + latency
+            for p, a, add, extra, zero in kplan:
+                start = ne[a] + add
+                if ready > start:
+                    start = ready
+                if extra is not None:
+                    gs, gg, ds, dg, fos = extra
+                    if fos > start:
+                        start = fos
+                    x = ne[gs] + gg  # ordered after another stream's kernel of the same graph
                     if x > start:
                         start = x
-                if dp is not None:  # it waits for another stream's kernel (as replayed, else as recorded)
-                    x = new_end.get(dp[0], dp[2]) + dp[1]  # gap < 0: it held the SMs
+                    x = ne[ds] + dg  # it waits for another stream's kernel (gap < 0: it held the SMs)
                     if x > start:
                         start = x
+                d = new_d[p]
                 e_new = start + d
-                graph_prev[gkey] = (kend, e_new)
-                new_end[i] = e_new
-                free[stream] = e_new
-                if d > 0 or kdur == 0:  # a kernel the fix removes neither starts nor ends the step
-                    if first is None or start < first:
+                ne[p] = e_new
+                if d > 0 or zero:  # a kernel the fix removes neither starts nor ends the step
+                    if start < first:
                         first = start
                     if e_new > last_end:
                         last_end = e_new
-                if kend > orig_done:
-                    orig_done = kend
                 if e_new > new_done:
                     new_done = e_new
-            # a wait ends when the GPU work before it (its own copy included) is done in the new timeline
-            if wait and orig_done > ninf and lend >= orig_done - 2.0:
-                extra = lend - orig_done
-                if not extra > 0.0:
-                    extra = 0.0
+            if wait_extra is not None:
                 a = t + (ldur if _WAIT_MIN_US > ldur else _WAIT_MIN_US)
-                b = new_done + extra
+                b = new_done + wait_extra
                 end = b if b > a else a
             if api:
                 clock[th] = end
             else:
                 shift[th] = end - lend
-        for i, kts in orphans:
-            if first is None or kts < first:
+        for p, kts in orphans:
+            if kts < first:
                 first = kts
-            x = kts + new_d[i]
+            x = kts + new_d[p]
             if x > last_end:
                 last_end = x
         # CPU time of the torch ops the fix removes (all their kernels gone): the host saves it too
         removed_cpu = sum(o.dur for o in ops if not keep_op[id(o)])
-        if first is None:
+        if first == inf:
             return {"span_us": 0.0, "last_end_us": 0.0, "last_launch_us": 0.0, "removed_cpu_us": removed_cpu}
         return {"span_us": last_end - first, "last_end_us": last_end, "last_launch_us": last_launch,
                 "removed_cpu_us": removed_cpu}
@@ -464,11 +553,12 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
     kern = trace.kernels
     count: dict = {}
     copies: dict = {}  # corr -> the memcpy activities of that call
-    for s in steps:
-        for i in s.kernels:
-            l = by_corr.get(kern[i].corr)
-            if l is not None:
-                count[(l.pid, l.tid)] = count.get((l.pid, l.tid), 0) + 1
+    # kernels per launching thread (counted per correlation id first: one launch, one thread)
+    per_corr = Counter(kern[i].corr for s in steps for i in s.kernels)
+    for corr, n in per_corr.items():
+        l = by_corr.get(corr)
+        if l is not None:
+            count[(l.pid, l.tid)] = count.get((l.pid, l.tid), 0) + n
     if not count:
         return {}
     thread = max(count, key=count.get)
@@ -483,7 +573,7 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
             continue
         wait = 0.0
         for l in index.launches_between(lo, hi):
-            if (l.pid, l.tid) == thread:
+            if l.dur >= _WAIT_MIN_US and (l.pid, l.tid) == thread:  # a shorter call waited for nothing
                 wait += host_wait_us(l, copies.get(l.corr))
         out[id(a)] = max(0.0, (hi - lo) - wait)
     return out
@@ -522,7 +612,7 @@ def _replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> 
     hit = memo.get(id(step))
     if hit is None or hit[0] is not step:
         r = StepReplay(trace, step, by_corr, index)
-        hit = memo[id(step)] = (step, r, r.run(lambda i: trace.kernels[i].dur))
+        hit = memo[id(step)] = (step, r, r.run_slots(r._plan()[4]))
     return hit[1], hit[2]
 
 
@@ -530,10 +620,28 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
     """Whether graph launches ran at least half the step's GPU time (once per replay)."""
     hit = r.__dict__.get("_mostly_graph")
     if hit is None:
-        graph_k = sum(kern[i].dur for i in s.kernels if (by_corr.get(kern[i].corr) is not None
-                                                          and is_graph_launch(by_corr[kern[i].corr].name)))
-        hit = r._mostly_graph = graph_k >= 0.5 * sum(kern[i].dur for i in s.kernels)
+        graph = {i: g for i, _, _, g in r._lk}
+        durs = r._plan()[4]
+        graph_k = sum([d for i, d in zip(s.kernels, durs) if graph[i]])
+        hit = r._mostly_graph = graph_k >= 0.5 * sum(durs)
     return hit
+
+
+def _streams(r: StepReplay) -> list:
+    """Each kernel's stream by slot (``step.kernels`` order), once per replay."""
+    hit = r.__dict__.get("_streams")
+    if hit is None:
+        kern = r.trace.kernels
+        hit = r._streams = [kern[i].stream for i in r.step.kernels]
+    return hit
+
+
+def _back_to_back_slots(streams: list, nd: list) -> float:
+    """:func:`_back_to_back_us` with the durations by slot, each at least 0."""
+    per: dict = {}
+    for st, v in zip(streams, nd):  # nd: clamped at 0 already (StepReplay.prepare)
+        per[st] = per.get(st, 0.0) + v
+    return max(per.values(), default=0.0)
 
 
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
@@ -553,24 +661,24 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         if not s.kernels:
             continue
         r, base = _replay_once(trace, s, by_corr, index)
-
-        ndv = {}  # the step's new durations, asked once per kernel
-        for i in s.kernels:
-            if i not in ndv:
-                v = new_duration(i)
-                ndv[i] = kern[i].dur if v is None else v
-        nd = ndv.__getitem__
-        after = r.run(nd)
+        durs = r._plan()[4]
+        # the step's new durations by slot (step.kernels order), asked once per kernel
+        nd = []
+        for i, d in zip(s.kernels, durs):
+            v = new_duration(i)
+            nd.append(d if v is None else v)
+        prep = r.prepare(nd)
+        after = r.run_slots(nd, prepared=prep)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))
             host_before.append(busy[id(s)])
             removed.append(after["removed_cpu_us"])
-        ks = sum(kern[i].dur - nd(i) for i in s.kernels) - added_us_per_step
+        ks = sum(map(operator.sub, durs, nd)) - added_us_per_step
         saved.append(base["span_us"] - after["span_us"] - added_us_per_step)
         kernel_saved.append(ks)
         # the lower bound: the GPU work left, and the runtime calls alone back to back
-        low = r.run(nd, timeline="launch-api")
-        busy_after.append(_back_to_back_us(kern, s.kernels, nd) + added_us_per_step)
+        low = r.run_slots(nd, timeline="launch-api", prepared=prep)
+        busy_after.append(_back_to_back_slots(_streams(r), prep[0]) + added_us_per_step)
         graph_steps += _mostly_graph(r, kern, s, by_corr)
         gpu_left = s.gpu_us - ks
         low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))

@@ -126,8 +126,14 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
             ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
-    fr = [Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid) for f in trace.frames
-          if _VLLM_RUNNER_FRAME.search(f.name)]
+    runner: dict = {}  # frame name -> a vLLM model-runner execute_model frame? (asked once per name)
+    fr = []
+    for f in trace.frames:
+        hit = runner.get(f.name)
+        if hit is None:
+            hit = runner[f.name] = _VLLM_RUNNER_FRAME.search(f.name) is not None
+        if hit:
+            fr.append(Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid))
     if fr:
         return "model-runner-frames", fr, "vLLM model-runner execute_model calls (Python frames)"
     ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
@@ -280,8 +286,13 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
 
     corr_step: dict[int, int] = {}
     has_corr = False
+    kinds: dict = {}  # launch name -> (a kernel launch, a graph launch, a copy or set); once per name
     for l in trace.launches:
-        if not is_kernel_launch(l.name) and "Memcpy" not in l.name and "Memset" not in l.name:
+        kind = kinds.get(l.name)
+        if kind is None:
+            kind = kinds[l.name] = (is_kernel_launch(l.name), is_graph_launch(l.name),
+                                    "Memcpy" in l.name or "Memset" in l.name)
+        if not kind[0] and not kind[2]:
             continue
         i = window_of(l.ts)
         if i < 0:
@@ -292,9 +303,9 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
         if l.corr is not None:
             corr_step[l.corr] = i
             has_corr = True
-        if is_kernel_launch(l.name):
+        if kind[0]:
             st.launches += 1
-            if is_graph_launch(l.name):
+            if kind[1]:
                 st.graph_launches += 1
 
     for ki, k in enumerate(trace.kernels):

@@ -24,13 +24,14 @@ trace kind is read first, from what each kind must contain:
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.load.model import Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
-_OPTIMIZER = re.compile(r"^Optimizer\.step#")  # one per iteration (zero_grad is another range of the same one)
+_OPTIMIZER = "Optimizer.step#"  # a range name's start, one per iteration (zero_grad is another range of the same one)
 _BACKWARD_KERNEL = re.compile(r"backward|_bwd|dgrad|wgrad", re.I)
 _DIFFUSION_ANN = re.compile(r"diffusion|denois", re.I)
 _DIFFUSION_FRAME = re.compile(r"(^|/)(diffusers|xfuser)/|(^|/)scheduling_\w+\.py\(|"
@@ -43,13 +44,6 @@ _SERVING_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VER
 BACKWARD_OPS_MIN = 3
 BACKWARD_KERNEL_SHARE = 0.10
 CONV_SHARE = 0.20
-
-
-def _memo_search(memo: dict, rx: re.Pattern, name: str) -> bool:
-    hit = memo.get(name)
-    if hit is None:
-        hit = memo[name] = rx.search(name) is not None
-    return hit
 
 
 def classify_workload(trace: Trace) -> dict:
@@ -66,17 +60,26 @@ def classify_workload(trace: Trace) -> dict:
     total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
     bw_us = conv_us = llm_us = 0.0
     table = kernel_table(trace)
-    bw_kernel: dict = {}
-    for i, k in enumerate(trace.kernels):
-        if k.kind != "kernel":
-            continue
+    kern = trace.kernels
+    # per distinct (name, kind): (a backward kernel, a convolution, LLM evidence), or None when none or
+    # not a kernel; (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and
+    # other top-k run them)
+    flags: list = []
+    for i in table.first:
+        k = kern[i]
         b, sub = table.pair[i]
-        if _memo_search(bw_kernel, _BACKWARD_KERNEL, k.name):
+        f = (_BACKWARD_KERNEL.search(k.name) is not None, sub == "conv",
+             sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name)
+        flags.append(f if k.kind == "kernel" and any(f) else None)
+    for k, key in zip(kern, table.key):
+        f = flags[key]
+        if f is None:
+            continue
+        if f[0]:
             bw_us += k.dur
-        if sub == "conv":
+        if f[1]:
             conv_us += k.dur
-        # (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and other top-k run them)
-        if sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name:
+        if f[2]:
             llm_us += k.dur
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}
@@ -135,8 +138,8 @@ def optimizer_steps(trace: Trace) -> list[tuple]:
     may step two optimizers per iteration (Shampoo, then an EMA): the iterations are the ranges of the
     optimizer stepped most often, each once (zero_grad, another range of the same iteration, not at all)."""
     by: dict[str, set] = {}
-    for x in list(trace.cpu_ops) + [a for a in trace.annotations if not a.gpu]:
-        if _OPTIMIZER.match(x.name):
+    for x in itertools.chain(trace.cpu_ops, [a for a in trace.annotations if not a.gpu]):
+        if x.name.startswith(_OPTIMIZER):
             by.setdefault(x.name, set()).add((x.tid, x.ts, x.ts + x.dur))
     return sorted(max(by.values(), key=len), key=lambda r: r[1]) if by else []
 

@@ -21,6 +21,7 @@ import msgspec
 from perfscope.errors import InputError
 from perfscope.util import limits
 from perfscope.util.files import read_regular
+from perfscope.util.gcpause import collector_paused
 from perfscope.load.model import Annotation, CpuOp, Kernel, Launch, PyFrame, Trace, TraceMeta
 from perfscope.load.repair import fix_names, fix_surrogates, normalise_encoding, repair_names  # noqa: F401 - API
 from perfscope.load.schema import ANY_EVENT, EVENT, MAX_DUR_US, MAX_TS_US, TOP, Args, Event, Top
@@ -392,9 +393,12 @@ def _fill_meta(meta: TraceMeta, top) -> None:
 
 
 def load_trace(path: str | os.PathLike, progress=None) -> Trace:
-    """Read and parse one trace file; every failure is a one-line InputError."""
+    """Read and parse one trace file; every failure is a one-line InputError. The cyclic collector is
+    off while it parses (perfscope.util.gcpause): its passes would walk the events read so far, again
+    and again as they grow."""
     try:
-        return parse(read_bytes(path, progress), str(path))
+        with collector_paused():
+            return parse(read_bytes(path, progress), str(path))
     except MemoryError:
         raise InputError(f"{path}: not enough memory to analyse this trace (see the bounds in the README: "
                          "PERFSCOPE_MAX_TRACE_GB, PERFSCOPE_MAX_EVENTS)") from None

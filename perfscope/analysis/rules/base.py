@@ -86,13 +86,21 @@ class RuleContext:
                 yield kern[i]
 
     def time_of(self, match) -> tuple[float, float]:
-        """(ms per step, calls per step) of the analysed steps' kernels for which ``match(k)`` holds."""
+        """(ms per step, calls per step) of the analysed steps' kernels for which ``match(k)`` holds.
+        ``match`` reads the kernel's name and kind only: it is asked once per distinct (name, kind)."""
+        from perfscope.analysis.kernel_table import kernel_table
+
+        table = kernel_table(self.trace)
+        kern = self.trace.kernels
+        verdict = [bool(match(kern[i])) for i in table.first]  # per distinct (name, kind), by its first kernel
+        key = table.key
         us = 0.0
         calls = 0
-        for k in self.kernels():
-            if match(k):
-                us += k.dur
-                calls += 1
+        for s in self.steps:
+            for i in s.kernels:
+                if verdict[key[i]]:
+                    us += kern[i].dur
+                    calls += 1
         n = max(self.n_steps, 1)
         return us / n / 1e3, calls / n
 

@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import Optional
 
 from perfscope.analysis.buckets import classify
+from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 
 _EPT = re.compile(r"elementwise_kernel(?:_manual_unroll)?<\d+, (\d+)")  # elementwise_kernel<NT, VT, ...>
@@ -96,13 +97,16 @@ class Fp8KvCast(Rule):
         launches of one signature on one stream, with no other kernel of that stream between them
         (and the same input shapes where the trace records them), are one cast."""
         kern = ctx.trace.kernels
+        table = kernel_table(ctx.trace)
+        cand = [is_cast_candidate(kern[i]) for i in table.first]  # per distinct (name, kind)
+        key = table.key
         casts: dict[tuple, list[list[int]]] = defaultdict(list)
         merge: dict = {}  # signature -> do its back-to-back launches belong to one cast?
         for s in ctx.steps:
             last: dict = {}  # stream -> (signature, run) of its last kernel if that was a cast, else None
             for i in sorted(s.kernels, key=lambda j: (kern[j].ts, j)):
                 k = kern[i]
-                if not is_cast_candidate(k):
+                if not cand[key[i]]:
                     last[k.stream] = None
                     continue
                 sig = ctx.attributor.signature(k)
@@ -227,8 +231,10 @@ class Fp8KvCast(Rule):
         assumes = ("the casts go and every other kernel keeps its time: what the pages strategy does "
                    "(BF16 attention on the rows the batch reads, plus their small conversion)")
         alternatives = {}
-        mla = frozenset(i for s in ctx.steps for i in s.kernels
-                        if "BatchMLAPagedAttentionKernel" in kern[i].name and i not in removed)
+        table = kernel_table(ctx.trace)
+        is_mla = [("BatchMLAPagedAttentionKernel" in kern[i].name) for i in table.first]  # per distinct name
+        key = table.key
+        mla = frozenset(i for s in ctx.steps for i in s.kernels if is_mla[key[i]] and i not in removed)
         cc = str(ctx.trace.meta.compute_capability or "")
         if mla and cc.startswith("9."):
             # SM90: the fix's default is native, and FlashInfer's MLA kernel then reads FP8 itself, slower

@@ -35,12 +35,17 @@ def graph_fraction(ctx: RuleContext) -> float:
     """Share of the analysed steps' kernel time that graph launches replayed."""
     kern = ctx.trace.kernels
     graph = total = 0.0
+    by_corr = ctx.attributor.by_corr
+    replayed: dict = {}  # correlation id -> whether its launch is a graph launch
     for s in ctx.steps:
         for i in s.kernels:
             k = kern[i]
             total += k.dur
-            l = ctx.attributor.by_corr.get(k.corr)
-            if l is not None and l.name.endswith("GraphLaunch"):
+            g = replayed.get(k.corr)
+            if g is None:
+                l = by_corr.get(k.corr)
+                g = replayed[k.corr] = l is not None and l.name.endswith("GraphLaunch")
+            if g:
                 graph += k.dur
     return graph / total if total else 0.0
 
