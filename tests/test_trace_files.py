@@ -275,3 +275,82 @@ def test_versions_probe_reads_torchs_cuda_without_importing_torch(engine):
     probe = subprocess.run([py, "-c", _VERSIONS_PY + "\nimport sys; print('torch' in sys.modules)"],
                            capture_output=True, text=True, timeout=120)
     assert probe.stdout.split()[-1] == "False"
+
+
+# a real trace of 2.7 MB gzipped, 55.6 MB of JSON (20x): inflated a read block at a time, the gzip
+# check held 59 MB (tracemalloc) on it; bounded on both sides it holds about 2 MB
+OWL_GZ = TRACES.parent / "tracelens-hf" / "google_owlv2-large-patch14-ensemble__1016001.json.gz"
+WORKING_SET = 4 << 20
+
+
+def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_path):
+    """What trace does with each file (the host's completeness check, its sha256, the copy, the check
+    of the copy) holds a few MB of Python memory at most, however large the file and however well it
+    compresses: measured with tracemalloc on a real multi-MB trace, beside a byte-exact copy."""
+    import hashlib
+    import subprocess
+    import sys
+    import tracemalloc
+
+    from perfscope.capture.hostio import _COMPLETE_CHECK_PY, RemoteFile
+    from perfscope.capture.trace import Endpoint, _copy_back
+
+    data = OWL_GZ.read_bytes()
+    assert len(gzip.decompress(data)) > 50 << 20  # a 1 MB block of it inflates to ~20 MB
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    src = remote / SGL_NAME
+    src.write_bytes(data)
+    out, files = tmp_path / "run", []
+    tracemalloc.start()
+    try:
+        assert LocalHost().incomplete([str(src)]) == []  # the wait's check (--url)
+        _copy_back(LocalHost(), [RemoteFile(src.name, str(src), len(data), 0.0)], out, "h",
+                   Endpoint(url="http://127.0.0.1:1"), None, files)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    copy = out / rundir.TRACES_DIR / SGL_NAME
+    assert copy.read_bytes() == data and files[0]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert files[0]["bytes"] == len(data)
+    assert peak < WORKING_SET, f"{peak:,} bytes held copying and checking {len(data):,} bytes"
+    # the same check as the host runs it over SSH (python3 there), in a process of its own
+    probe = subprocess.run([sys.executable, "-X", "tracemalloc", "-c", _COMPLETE_CHECK_PY +
+                            "\nimport tracemalloc; print(tracemalloc.get_traced_memory()[1])", str(src),
+                            str(tmp_path / "run" / "missing.trace.json.gz")],
+                           capture_output=True, text=True, timeout=120)
+    bad, held = probe.stdout.split()
+    assert bad.endswith("missing.trace.json.gz") and int(held) < WORKING_SET, probe.stdout
+
+
+def test_gzip_check_is_bounded_on_a_stream_of_identical_events(tmp_path):
+    """A run of identical events compresses ~1000x: inflated a read block at a time, 1 MB of it would be
+    about 1 GB. The check stays within a few MB and gives the same answer at every cut."""
+    import tracemalloc
+
+    ev = b'{"ph": "X", "name": "k", "ts": 1, "dur": 1, "pid": 0, "tid": 0},'
+    body = b'{"traceEvents": [' + ev * (3 << 20) + b'{}], "traceName": "t"}'  # 200 MB of JSON
+    gz = zlib_gzip(body)
+    del body
+    whole = tmp_path / SGL_NAME
+    whole.write_bytes(gz)
+    tracemalloc.start()
+    try:
+        assert gzip_intact_local(whole)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < WORKING_SET, f"{peak:,} bytes held checking {len(gz):,} bytes of gzip"
+    for cut in (len(gz) - 1, len(gz) - 8, len(gz) // 2, 100):
+        (tmp_path / "cut.trace.json.gz").write_bytes(gz[:cut])
+        assert not gzip_intact_local(tmp_path / "cut.trace.json.gz"), cut
+    (tmp_path / "tail.trace.json.gz").write_bytes(gz + b"\0" * 4096)  # bytes after the stream: not read
+    assert gzip_intact_local(tmp_path / "tail.trace.json.gz")
+
+
+def zlib_gzip(data: bytes) -> bytes:
+    """gzip of ``data`` (level 6, as torch's profiler writes), without gzip.compress's extra copy."""
+    import zlib
+
+    c = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return c.compress(data) + c.flush()

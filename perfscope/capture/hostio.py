@@ -86,7 +86,7 @@ print(json.dumps(out))
 """
 
 # Run on the host with the server's files as arguments; prints the incomplete ones. The same test
-# as trace_file_complete() below (a remote python3 need not have perfscope).
+# as trace_file_complete() below, in the same bounded steps (a remote python3 need not have perfscope).
 _COMPLETE_CHECK_PY = r"""
 import re, sys, zlib
 bad = []
@@ -99,13 +99,15 @@ for p in sys.argv[1:]:
                     bad.append(p)
                 continue
             d = zlib.decompressobj(31)
-            while True:
-                b = f.read(1 << 20)
+            while not d.eof:
+                b = f.read(1 << 16)
                 if not b:
                     break
-                d.decompress(b, 0)
-                while d.unconsumed_tail:
-                    d.decompress(d.unconsumed_tail, 0)
+                d.decompress(b, 1 << 20)
+                while d.unconsumed_tail and not d.eof:
+                    d.decompress(d.unconsumed_tail, 1 << 20)
+            while not d.eof and d.decompress(b"", 1 << 20):
+                pass
         if not d.eof:
             bad.append(p)
     except Exception:
@@ -146,16 +148,28 @@ def trace_file_complete(path: str | os.PathLike) -> bool:
 _KINETO_END = re.compile(rb'\]\s*,\s*"traceName"\s*:[^\]]*\}\s*$')
 
 
+# the gzip check reads GZ_READ_BLOCK bytes at a time and inflates at most GZ_OUT_BLOCK bytes per
+# step: a trace's JSON compresses 15-45x and a run of identical events up to zlib's 1032x, so a
+# block inflated whole would be 15 MB to 1 GB; bounded on both sides, the check holds a few MB
+# whatever the file
+GZ_READ_BLOCK = 1 << 16
+GZ_OUT_BLOCK = 1 << 20
+
+
 def gzip_intact_local(path: str | os.PathLike) -> bool:
     """True if the whole gzip stream decompresses and ends with its trailer (CRC and size checked
-    by zlib). Streams the file; memory stays small."""
+    by zlib). Streams the file (:data:`GZ_READ_BLOCK` bytes read, at most :data:`GZ_OUT_BLOCK`
+    inflated per step) and stops at the stream's end (what follows it is not read)."""
     try:
         d = zlib.decompressobj(31)
         with open(path, "rb") as f:
-            while b := f.read(1 << 20):
-                d.decompress(b, 0)
-                while d.unconsumed_tail:
-                    d.decompress(d.unconsumed_tail, 0)
+            while not d.eof and (b := f.read(GZ_READ_BLOCK)):
+                d.decompress(b, GZ_OUT_BLOCK)
+                while d.unconsumed_tail and not d.eof:
+                    d.decompress(d.unconsumed_tail, GZ_OUT_BLOCK)
+        # output zlib still holds once the input is used up (a step that filled the output exactly)
+        while not d.eof and d.decompress(b"", GZ_OUT_BLOCK):
+            pass
         return d.eof
     except (zlib.error, OSError, EOFError, gzip.BadGzipFile):
         return False
