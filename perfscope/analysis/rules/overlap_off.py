@@ -96,6 +96,8 @@ class OverlapOff(Rule):
         gpu_work = max(ctx.step_ms - inside, 0.0)
         profiled = gap + inside
         serial = _serial_host(ctx, profiled, gpu_work)
+        if serial is None:
+            return None
         idle = serial.point
         cycle = gpu_work + idle
         share_cycle = idle / cycle if cycle > 0 else 0.0
@@ -132,7 +134,7 @@ class OverlapOff(Rule):
                       "overlap_kernels_seen": self.overlap_markers(ctx), "scheduler_loop": loop})
 
 
-def _serial_host(ctx: RuleContext, profiled_ms: float, gpu_work_ms: float) -> "hosttime.HostEstimate":
+def _serial_host(ctx: RuleContext, profiled_ms: float, gpu_work_ms: float) -> Optional["hosttime.HostEstimate"]:
     """The host's serial work per step (the GPU idle of a loop without overlap) as unprofiled: the bench's
     step (its median inter-token latency, else TPOT) less the GPU work when the run measured one, else the
     profiled idle scaled by the profiler's measured slow-down of the host (``hosttime.SCALE``)."""
@@ -145,8 +147,4 @@ def _serial_host(ctx: RuleContext, profiled_ms: float, gpu_work_ms: float) -> "h
             v, max(v - n, 0.0), v + n, "bench", round(profiled_ms, 4),
             f"the bench's {'median inter-token latency' if src == 'itl' else 'TPOT'} without the profiler, "
             f"{meas:.2f} ms, less {gpu_work_ms:.2f} ms of GPU work")
-    sc = hosttime.SCALE[hosttime.profile_kind(ctx.trace)]
-    return hosttime.HostEstimate(profiled_ms * sc.point, profiled_ms * sc.lo, profiled_ms * sc.hi,
-                                 hosttime.profile_kind(ctx.trace), round(profiled_ms, 4),
-                                 f"the trace's {profiled_ms:.2f} ms of idle per step x {sc.point:.2f} (the profiler's "
-                                 f"measured slow-down of the host, range {sc.lo:.2f}-{sc.hi:.2f})")
+    return hosttime.estimate(profiled_ms, hosttime.profile_kind(ctx.trace))
