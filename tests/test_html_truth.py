@@ -118,16 +118,9 @@ def test_a_cost_and_its_saving_say_why_they_differ_in_the_page_and_markdown(chro
     import subprocess
     import sys
 
-    from perfscope.capture.rundir import write_run
+    from runs import host_bubble_run
 
-    src = H200 / "mla_pages_graph.json.xz"
-    run = tmp_path / "run"
-    (run / "traces").mkdir(parents=True)
-    (run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz").write_bytes(src.read_bytes())
-    step = diagnose([src]).primary.steps["median_ms"]
-    write_run(run, command=["perfscope", "trace"], engine="sglang", workload={"concurrency": 1},
-              timings={"tpot_ms": 9.0, "bench": {"tpot_ms": step + 1.28, "concurrency": 1}},
-              files=[{"path": "traces/1730000000.0-TP-0-DECODE.trace.json.gz"}])
+    run = host_bubble_run(tmp_path)
     r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(run), "--json", "--html",
                         str(tmp_path / "d.html"), "--markdown", str(tmp_path / "s.md")], capture_output=True, text=True,
                        timeout=300)

@@ -218,17 +218,9 @@ def test_a_cost_between_steps_says_why_the_step_saves_less(tmp_path):
     80 and 200 columns."""
     import json
 
-    from perfscope.analysis.diagnose import diagnose
-    from perfscope.capture.rundir import write_run
+    from runs import host_bubble_run
 
-    src = H200 / "mla_pages_graph.json.xz"
-    run = tmp_path / "run"
-    (run / "traces").mkdir(parents=True)
-    (run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz").write_bytes(src.read_bytes())
-    step = diagnose([src]).primary.steps["median_ms"]
-    write_run(run, command=["perfscope", "trace"], engine="sglang", workload={"concurrency": 1},
-              timings={"tpot_ms": 9.0, "bench": {"tpot_ms": step + 1.28, "concurrency": 1}},
-              files=[{"path": "traces/1730000000.0-TP-0-DECODE.trace.json.gz"}])
+    run = host_bubble_run(tmp_path)
     f = next(x for x in json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(run), "--json"],
                                                   capture_output=True, text=True, timeout=300).stdout)["findings"]
              if x["id"] == "host-bubble")
