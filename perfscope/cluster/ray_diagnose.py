@@ -330,18 +330,11 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
             ts: TraceSet = rep["tset"]
             for tf, info in zip(ts.files, rep["files"]):
                 files.append((tf, info, n))
-            for s in ts.skipped:
-                if s not in skipped:
-                    skipped.append(s)
-            for c in ts.capture:
-                if c not in capture:
-                    capture.append(c)
-            for f in ts.frontend:
-                if f not in frontend:
-                    frontend.append(f)
-            for d in ts.duplicates:
-                if d not in dups:
-                    dups.append(d)
+            for seen, new in ((skipped, ts.skipped), (capture, ts.capture), (frontend, ts.frontend),
+                              (dups, ts.duplicates)):
+                for x in new:
+                    if x not in seen:
+                        seen.append(x)
     # the same path with the same bytes on several nodes (a shared file system): one file, several holders
     jobs: list[Job] = []
     by_key: dict = {}
