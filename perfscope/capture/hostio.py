@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
+from perfscope.errors import InputError
 from perfscope.util.files import atomic_writer, copy_hashed, local_write_error, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which
@@ -289,6 +290,14 @@ class HostIO:
     def remove(self, paths: list[str], folder: str | None) -> None:
         raise NotImplementedError
 
+    def put(self, path: str, data: bytes) -> None:
+        """Write a small file on the host (mode 0600), atomically."""
+        raise NotImplementedError
+
+    def get(self, path: str, cap: int) -> bytes:
+        """A regular file's bytes from the host, at most ``cap`` (RemoteError past it)."""
+        raise NotImplementedError
+
     # the server's environment ---------------------------------------------------------------
     def server_process(self, port: int) -> dict:
         """{pid, uid, argv0, exe, venv} of the process listening on ``port``, as far as visible."""
@@ -425,6 +434,15 @@ class SSHHost(HostIO):
     def remove(self, paths, folder):
         self.s.remove(paths, folder)
 
+    def put(self, path, data):
+        self.s.write_bytes_atomic(path, data, mode=0o600)
+
+    def get(self, path, cap):
+        try:
+            return bytes(self.s.read_bytes(path, regular_cap=cap))
+        except InputError as e:  # a pipe, a folder, or past the cap: the host's answer is unusable
+            raise RemoteError(str(e).replace("PERFSCOPE_MAX_FIX_FILE_MB", "PERFSCOPE_MAX_REPLY_MB")) from None
+
     def close(self):
         self.s.close()
 
@@ -525,6 +543,19 @@ class LocalHost(HostIO):
         except OSError as e:
             raise (local_write_error(e, local) or e) from None
         return digest
+
+    def put(self, path, data):
+        from perfscope.util.files import atomic_write_bytes
+
+        atomic_write_bytes(path, data, mode=0o600)
+
+    def get(self, path, cap):
+        from perfscope.util.files import read_regular
+
+        try:
+            return bytes(read_regular(path, cap, "PERFSCOPE_MAX_REPLY_MB"))
+        except InputError as e:
+            raise RemoteError(str(e)) from None
 
     def remove(self, paths, folder):
         for p in paths:

@@ -32,3 +32,8 @@ class TraceOptions:
     seed: int = 0
     bench_requests: int = 0  # > 0: measure TPOT without the profiler first, before any profile (perfscope bench)
     python: str | None = None  # the server's interpreter, for its versions (else found, when it may be run)
+    # trace --analyse-on-host: "analyse" (the traces analysed by the host's Python, only the results
+    # copied back: perfscope.cluster.onhost), "keep" (left on the host, listed, analysed with the run
+    # they belong to: the host-timing profile's), "" (copied back)
+    analyse_on_host: str = ""
+    analysis_timeout: float = 3600.0  # seconds the host's analysis may take

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import urlparse
@@ -85,6 +85,7 @@ class HostResult:
     files: list[dict]
     timings: dict
     server_info: dict
+    remote_files: list = field(default_factory=list)  # --analyse-on-host: the traces left on the host
 
 
 def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list[str],
@@ -110,6 +111,14 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         versions = io.python_versions([opts.python] if opts.python else io.python_candidates(proc), want=opts.engine)
         if proc.get("python_note") and not opts.python:
             say(f"note: {proc['python_note']}")
+        onhost_py = None
+        if opts.analyse_on_host:
+            if ep.target is None:
+                raise InputError("--analyse-on-host goes with --host: with --url the traces are on this machine")
+            if opts.analyse_on_host == "analyse":  # before anything is profiled: a host that cannot, said now
+                from perfscope.cluster.onhost import pick_python
+
+                onhost_py = pick_python(io, [opts.python] if opts.python else io.python_candidates(dict(proc)), label)
         if version:
             versions["server"] = version
         gpu = io.nvidia_smi()
@@ -226,21 +235,23 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             say(f"note: {timings['requests_stalled']} request(s) of the load got no stream line within "
                 f"{opts.http_timeout:g}s after the profile's steps (the engine was writing its profile); "
                 "not counted as failures")
-        # copy back
-        files = []
+        # copy back (or, analysed on the host, list them where they stay)
+        files: list = []
+        remote = [_remote_entry(f, label) for f in got] if opts.analyse_on_host else []
         try:
-            _copy_back(io, got, out_dir, label, ep, progress, files)
+            if not opts.analyse_on_host:
+                _copy_back(io, got, out_dir, label, ep, progress, files)
         except BaseException as e:
             _abandon(io, api, say, out_dir, remote_dir if made_dir and not opts.keep_remote else None, False, e,
                      got=got, command=command, engine=opts.engine, host=label if ep.target else None,
                      stop_timeout=opts.timeout, **again)
             raise
-        for fe in files:
+        for fe in files + remote:
             if fe.get("role") == "frontend":
                 say(f"{Path(fe['path']).name}: {rundir.FRONTEND_NOTE}; kept, not analysed")
         tables = _fetch_tables(io, remote_dir, baseline_tables, out_dir, [f.name for f in got],
                                wait_s=min(30.0, opts.timeout), say=say) if opts.engine == "vllm" else []
-        if files and not opts.keep_remote:
+        if files and not opts.keep_remote and not opts.analyse_on_host:
             if made_dir:  # perfscope's own folder: removed with whatever else is in it (links, FIFOs)
                 io.discard_dir(remote_dir)
             else:
@@ -252,17 +263,33 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             out_dir, command=command, kind="trace", engine=opts.engine,
             host=label if ep.target else None, url=ep.url or f"ssh://{label} -> 127.0.0.1:{port}",
             versions=versions, server_info=info, gpu=gpu, workload=workload, timings=timings,
-            profile={**profile, "remote_dir_kept": opts.keep_remote, "started": t_start,
+            profile={**profile, "remote_dir_kept": opts.keep_remote or bool(opts.analyse_on_host), "started": t_start,
                      "duration_s": round(time.time() - t_start, 3), "after_trace": after_note},
-            files=files, extra={"profiler_tables": tables} if tables else None,
+            files=files, extra={**({"profiler_tables": tables} if tables else {}),
+                                **({"remote_files": remote, "analysis": {"where": "host", "status": "pending"}}
+                                   if opts.analyse_on_host else {})} or None,
         )
-        say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
+        if not opts.analyse_on_host:
+            say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
         if after_note:
             say(f"note: {after_note}")
         if bench_res is not None:
             timings = dict(timings, bench=_bench_store(bench_res, opts, out_dir, url, label if ep.target else None,
                                                        info))
-        return HostResult(label, out_dir, files, timings, info)
+        if onhost_py:  # the run folder complete (bench included): the config diagnose would build
+            from perfscope.cluster.onhost import analyse_run
+
+            try:
+                ha = analyse_run(io, out_dir, python=onhost_py, label=label, timeout=opts.analysis_timeout, say=say)
+            except BaseException as e:
+                with contextlib.suppress(BaseException):
+                    rundir.mark_incomplete(out_dir, reason=f"{_reason(e)} (the traces stay on {label}: {remote_dir})",
+                                           command=command, engine=opts.engine, host=label)
+                raise
+            say(f"analysed on the host in {ha.seconds:.1f} s: {ha.results_bytes} bytes of results copied back, "
+                f"{ha.trace_bytes} bytes of traces left in {remote_dir}")
+            remote = rundir.read_run(out_dir).data.get("remote_files") or remote
+        return HostResult(label, out_dir, files, timings, info, remote)
 
 
 # how long a by-stage profile waits for requests to leave the server (perfscope's own, cut when the
@@ -318,7 +345,7 @@ def _host_timing(ep: Endpoint, opts: TraceOptions, out_dir: Path, command: list[
     from dataclasses import replace
 
     sub = replace(opts, gpu_only=True, steps=HOST_TIMING_STEPS, bench_requests=0, host_timing=False,
-                  by_stage=False)  # decode steps are what it times: one file of forward steps
+                  by_stage=False, analyse_on_host="keep" if opts.analyse_on_host else "")  # decode steps are what it times: one file of forward steps
     say("host timing: a short GPU-only profile first (no CPU ops recorded: the host as unprofiled as it gets)")
     try:
         trace_host(ep, sub, out_dir / rundir.HOST_TIMING_DIR, command=command + ["(host timing: --gpu-only)"],
@@ -404,6 +431,15 @@ def _copy_back(io: HostIO, got: list, out_dir: Path, label: str, ep: Endpoint, p
             raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
                               "the server may have crashed while writing it")
         files.append(rundir.file_entry(out_dir, local, host=label if ep.target else None, sha256=digest))
+
+
+def _remote_entry(f, label: str) -> dict:
+    """The run.json entry of a trace left on the host: where ``trace --fetch`` puts it (``path``), where
+    it is (``remote_path``), its size; its sha256 comes with the analysis on the host."""
+    meta = rundir.parse_trace_name(f.name)
+    return {"path": f"{rundir.TRACES_DIR}/{f.name}", "remote_path": f.path, "sha256": None, "bytes": f.size,
+            "rank": meta["rank"], "stage": meta["stage"], "host": label, "parallel": meta["parallel"],
+            **({"role": meta["role"]} if meta["role"] else {})}
 
 
 def _abandon(io: HostIO, api, say, out_dir: Path, remote_dir: str | None, armed: bool, err: BaseException, *,
@@ -555,13 +591,16 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
             raise err from None
         raise e
     done = [r for r in results if r is not None]
-    all_files = []
+    all_files, all_remote = [], []
     for d, r in zip(dirs, done):
         for fe in r.files:
             all_files.append({**fe, "path": f"{d}/{fe['path']}"})
+        for fe in r.remote_files:
+            all_remote.append({**fe, "path": f"{d}/{fe['path']}"})
     rundir.write_run(
         out_dir, command=command, kind="multi", engine=opts.engine, host=done[0].label,
         hosts=[r.label for r in done], files=all_files,
         members=[{"host": r.label, "dir": d} for d, r in zip(dirs, done)],
+        extra={"remote_files": all_remote, "analysis": {"where": "host", "status": "done"}} if all_remote else None,
     )
     return done

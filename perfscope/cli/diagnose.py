@@ -157,6 +157,14 @@ def command(
     if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
         raise InputError(f"--csv {csv_dir}: exists and is not a folder")
     err = Console(stderr=True, soft_wrap=True)  # paths it names are never folded (a copy pastes back)
+    from perfscope.cluster import onhost
+
+    stored = onhost.on_host_folder(paths)
+    if stored is not None:  # trace --analyse-on-host: its results, made on the host, without these options
+        onhost.refuse_options(stored, [o for o, v in (("--config", config), ("--model-config", model_config),
+                                                      ("--batch", batch), ("--context", context),
+                                                      ("--server-log", server_log),
+                                                      ("--capture-trace", capture_trace), ("--ray", ray)) if v])
     cfg = _load_config(config)
     from perfscope.analysis.floor import with_floor_inputs
 
@@ -165,7 +173,9 @@ def command(
         from perfscope.analysis.moe_config import read_log
 
         cfg["server_log"] = read_log(server_log)
-    if ray is not None:
+    if stored is not None:
+        d = onhost.stored_diagnosis(stored)
+    elif ray is not None:
         d = _on_ray(paths, cfg, ray, capture_trace, err, quiet=json_out or not err.is_terminal)
     elif json_out or not err.is_terminal:
         d = diagnose(paths, cfg, workers=workers, capture=capture_trace)

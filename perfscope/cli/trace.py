@@ -24,6 +24,9 @@ EXAMPLES = [
     ("perfscope trace --host gpu-box --port 30000 --out run1", "SSH (known_hosts checked): every rank's trace + run.json in ./run1"),
     ("perfscope trace --host gpu-box --bench 8 --out run1", "the same, plus TTFT/TPOT of 8 requests without the profiler"),
     ("perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof", "a local vLLM server, no SSH"),
+    ("perfscope trace --host gpu-box --analyse-on-host --out run1",
+     "the host's Python analyses the traces (needs msgspec there); only the results come back, the traces stay"),
+    ("perfscope trace --fetch run1 --identity ~/.ssh/id_ed25519", "later: copy run1's traces from its host(s), sha256-checked"),
 ]
 
 _SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
@@ -144,6 +147,18 @@ def command(
     python: Optional[str] = typer.Option(None, "--python", metavar="PY",
                                          help="The server's interpreter on the host, asked for its versions (default: "
                                               "the process on --port's, when it runs as the SSH user)."),
+    analyse_on_host: bool = typer.Option(False, "--analyse-on-host",
+                                         help="Analyse each trace on its host with the host's own Python (3.10+ with "
+                                              "msgspec; perfscope itself is shipped as a zip for the run) and copy "
+                                              "back only the results (~10 KB a rank); the traces stay on the host "
+                                              "(implies --keep-remote), listed in run.json with their sha256. "
+                                              "diagnose reads the results; --fetch RUN copies the traces later."),
+    analysis_timeout: float = typer.Option(3600.0, "--analysis-timeout", min=1, metavar="SECONDS",
+                                           help="--analyse-on-host: the longest the host's analysis may run."),
+    fetch: Optional[Path] = typer.Option(None, "--fetch", metavar="RUN_DIR",
+                                         help="Copy the traces a --analyse-on-host run left on its host(s) into "
+                                              "RUN_DIR/traces/ (sha256-checked), making it an ordinary run folder "
+                                              "(diagnose's per-rank options then work). The SSH options apply."),
     out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to create (default ./perfscope-run-<time>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
 ) -> int:
@@ -160,6 +175,14 @@ def command(
     from perfscope.capture.trace import Endpoint, TraceOptions, trace
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)  # hosts, paths, commands: never folded
+    if fetch is not None:
+        if host or url or analyse_on_host:
+            raise InputError("--fetch RUN_DIR takes the hosts from RUN_DIR's run.json: no --host, --url or "
+                             "--analyse-on-host with it")
+        return _fetch(fetch, err, ssh_user=ssh_user, ssh_port=ssh_port, identity=identity, jump=jump,
+                      known_hosts=known_hosts, accept_new=accept_new_host_key, timeout=connect_timeout, json_out=json_out)
+    if analyse_on_host and url:
+        raise InputError("--analyse-on-host goes with --host: with --url the traces are on this machine already")
     if bool(host) == bool(url):
         raise InputError("give --host HOST (over SSH) or --url URL (no SSH), not both or neither")
     engine = engine.lower()
@@ -208,8 +231,12 @@ def command(
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
         profile_prefix=profile_prefix, gpu_only=gpu_only, python=python, host_timing=not no_host_timing,
-        http_timeout=http_timeout,
+        http_timeout=http_timeout, analyse_on_host="analyse" if analyse_on_host else "",
+        analysis_timeout=analysis_timeout,
     )
+    if analyse_on_host and not keep_remote:
+        err.print("note: --analyse-on-host keeps the traces on the host (--keep-remote implied); "
+                  "perfscope trace --fetch RUN copies them later", markup=False, highlight=False)
     argv = scrub_argv(_canonical_argv(ctx))
     from perfscope.errors import redact
 
@@ -225,6 +252,11 @@ def command(
                   for f in info.files],
         "timings": {r.label: r.timings for r in results} if len(results) > 1 else results[0].timings,
     }
+    if analyse_on_host:
+        summary["remote_files"] = [{k: e.get(k) for k in ("host", "remote_path", "bytes", "sha256", "rank", "stage")}
+                                   for e in info.data.get("remote_files") or []]
+        summary["analysis"] = [(rundir.read_run(m.dir).data if m is not info else info.data).get("analysis")
+                               for m in (info.members or [info])]
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
@@ -235,6 +267,41 @@ def command(
         b = t.get("bench") or {}
         if b.get("tpot_ms") is not None:
             extra += f"\nwithout the profiler: TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms (bench.json)"
-        Console(soft_wrap=True).print(f"run folder: {out}  {len(info.files)} trace file(s){extra}\nnext: perfscope diagnose {out}",
+        what = (f"{len(info.data.get('remote_files') or [])} trace file(s) analysed on the host, left there"
+                if analyse_on_host else f"{len(info.files)} trace file(s)")
+        Console(soft_wrap=True).print(f"run folder: {out}  {what}{extra}\nnext: perfscope diagnose {out}",
                         markup=False, highlight=False)
+    return 0
+
+
+def _fetch(run_dir: Path, err, *, ssh_user, ssh_port, identity, jump, known_hosts, accept_new, timeout,
+           json_out: bool) -> int:
+    """``--fetch RUN_DIR``: the traces an --analyse-on-host run left on its host(s), copied into it."""
+    import contextlib
+
+    from perfscope.capture.hostio import SSHHost
+    from perfscope.capture.ssh import connect, parse_target
+    from perfscope.cluster.onhost import fetch as fetch_traces
+    from perfscope.errors import redact
+
+    @contextlib.contextmanager
+    def connect_host(label):
+        target = parse_target(label, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None,
+                              jump=jump, known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new,
+                              timeout=timeout)
+        session = connect(target)
+        try:
+            yield SSHHost(session)
+        finally:
+            session.close()
+
+    log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
+        n = fetch_traces(run_dir, connect_host, say=log, progress=prog)
+    if json_out:
+        sys.stdout.write(json.dumps({"run_dir": str(run_dir), "bytes": n}) + "\n")
+    else:
+        Console(soft_wrap=True).print(f"run folder: {run_dir}  {n} bytes of traces fetched\nnext: perfscope diagnose "
+                                      f"{run_dir}", markup=False, highlight=False)
     return 0

@@ -1,0 +1,262 @@
+"""``trace --analyse-on-host``: the traces analysed by the host's own Python over a real OpenSSH
+server on loopback (tests/sshd.py), only the results copied back, the diagnosis the one ``diagnose``
+makes of the same traces fetched into the run folder (``trace --fetch``), byte for byte (its
+``parallel`` object aside, which says how the files were analysed). The failure paths: a host Python
+without msgspec (Debian's /usr/bin/python3 here), a rank file gone from the host, the analysis killed
+or past its timeout. Nothing is mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from paths import GPU_LOOP, HTA, REPO
+from perfscope.capture import rundir
+from perfscope.capture.hostio import SSHHost
+from perfscope.capture.ssh import connect
+from perfscope.cli import main
+from perfscope.cluster import onhost
+from perfscope.errors import InputError, RemoteError
+
+pytestmark = pytest.mark.usefixtures("no_agent")
+PY = sys.executable  # the host's Python: this venv's (it has msgspec; perfscope comes from the zip)
+
+
+def _rank_trace(r: int) -> bytes:
+    """A real rank trace as gzip, rank ``r`` (HTA's two sampled ranks of one NCCL job; ranks 2, 3, ... are
+    those again with their distributedInfo rank made ``r``: distinct bytes), as tests/test_ray.py makes them."""
+    import gzip
+    import lzma
+
+    b = lzma.open(HTA / "trace_filter" / f"sampled_rank-{r % 2}.json.xz").read()
+    b = b.replace(b'"rank": %d,' % (r % 2), b'"rank": %d,' % r, 1)
+    return gzip.compress(b, mtime=0)
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    out, err = capsys.readouterr()
+    return ei.value.code or 0, out, err
+
+
+def ssh_opts(sshd) -> list[str]:
+    return ["--ssh-user", sshd.user, "--identity", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts)]
+
+
+def _on_host_folder(run: Path, remote: Path, label: str, traces: dict[str, bytes], like: dict | None = None) -> Path:
+    """A run folder as ``trace --analyse-on-host`` writes it before the analysis: run.json (``like``'s
+    server config, workload and timings) listing ``traces`` {name: bytes}, written into ``remote``
+    (the host's folder), under remote_files."""
+    remote.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, data in traces.items():
+        (remote / name).write_bytes(data)
+        meta = rundir.parse_trace_name(name)
+        entries.append({"path": f"traces/{name}", "remote_path": str(remote / name), "sha256": None,
+                        "bytes": len(data), "rank": meta["rank"], "stage": meta["stage"], "host": label,
+                        "parallel": meta["parallel"]})
+    like = like or {}
+    rundir.write_run(run, command=["perfscope", "trace", "--analyse-on-host"], host=label, engine="sglang",
+                     server_info=like.get("server_info"), workload=like.get("workload"), timings=like.get("timings"),
+                     versions=like.get("versions"), gpu=like.get("gpu"), files=[],
+                     extra={"remote_files": entries, "analysis": {"where": "host", "status": "pending"}})
+    return run
+
+
+def _four_ranks(tmp_path: Path, label: str, n: int = 4) -> tuple[Path, Path]:
+    remote = tmp_path / "host" / "perfscope-trace.abc"
+    traces = {f"1790000000.1-TP-{r}.trace.json.gz": _rank_trace(r) for r in range(n)}
+    return _on_host_folder(tmp_path / "run", remote, label, traces), remote
+
+
+def _host(sshd):
+    s = connect(sshd.target())
+    return s, SSHHost(s)
+
+
+def _same(stored: bytes, local: bytes) -> None:
+    a, b = json.loads(stored), json.loads(local)
+    assert a.pop("parallel")["bound"] == "host"
+    b.pop("parallel")
+    from perfscope.report.jsonout import dumps
+
+    assert dumps(a) == dumps(b)
+
+
+def test_four_ranks_on_host_equal_the_local_diagnosis(sshd, tmp_path, capsys):
+    s, io = _host(sshd)
+    label = s.target.label
+    run, remote = _four_ranks(tmp_path, label)
+    trace_bytes = sum(p.stat().st_size for p in remote.iterdir())
+    with s:
+        ha = onhost.analyse_run(io, run, python=PY, label=label)
+    # only the results came back: the run folder holds run.json and the results, no trace
+    assert sorted(p.name for p in run.iterdir()) == ["ranks.json.gz", "run.json"]
+    assert ha.trace_bytes == trace_bytes and 0 < ha.results_bytes < trace_bytes / 4, (ha, trace_bytes)
+    data = json.loads((run / "run.json").read_text())
+    assert data["analysis"]["status"] == "done" and data["analysis"]["results_bytes"] == ha.results_bytes
+    import hashlib
+
+    for e in data["remote_files"]:  # each raw trace listed where it stays, with its sha256 and size
+        raw = Path(e["remote_path"]).read_bytes()
+        assert e["sha256"] == hashlib.sha256(raw).hexdigest() and e["bytes"] == len(raw) and e["host"] == label
+    rc, stored, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    assert rc == 0, err
+    # a per-rank option needs the traces: one line, exit 2
+    rc, _, err = run_cli(["diagnose", str(run), "--batch", "8"], capsys)
+    assert rc == 2 and "--batch" in err and "trace --fetch" in err and len(err.strip().splitlines()) == 1, err
+    # fetched later: the same folder is an ordinary run folder, analysed here
+    rc, out, err = run_cli(["trace", "--fetch", str(run), *ssh_opts(sshd), "--json"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["bytes"] == trace_bytes
+    assert rundir.read_run(run, verify=True).files
+    rc, local, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    assert rc == 0, err
+    _same(stored.encode(), local.encode())
+    assert len(json.loads(local)["ranks"]) == 4
+
+
+def test_run_folder_with_host_timing_and_bench(sshd, tmp_path, capsys):
+    """A real H200 run folder (DECODE and EXTEND files, its GPU-only host-timing profile, its bench): the
+    host timing is read on the host, the predictions are the local ones."""
+    src = GPU_LOOP / "h200-2026-12-02-predict/dense-495000-c1/bug"
+    like = json.loads((src / "run.json").read_text())
+    s, io = _host(sshd)
+    label = s.target.label
+    run = _on_host_folder(tmp_path / "run", tmp_path / "host/perfscope-trace.main", label,
+                          {p.name: p.read_bytes() for p in sorted((src / "traces").iterdir())}, like)
+    shutil.copy(src / "bench.json", run / "bench.json")
+    ht_like = json.loads((src / "host-timing/run.json").read_text())
+    _on_host_folder(run / "host-timing", tmp_path / "host/perfscope-trace.ht", label,
+                    {p.name: p.read_bytes() for p in sorted((src / "host-timing/traces").iterdir())}, ht_like)
+    with s:
+        onhost.analyse_run(io, run, python=PY, label=label)
+    rc, stored, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    assert rc == 0, err
+    rc, _, err = run_cli(["trace", "--fetch", str(run), *ssh_opts(sshd)], capsys)
+    assert rc == 0, err
+    assert rundir.read_run(run / "host-timing", verify=True).files
+    rc, local, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    assert rc == 0, err
+    _same(stored.encode(), local.encode())
+    d = json.loads(stored)
+    assert [f for f in d["findings"] if f.get("id") == "fp8-kv-cast"]
+    assert d["ranks"][0]["steps"].get("count")
+
+
+def test_host_python_without_msgspec_is_one_line(sshd, tmp_path, capsys):
+    py = "/usr/bin/python3"
+    if subprocess.run([py, "-c", "import msgspec"], capture_output=True).returncode == 0:
+        pytest.fail(f"{py} has msgspec here: this test needs a Python without it")
+    s, io = _host(sshd)
+    with s, pytest.raises(RemoteError) as ei:
+        onhost.pick_python(io, [py, "/nonexistent/python"], s.target.label)
+    msg = str(ei.value)
+    assert "\n" not in msg and f"{py} (Python 3." in msg and "lacks msgspec" in msg and "not found" in msg
+    assert "--python" in msg
+    assert onhost.pick_python(_host(sshd)[1], ["/nonexistent/python", py, PY], "h") == PY
+
+
+def test_rank_file_missing_on_host_is_one_line(sshd, tmp_path, capsys):
+    s, io = _host(sshd)
+    run, remote = _four_ranks(tmp_path, s.target.label)
+    gone = remote / "1790000000.1-TP-2.trace.json.gz"
+    gone.unlink()
+    with s, pytest.raises(InputError) as ei:
+        onhost.analyse_run(io, run, python=PY, label=s.target.label)
+    msg = str(ei.value)
+    assert "\n" not in msg and "missing on" in msg and "rank 2" in msg and str(gone) in msg
+    assert not (run / onhost.RESULTS).exists()
+    rc, _, err = run_cli(["diagnose", str(run)], capsys)  # never diagnosed as if complete
+    assert rc == 2 and "did not finish" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_analysis_past_its_timeout_is_one_line(sshd, tmp_path):
+    s, io = _host(sshd)
+    run, _ = _four_ranks(tmp_path, s.target.label)
+    t0 = time.monotonic()
+    with s, pytest.raises(RemoteError) as ei:
+        onhost.analyse_run(io, run, python=PY, label=s.target.label, timeout=0.5)
+    assert "timed out" in str(ei.value) and "\n" not in str(ei.value)
+    assert time.monotonic() - t0 < 60
+    assert not (run / onhost.RESULTS).exists()
+    assert json.loads((run / "run.json").read_text())["analysis"]["status"] == "pending"
+
+
+def _job_pids(job_marker: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(job_marker.encode() in c for c in cmd) and any(c.endswith(b"/job.json") for c in cmd):
+                out.append(int(d.name))
+    return out
+
+
+def test_killed_analysis_is_one_line(sshd, tmp_path):
+    """The host's Python killed mid-run (SIGKILL, as the OOM killer or a dying node does): one line, no
+    results stored, no hang."""
+    s, io = _host(sshd)
+    run, _ = _four_ranks(tmp_path, s.target.label, n=8)
+    before = set(_job_pids(onhost.JOB_PREFIX))
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            for pid in set(_job_pids(onhost.JOB_PREFIX)) - before:
+                os.kill(pid, signal.SIGKILL)  # the analysis this test started
+                killed.append(pid)
+            time.sleep(0.02)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    with s, pytest.raises(RemoteError) as ei:
+        onhost.analyse_run(io, run, python=PY, label=s.target.label)
+    t.join(5)
+    assert killed
+    msg = str(ei.value)
+    assert "\n" not in msg and "killed by a signal" in msg and "trace --fetch" in msg
+    assert not (run / onhost.RESULTS).exists()
+
+
+def test_dependencies_are_what_the_analysis_imports(tmp_path):
+    """DEPENDENCIES (checked on the host before profiling) is every module beyond the standard library
+    that the loader and the analysis import, run from the zip as on the host."""
+    from perfscope.cluster.onhost_task import DEPENDENCIES
+
+    z = tmp_path / "perfscope.zip"
+    z.write_bytes(onhost.package_zip())
+    trace = tmp_path / "1790000000.1-TP-0.trace.json.gz"
+    trace.write_bytes(_rank_trace(0))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import perfscope; assert perfscope.__file__.startswith(sys.argv[1])\n"
+            "from pathlib import Path\nfrom perfscope.analysis.split import rank_task\n"
+            "from perfscope.load.discover import TraceFile\n"
+            "assert 'ok' in rank_task(TraceFile(path=Path(sys.argv[2])), {})\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names))))")
+    r = subprocess.run([PY, "-E", "-c", code, str(z), str(trace)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    third = set(r.stdout.split()) - {"perfscope", "__main__", "__mp_main__", "_distutils_hack", "typing_extensions"}
+    assert third == set(DEPENDENCIES)
+    assert len(onhost.package_zip()) < onhost.MAX_ZIP_BYTES
+
+
+def test_cli_refuses_bad_combinations(tmp_path, capsys):
+    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--analyse-on-host", "--out", str(tmp_path / "r")],
+                         capsys)
+    assert rc == 2 and "--analyse-on-host goes with --host" in err
+    rc, _, err = run_cli(["trace", "--fetch", str(REPO / "nonexistent")], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
