@@ -260,3 +260,41 @@ def test_cli_refuses_bad_combinations(tmp_path, capsys):
     assert rc == 2 and "--analyse-on-host goes with --host" in err
     rc, _, err = run_cli(["trace", "--fetch", str(REPO / "nonexistent")], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1
+
+
+from test_trace import repro_server  # noqa: E402,F401  (the real reproduction server on CPU, a fixture)
+
+
+def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """``perfscope trace --analyse-on-host`` through sshd to the real reproduction server: the server's own
+    interpreter (it runs as this user) analyses the traces; the run folder holds results only; diagnose of
+    it is the diagnose of the traces fetched later."""
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    out = tmp_path / "run"
+    rc, stdout, err = run_cli(
+        ["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
+         "--known-hosts", str(sshd.known_hosts), "--port", str(repro_server), "--steps", "4", "--input-len", "16",
+         "--output-len", "24", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--analyse-on-host",
+         "--out", str(out), "--json"], capsys)
+    assert rc == 0, err
+    assert "--keep-remote implied" in err
+    summary = json.loads(stdout)
+    assert summary["files"] == [] and summary["remote_files"]
+    assert not (out / "traces").exists() and (out / onhost.RESULTS).is_file()
+    data = json.loads((out / "run.json").read_text())
+    a = data["analysis"]
+    assert a["status"] == "done" and a["interpreter"] == sys.executable  # the server's own interpreter
+    trace_bytes = 0
+    for e in data["remote_files"]:
+        assert Path(e["remote_path"]).is_file() and e["sha256"]  # left on the host
+        trace_bytes += e["bytes"]
+    assert a["trace_bytes"] == trace_bytes and a["results_bytes"] < trace_bytes
+    assert data["profile"]["remote_dir_kept"] is True
+    rc, stored, err = run_cli(["diagnose", str(out), "--json"], capsys)
+    assert rc == 0, err
+    rc, _, err = run_cli(["trace", "--fetch", str(out), *ssh_opts(sshd)], capsys)
+    assert rc == 0, err
+    rc, local, err = run_cli(["diagnose", str(out), "--json"], capsys)
+    assert rc == 0, err
+    _same(stored.encode(), local.encode())
+    shutil.rmtree(data["profile"]["output_dir"], ignore_errors=True)  # the host's folder this test made
