@@ -35,6 +35,11 @@ run.json (schema_version 1)::
       "members": [{"host": "gpu1", "dir": "gpu1"}]   # "multi" only
     }
 
+``trace --analyse-on-host`` (:mod:`perfscope.cluster.onhost`): ``files`` is empty (no trace here),
+``remote_files`` lists each trace where it stays (the ``files`` fields, plus ``remote_path`` on its
+host; ``path`` is where ``trace --fetch`` puts it), ``analysis`` says how it went (``where: "host"``,
+``status``, ``results: "ranks.json.gz"``, interpreter, bytes), and ``ranks.json.gz`` holds the results.
+
 Unknown keys are kept (``RunInfo.data``), so later versions may add fields without a bump.
 """
 

@@ -25,8 +25,8 @@ EXAMPLES = [
     ("perfscope trace --host gpu-box --bench 8 --out run1", "the same, plus TTFT/TPOT of 8 requests without the profiler"),
     ("perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof", "a local vLLM server, no SSH"),
     ("perfscope trace --host gpu-box --analyse-on-host --out run1",
-     "the host's Python analyses the traces (needs msgspec there); only the results come back, the traces stay"),
-    ("perfscope trace --fetch run1 --identity ~/.ssh/id_ed25519", "later: copy run1's traces from its host(s), sha256-checked"),
+     "the host's Python analyses the traces (needs msgspec there): only the results come back, the traces stay "
+     "(perfscope trace --fetch run1 copies them later)"),
 ]
 
 _SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
