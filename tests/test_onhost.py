@@ -26,6 +26,7 @@ from perfscope.capture.ssh import connect
 from perfscope.cli import main
 from perfscope.cluster import onhost
 from perfscope.errors import InputError, RemoteError
+import test_trace
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 PY = sys.executable  # the host's Python: this venv's (it has msgspec; perfscope comes from the zip)
@@ -115,6 +116,8 @@ def test_four_ranks_on_host_equal_the_local_diagnosis(sshd, tmp_path, capsys):
     # a per-rank option needs the traces: one line, exit 2
     rc, _, err = run_cli(["diagnose", str(run), "--batch", "8"], capsys)
     assert rc == 2 and "--batch" in err and "trace --fetch" in err and len(err.strip().splitlines()) == 1, err
+    rc, _, err = run_cli(["report", str(run), "-o", str(tmp_path / "r.html")], capsys)  # reads traces: says where
+    assert rc == 2 and "stay on" in err and "trace --fetch" in err and len(err.strip().splitlines()) == 1, err
     # fetched later: the same folder is an ordinary run folder, analysed here
     rc, out, err = run_cli(["trace", "--fetch", str(run), *ssh_opts(sshd), "--json"], capsys)
     assert rc == 0, err
@@ -262,10 +265,10 @@ def test_cli_refuses_bad_combinations(tmp_path, capsys):
     assert rc == 2 and len(err.strip().splitlines()) == 1
 
 
-from test_trace import repro_server  # noqa: E402,F401  (the real reproduction server on CPU, a fixture)
+repro_server = test_trace.repro_server  # the real reproduction server on CPU (a module fixture of test_trace.py)
 
 
-def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, capsys, monkeypatch):
     """``perfscope trace --analyse-on-host`` through sshd to the real reproduction server: the server's own
     interpreter (it runs as this user) analyses the traces; the run folder holds results only; diagnose of
     it is the diagnose of the traces fetched later."""
@@ -298,3 +301,34 @@ def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, capsys, 
     assert rc == 0, err
     _same(stored.encode(), local.encode())
     shutil.rmtree(data["profile"]["output_dir"], ignore_errors=True)  # the host's folder this test made
+
+
+def test_two_hosts_folder_equals_the_local_diagnosis(sshd, tmp_path, capsys):
+    """A run folder of two hosts (``trace --host a --host b --analyse-on-host``: one member folder each,
+    analysed on its host; the top run.json lists them as trace() writes it): the stored diagnosis is the
+    one of the traces fetched from both hosts."""
+    labels = [f"{sshd.user}@127.0.0.1:{sshd.port}", f"{sshd.user}@localhost:{sshd.port}"]  # one sshd, two names
+    run = tmp_path / "run"
+    remote_all = []
+    for k, (label, d) in enumerate(zip(labels, ("h1", "h2"))):
+        traces = {f"1790000000.1-TP-{r}.trace.json.gz": _rank_trace(r) for r in (2 * k, 2 * k + 1)}
+        member = _on_host_folder(run / d, tmp_path / f"host{k}/perfscope-trace.x", label, traces)
+        s, io = _host(sshd)
+        with s:
+            onhost.analyse_run(io, member, python=PY, label=label)
+        remote_all += [{**e, "path": f"{d}/{e['path']}"} for e in json.loads((member / "run.json").read_text())["remote_files"]]
+    rundir.write_run(run, command=["perfscope", "trace"], kind="multi", host=labels[0], hosts=labels, files=[],
+                     members=[{"host": h, "dir": d} for h, d in zip(labels, ("h1", "h2"))],
+                     extra={"remote_files": remote_all, "analysis": {"where": "host", "status": "done"}})
+    rc, stored, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    assert rc == 0, err
+    kh = tmp_path / "known_hosts"
+    shutil.copy(sshd.known_hosts, kh)
+    rc, _, err = run_cli(["trace", "--fetch", str(run), "--identity", str(sshd.user_key), "--known-hosts", str(kh),
+                          "--accept-new-host-key"], capsys)
+    assert rc == 0, err
+    rc, local, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    assert rc == 0, err
+    _same(stored.encode(), local.encode())
+    d = json.loads(stored)
+    assert [r["meta"]["host"] for r in d["ranks"]] == [labels[0]] * 2 + [labels[1]] * 2

@@ -151,6 +151,10 @@ def discover(paths: list[str | Path]) -> TraceSet:
         if p.is_dir() and (p / RUN_FILE).is_file():
             run = read_run(p)  # the run folder's own reader: validated, sizes checked
             run_dir, run_info = p, run.data
+            if not run.files and run.data.get("remote_files"):
+                hosts = ", ".join(sorted({str(e.get("host")) for e in run.data["remote_files"]}))
+                raise InputError(f"{p}: its traces stay on {hosts} (trace --analyse-on-host): perfscope diagnose {p} "
+                                 f"alone reads its results; perfscope trace --fetch {p} copies the traces here")
             if not run.files:
                 raise InputError(f"{p}: run folder lists no trace files")
             files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host, role=f.role)
