@@ -255,8 +255,7 @@ def command(
     if analyse_on_host:
         summary["remote_files"] = [{k: e.get(k) for k in ("host", "remote_path", "bytes", "sha256", "rank", "stage")}
                                    for e in info.data.get("remote_files") or []]
-        summary["analysis"] = [(rundir.read_run(m.dir).data if m is not info else info.data).get("analysis")
-                               for m in (info.members or [info])]
+        summary["analysis"] = [m.data.get("analysis") for m in (info.members or [info])]
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
