@@ -1,5 +1,6 @@
 """eager-decode's prediction against the real SGLang, one device call: an unmodified SGLang 0.5.13.post1
-(the dense DeepSeek-V2-shaped MLA model of ``config.json``, BF16 KV pool: no FP8 cast, FlashInfer MLA,
+(the dense DeepSeek-V2-shaped MLA model of ``config.json``, or ``--model moe``: the 12-layer
+DeepSeek-V2-Lite shape of ``config_moe.json`` with dummy weights; BF16 KV pool: no FP8 cast, FlashInfer MLA,
 overlap scheduler on) launched with ``--disable-cuda-graph`` from a launch script, traced at concurrency
 1 and 16 by ``perfscope trace --bench N`` (the bench without any profiler first, the GPU-only
 host-timing profile, then the full trace). Then ``perfscope fix eager-decode --launch-file SCRIPT
@@ -30,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 from harness import Harness, healthy, install, parse_json as _json, restart_script  # noqa: E402
-from predict_run import C1, C16, server_info  # noqa: E402
+from predict_run import C1, C16, CONFIGS, server_info  # noqa: E402
 
 PORT = 30141
 
@@ -38,6 +39,7 @@ PORT = 30141
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--payload", required=True)
+    ap.add_argument("--model", choices=sorted(CONFIGS), default="dense")
     ap.add_argument("--pool", type=int, default=200000)
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/ew")
@@ -47,10 +49,10 @@ def main() -> int:
     a = ap.parse_args()
     t0 = time.monotonic()
     out, work = Path(a.out), Path(a.work)
-    S: dict = {"model": "dense", "pool": a.pool, "kv": "bf16", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    S: dict = {"model": a.model, "pool": a.pool, "kv": "bf16", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     h = Harness(out, work, a.deadline, t0, S, steps=True)
     py = sys.executable
-    config = HERE / "config.json"
+    config = CONFIGS[a.model]
     env = dict(os.environ)
     _, _, S["install"] = install(a.payload, Path("/tmp/site"), env, REPO, False)
     url = f"http://127.0.0.1:{PORT}"
@@ -96,13 +98,18 @@ def main() -> int:
         warm = subprocess.Popen([py, str(HERE / "warm_flashinfer.py"), str(config)], env=env,
                                 stdout=open(h.logs / "warm_flashinfer.log", "wb"), stderr=subprocess.STDOUT)
         model = work / "model"
-        h.run("make-checkpoint", [py, HERE / "make_checkpoint.py", config, model, "--seed", "0"], timeout=300, env=env)
+        if a.model == "dense":  # the seeded random checkpoint of the earlier real-SGLang runs
+            h.run("make-checkpoint", [py, HERE / "make_checkpoint.py", config, model, "--seed", "0"], timeout=300, env=env)
+            load = ["--load-format", "safetensors"]
+        else:  # the MoE layers: SGLang's dummy weights
+            model.mkdir(parents=True, exist_ok=True)
+            (model / "config.json").write_text(config.read_text())
+            load = ["--load-format", "dummy"]
         try:
             warm.wait(max(5, min(150, h.left() - 300)))
         except subprocess.TimeoutExpired:
             pass
-        argv = [py, "-m", "sglang.launch_server", "--model-path", str(model), "--load-format", "safetensors",
-                "--skip-tokenizer-init", "--attention-backend", "flashinfer", "--mem-fraction-static", a.mem_fraction,
+        argv = [py, "-m", "sglang.launch_server", "--model-path", str(model), *load, "--skip-tokenizer-init", "--attention-backend", "flashinfer", "--mem-fraction-static", a.mem_fraction,
                 "--chunked-prefill-size", "2048", "--max-running-requests", "32", "--host", "127.0.0.1",
                 "--port", str(PORT), "--random-seed", "0", "--max-total-tokens", str(a.pool), "--disable-cuda-graph"]
         restart_script(launch, argv, env, pidf, h.logs / "server.log")
