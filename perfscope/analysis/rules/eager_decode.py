@@ -34,10 +34,11 @@ class EagerDecode(Rule):
                 "kernel launches (the model's forward, which the graph replaces; the Python frames of a trace "
                 "recorded with stacks), scaled by the profiler's measured slow-down of the host "
                 "(`perfscope.analysis.hosttime`: 0.38, range 0.25-0.47), no more than the bench's step. "
-                "Measured on the real SGLang on the H200 (`examples/gpu_loop/results/h200-2026-12-03-eager`): "
-                "predicted 1.37 ms (0.90-1.70) at one request and 1.97 ms (1.20-2.40) at 16, measured after the "
-                "fix 1.36-1.91 ms (median 1.69) and 1.83-2.22 ms over the fixed server's benches and process "
-                "starts.")
+                "The bench's TPOT beyond its step (prefill chunks, the eager steps' spread) is added scaled as the "
+                "step is. Measured on the real SGLang on the H200 (`examples/gpu_loop/results/h200-2026-12-03-eager"
+                "*`), predicted against the fixed server's benches: dense model 1.49 ms (0.90-1.81) vs 1.69 ms (1.36-1.91) "
+                "at one request, 1.86 (1.20-2.29) vs 1.83 / 2.22 at 16; MoE model 1.57 (1.41-1.88) vs 1.60 at one, "
+                "2.45 (1.46-2.98) vs 1.66 at 16 (its host work under the profiler scales less well).")
     remedy = ("Run decode under CUDA graphs: drop `--disable-cuda-graph`, raise `--cuda-graph-max-bs` above "
               "the running batch size (SGLang falls back to eager above it).")
     false_positives = ("Profiling inflates eager steps (the profiler's own per-launch overhead): without a bench the "
@@ -217,17 +218,17 @@ def graph_kept_host(trace, steps) -> Optional[dict]:
 def _prediction(ctx: RuleContext, busy_ms: float) -> Optional[dict]:
     """The step under CUDA graphs: the larger of the GPU kernel time and the host work the graph keeps
     (``graph_kept_host``, scaled as ``hosttime.estimate`` scales a full trace's host time; no more than
-    the bench's eager step, which held all of it), plus the bench's decode tail at more than one request. Kernel time alone,
+    the bench's eager step, which held all of it), plus the bench's decode tail scaled as the step is. Kernel time alone,
     said so, without Python frames."""
     kept = graph_kept_host(ctx.trace, ctx.steps)
     bench = ctx.config.get("bench")
-    # the TPOT beyond the bench's step: other requests' prefill chunks (they stay); at one request it is
-    # the eager steps' own spread (TPOT 7.48 ms against an inter-token latency of 6.90 ms on the H200),
-    # which the graphs remove (fixed: 1.77 against 1.76)
-    conc = (bench or {}).get("concurrency")
-    tail = hosttime.decode_tail_ms(bench) if isinstance(conc, (int, float)) and conc > 1 else 0.0
+    # the TPOT beyond the bench's step (other requests' prefill chunks, the eager steps' own spread) shrinks
+    # with the step under graphs: on the H200 7.48 - 6.90 ms -> 1.77 - 1.76 ms (dense, one request),
+    # 28.37 - 25.62 ms -> 1.66 - 1.44 ms (MoE, 16 requests): it is scaled by the step's own ratio
+    tail = hosttime.decode_tail_ms(bench)
     got = hosttime.bench_step_ms(bench)
     if kept is None:
+        tail = tail * busy_ms / got[0] if got else 0.0
         return {"predicted_step_ms": round(busy_ms + tail, 4), "bound": "gpu", "gpu_work_ms": round(busy_ms, 4),
                 "range_ms": [round(busy_ms * (1 - hosttime.GPU_WORK_ERROR), 4),
                              round(busy_ms * (1 + hosttime.GPU_WORK_ERROR) + tail, 4)],
@@ -241,7 +242,10 @@ def _prediction(ctx: RuleContext, busy_ms: float) -> Optional[dict]:
         cap = got[0]
         host = hosttime.HostEstimate(min(host.point, cap), min(host.lo, cap), cap, host.source, host.profiled_ms,
                                      host.how + f"; at most the bench's eager step, {cap:.2f} ms")
-    pt, lo, hi, bound = hosttime.cycle(busy_ms, host, tail)
+    pt, lo, hi, bound = hosttime.cycle(busy_ms, host)
+    if got and tail > 0:
+        tail *= min(pt / got[0], 1.0)
+        pt, hi = pt + tail, hi + tail
     out = {"predicted_step_ms": round(pt, 4), "bound": bound, "range_ms": [round(lo, 4), round(hi, 4)],
            "gpu_work_ms": round(busy_ms, 4), "host": host.to_dict(), "graph_kept_host": kept,
            "kernel_only_prediction_ms": round(busy_ms, 4),
