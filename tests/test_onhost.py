@@ -332,3 +332,41 @@ def test_two_hosts_folder_equals_the_local_diagnosis(sshd, tmp_path, capsys):
     _same(stored.encode(), local.encode())
     d = json.loads(stored)
     assert [r["meta"]["host"] for r in d["ranks"]] == [labels[0]] * 2 + [labels[1]] * 2
+
+
+def test_trace_whose_host_analysis_dies_keeps_the_list_of_traces(sshd, repro_server, tmp_path, capsys, monkeypatch):
+    """``trace --analyse-on-host`` whose analysis on the host is killed (SIGKILL, as a dying node or the OOM
+    killer does): one line, exit 3, the run folder marked incomplete, and it still lists every trace left on
+    the host with its path and sha256 (nothing the user had is lost: the traces can be fetched by hand)."""
+    import hashlib
+
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    out = tmp_path / "run"
+    before = set(_job_pids(onhost.JOB_PREFIX))
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not killed:
+            for pid in set(_job_pids(onhost.JOB_PREFIX)) - before:
+                os.kill(pid, signal.SIGKILL)  # the analysis this test's trace started
+                killed.append(pid)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    rc, _, err = run_cli(
+        ["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
+         "--known-hosts", str(sshd.known_hosts), "--port", str(repro_server), "--steps", "4", "--input-len", "16",
+         "--output-len", "24", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--analyse-on-host",
+         "--out", str(out)], capsys)
+    t.join(5)
+    assert killed and rc == 3, err
+    assert len(err.strip().splitlines()[-1]) > 0 and "Traceback" not in err
+    data = json.loads((out / "run.json").read_text())
+    assert data["status"] == "incomplete" and "the traces stay on" in data["incomplete_reason"]
+    assert data["remote_files"]
+    for e in data["remote_files"]:
+        p = Path(e["remote_path"])
+        assert p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest() == e["sha256"]
+    shutil.rmtree(Path(data["remote_files"][0]["remote_path"]).parent, ignore_errors=True)  # this test's host folder

@@ -290,14 +290,18 @@ def _check(cond: bool, path: Path, what: str) -> None:
 
 
 def mark_incomplete(run_dir: str | Path, *, reason: str, command: Iterable[str] = (), engine: str = "sglang",
-                    host: str | None = None) -> Path | None:
+                    host: str | None = None, remote_files: list | None = None) -> Path | None:
     """After a failed or interrupted trace: a run.json with ``"status": "incomplete"`` (which
-    :func:`read_run` refuses in one line); the folder is made if need be. Traces already copied stay."""
+    :func:`read_run` refuses in one line); the folder is made if need be. Traces already copied stay;
+    ``remote_files`` (``trace --analyse-on-host``: the traces left on the host, with their paths and
+    sha256) stay listed."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = {"schema_version": SCHEMA_VERSION, "tool": {"name": "perfscope", "version": __version__},
             "created": _now(), "kind": "trace", "status": "incomplete", "incomplete_reason": reason[:500],
             "command": list(command), "host": host, "engine": engine, "files": []}
+    if remote_files:
+        data["remote_files"] = remote_files
     path = run_dir / RUN_FILE
     atomic_write_text(path, json.dumps(_jsonable(data), indent=2) + "\n", shared=True)
     return path

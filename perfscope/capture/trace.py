@@ -282,9 +282,16 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
             try:
                 ha = analyse_run(io, out_dir, python=onhost_py, label=label, timeout=opts.analysis_timeout, say=say)
             except BaseException as e:
+                listed = remote
+                with contextlib.suppress(BaseException):
+                    listed = rundir.read_run(out_dir).data.get("remote_files") or remote
+                for entry in listed:  # the analysis records each trace's sha256: where it died, ask the host
+                    if not entry.get("sha256"):
+                        with contextlib.suppress(Exception):
+                            entry["sha256"] = io.sha256(entry["remote_path"])
                 with contextlib.suppress(BaseException):
                     rundir.mark_incomplete(out_dir, reason=f"{_reason(e)} (the traces stay on {label}: {remote_dir})",
-                                           command=command, engine=opts.engine, host=label)
+                                           command=command, engine=opts.engine, host=label, remote_files=listed)
                 raise
             say(f"analysed on the host in {ha.seconds:.1f} s: {ha.results_bytes} bytes of results copied back, "
                 f"{ha.trace_bytes} bytes of traces left in {remote_dir}")
