@@ -307,6 +307,7 @@ class _Events:
         self.ids: dict = {}
         self.geo: dict = {}
         self.shapes: dict[bytes, bytes] = {}
+        self.durs: dict[float, float] = {}  # apart from the ids: 2.0 == 2
 
     def take_raw(self, raws) -> None:
         """Raw events: each decoded on its own, one that breaks the schema by the lax decoder."""
@@ -333,14 +334,16 @@ class _Events:
             yield e
 
     def take(self, events) -> None:
-        """Decoded events. Equal names, process and thread ids, geometries and shapes are one object each
-        (a trace repeats them on every step); a shape is kept as its own bytes (raw JSON), not as a view
-        of the text it was decoded from, so that no piece of a file stays held by the ops that have one."""
+        """Decoded events. Equal names, process, thread and parent-frame ids, durations, geometries and
+        shapes are one object each (a trace repeats them on every step: a fifth of the trace's memory); a
+        shape is kept as its own bytes (raw JSON), not as a view of the text it was decoded from, so that
+        no piece of a file stays held by the ops that have one."""
         kernels, launches, cpu_ops, frames, annots = self.kernels, self.launches, self.cpu_ops, self.frames, self.annots
         intern = self.names.setdefault
         ident = self.ids.setdefault
         geo = self.geo.setdefault
         shape = self.shapes.setdefault
+        durs = self.durs.setdefault
         no_args = _NO_ARGS
         gpu_cats = _GPU_CATS
         rt_cats = _RUNTIME_CATS
@@ -355,13 +358,17 @@ class _Events:
             tid = e.tid
             pid = ident(pid, pid)
             tid = ident(tid, tid)
+            dur = e.dur
+            if dur:  # (0.0 and -0.0 left as they are: equal keys, different values)
+                dur = durs(dur, dur)
             if cat == "python_function":
-                frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, e.dur, pid, tid, a.python_id,
-                                            a.python_parent)))
+                pp = a.python_parent
+                frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, dur, pid, tid, a.python_id,
+                                            ident(pp, pp))))
             elif cat == "cpu_op" or cat == "Operator":
                 if cat == "Operator" and e.name.startswith("ProfilerStep#"):
                     # the 2021 Kineto format wrote every CPU range as an `Operator`, the profiler's steps too
-                    annots.append(Annotation(intern(e.name, e.name), e.ts, e.dur, pid, tid, False))
+                    annots.append(Annotation(intern(e.name, e.name), e.ts, dur, pid, tid, False))
                     continue
                 it, dims, conc = a.input_type, a.input_dims, a.concrete
                 if it:
@@ -379,7 +386,7 @@ class _Events:
                     conc = shape(conc, conc)
                 else:
                     conc = b""
-                cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, e.dur, pid, tid, a.external_id,
+                cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, dur, pid, tid, a.external_id,
                                            it, dims, conc)))
             elif cat in gpu_cats:
                 g = a.grid
@@ -390,16 +397,16 @@ class _Events:
                 if b is not None:
                     b = tuple(b)
                     b = geo(b, b)
-                kernels.append(new(Kernel, (intern(e.name, e.name), e.ts, e.dur,
+                kernels.append(new(Kernel, (intern(e.name, e.name), e.ts, dur,
                                             a.stream if a.stream is not None else (tid if isinstance(tid, int) else 0),
                                             a.device if a.device is not None else (pid if isinstance(pid, int) else 0),
                                             a.correlation if a.correlation is not None else -1,
                                             g, b, a.external_id, gpu_cats[cat])))
             elif cat in rt_cats:
-                launches.append(new(Launch, (intern(e.name, e.name), e.ts, e.dur, pid, tid, a.correlation,
+                launches.append(new(Launch, (intern(e.name, e.name), e.ts, dur, pid, tid, a.correlation,
                                              a.external_id)))
             elif cat in annot_cats:
-                annots.append(new(Annotation, (intern(e.name, e.name), e.ts, e.dur, pid, tid, annot_cats[cat])))
+                annots.append(new(Annotation, (intern(e.name, e.name), e.ts, dur, pid, tid, annot_cats[cat])))
 
     def trace(self) -> Trace:
         meta, launches, kernels = self.meta, self.launches, self.kernels
