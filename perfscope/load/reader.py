@@ -27,7 +27,7 @@ from perfscope.load.model import Annotation, CpuOp, Kernel, Launch, PyFrame, Tra
 from perfscope.load.repair import fix_names, fix_surrogates, normalise_encoding, repair_names  # noqa: F401 - API
 from perfscope.load.schema import ANY_EVENT, EVENT, MAX_DUR_US, MAX_TS_US, TOP, Args, Event, Top
 
-_CHUNK = 1 << 20  # JSON bytes inflated per call
+_CHUNK = 1 << 19  # JSON bytes inflated per call
 _FEED = 1 << 18  # compressed bytes handed to zlib per call
 # runtime/driver calls kept: the ones that carry a correlation id to GPU work, and warm-up markers
 _RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "runtime", "hip_runtime"}
@@ -533,7 +533,7 @@ def load_trace(path: str | os.PathLike, progress=None) -> Trace:
 
 # ---------------------------------------------------------------------------------------------- pieces
 
-_PIECE = 1 << 21  # JSON bytes of events decoded per msgspec call when a file is read in pieces
+_PIECE = 1 << 20  # JSON bytes of events decoded per msgspec call when a file is read in pieces
 _EVENT_LIST = msgspec.json.Decoder(list[Event])
 _WS = b" \t\r\n"
 _KEY = b'"traceEvents"'
