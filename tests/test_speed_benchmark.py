@@ -6,7 +6,6 @@ the rank files it makes from the real H200 traces."""
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import math
 
