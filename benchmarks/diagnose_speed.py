@@ -32,7 +32,8 @@ each with its target:
 regressions, loose enough for a loaded CI box). --readme rewrites README.md's speed paragraph
 (between its ``speed-benchmark`` markers) with the lines printed here. --only eager measures TRACE
 alone (what CI runs); --only graph the CUDA-graph trace(s) of --graph-mb alone, and --check then
-gates each graph trace's ratio instead.
+gates each graph trace's ratio instead; --only ranks the rank lines alone. HTA and TraceLens run on
+the eager trace and the first CUDA-graph trace only.
 Default TRACE: built in a temporary folder from the real H200 eager trace in the repository
 (tests/traces/corpus/h200-mla-fp8-kv/mla_pool_eager.json.xz, 5 decode steps of 60 MLA layers with
 CPU ops, shapes and stacks): its events repeated as for the graph trace, 24 copies (120 steps,
@@ -303,7 +304,7 @@ def ranks_in_child(src: Path, n: int, folder: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def trace_lines(kind: str, path: Path, rounds: int, mb: float) -> tuple[list[str], dict]:
+def trace_lines(kind: str, path: Path, rounds: int, mb: float, peers: bool = True) -> tuple[list[str], dict]:
     floor: list = []
     ours = best("perfscope", [str(path)], rounds, floor)
     reader = best("reader", [str(path)], rounds, floor)
@@ -319,7 +320,7 @@ def trace_lines(kind: str, path: Path, rounds: int, mb: float) -> tuple[list[str
     print(f"memory {path.name}: peak RSS / JSON size: diagnose {res['rss']:.2f}x ({ours['rss_mb']:.0f} MB), the reader "
           f"alone {reader['rss_mb'] / mb:.2f}x ({reader['rss_mb']:.0f} MB), for {mb:.0f} MB of JSON (target <= 1.5)",
           flush=True)
-    for peer, module in (("HTA", "hta"), ("TraceLens", "TraceLens")):
+    for peer, module in (("HTA", "hta"), ("TraceLens", "TraceLens")) if peers else ():
         if not installed(module):
             print(f"{kind:6s} {peer}: not installed (its module `{module}` does not import here)")
             continue
@@ -406,7 +407,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--gate", type=float, default=GATE)
     ap.add_argument("--readme", action="store_true")
-    ap.add_argument("--only", choices=("eager", "graph"))
+    ap.add_argument("--only", choices=("eager", "graph", "ranks"))
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.growth:
@@ -415,7 +416,7 @@ def main() -> int:
         child(a.child[0], a.child[1:])
         return 0
     with tempfile.TemporaryDirectory() as d:
-        if a.only == "graph":
+        if a.only in ("graph", "ranks"):
             return run(a, None)
         if a.trace:
             trace = Path(a.trace)
@@ -443,8 +444,8 @@ def run(a, trace: Path) -> int:
     byte_compile()
     print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds; perfscope byte-compiled",
           flush=True)
-    lines, gated = ([], []) if a.only == "graph" else trace_lines("eager", trace, a.rounds, json_mb(trace))
-    gated = [] if a.only == "graph" else [(gated, trace.name)]
+    lines, gated = ([], []) if trace is None else trace_lines("eager", trace, a.rounds, json_mb(trace))
+    gated = [] if trace is None else [(gated, trace.name)]
     if a.only != "eager":
         sizes = [float(x) for x in a.graph_mb.split(",")]
         growth = []
@@ -453,7 +454,10 @@ def run(a, trace: Path) -> int:
             for mb in sizes:
                 graph = Path(d) / f"mla_pool_graph_x{mb:.0f}MB.json.gz"
                 events = build_in_child(GRAPH_SOURCE, graph, mb=mb)
-                more, res = trace_lines("graph", graph, a.rounds, json_mb(graph))
+                if a.only == "ranks":
+                    first = graph
+                    break
+                more, res = trace_lines("graph", graph, a.rounds, json_mb(graph), peers=first is None)
                 us = res["cpu"] / events * 1e6
                 print(f"graph  {events} events: diagnose {us:.2f} us CPU per event, the floor "
                       f"{res['floor'] / events * 1e6:.2f} us", flush=True)
@@ -468,7 +472,7 @@ def run(a, trace: Path) -> int:
             if len(sizes) > 1:
                 lines += growth
             counts = [int(x) for x in a.ranks.split(",") if int(x) > 0]
-            if a.only != "graph" and counts:
+            if a.only != "graph" and counts and first is not None:
                 lines += rank_lines(first, counts, max(1, a.rounds - 1))
     block = readme_text(lines)
     print(block)
