@@ -2,7 +2,7 @@
 
 Diagnosing a Kineto trace peaks at about 1.4x its JSON size in each worker (the reader decodes the JSON
 a piece at a time: benchmarks/diagnose_speed.py measures 239 MB for the 171 MB eager trace), and at
-about 2.9x for a file the reader reads whole (JSON Array Format, UTF-16, JSON to repair: 491 MB): the
+about 2.3x for a file the reader reads whole (JSON Array Format, UTF-16, JSON to repair: 385 MB): the
 plan budgets for the latter. A TP8 profile of 8 large ranks parsed 8 at a time
 can need more memory than the box has (HTA needed 950 GB for 200 GB of traces, its issue #250), so
 the plan admits only as many workers as the largest files, parsed together, fit in."""
