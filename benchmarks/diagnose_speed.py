@@ -33,7 +33,7 @@ regressions, loose enough for a loaded CI box). --readme rewrites README.md's sp
 (between its ``speed-benchmark`` markers) with the lines printed here. --only eager measures TRACE
 alone (what CI runs); --only graph the CUDA-graph trace(s) of --graph-mb alone, and --check then
 gates each graph trace's ratio instead; --only ranks the rank lines alone. HTA and TraceLens run on
-the eager trace and the first CUDA-graph trace only.
+the eager trace and the first CUDA-graph trace only, and not under --check (a gate times perfscope).
 Default TRACE: built in a temporary folder from the real H200 eager trace in the repository
 (tests/traces/corpus/h200-mla-fp8-kv/mla_pool_eager.json.xz, 5 decode steps of 60 MLA layers with
 CPU ops, shapes and stacks): its events repeated as for the graph trace, 24 copies (120 steps,
@@ -444,7 +444,8 @@ def run(a, trace: Path) -> int:
     byte_compile()
     print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds; perfscope byte-compiled",
           flush=True)
-    lines, gated = ([], []) if trace is None else trace_lines("eager", trace, a.rounds, json_mb(trace))
+    lines, gated = ([], []) if trace is None else trace_lines("eager", trace, a.rounds, json_mb(trace),
+                                                                    peers=not a.check)
     gated = [] if trace is None else [(gated, trace.name)]
     if a.only != "eager":
         sizes = [float(x) for x in a.graph_mb.split(",")]
@@ -457,7 +458,7 @@ def run(a, trace: Path) -> int:
                 if a.only == "ranks":
                     first = graph
                     break
-                more, res = trace_lines("graph", graph, a.rounds, json_mb(graph), peers=first is None)
+                more, res = trace_lines("graph", graph, a.rounds, json_mb(graph), peers=first is None and not a.check)
                 us = res["cpu"] / events * 1e6
                 print(f"graph  {events} events: diagnose {us:.2f} us CPU per event, the floor "
                       f"{res['floor'] / events * 1e6:.2f} us", flush=True)
