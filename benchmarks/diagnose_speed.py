@@ -444,9 +444,10 @@ def run(a, trace: Path) -> int:
     byte_compile()
     print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds; perfscope byte-compiled",
           flush=True)
-    lines, gated = ([], []) if trace is None else trace_lines("eager", trace, a.rounds, json_mb(trace),
-                                                                    peers=not a.check)
-    gated = [] if trace is None else [(gated, trace.name)]
+    lines, gated = [], []
+    if trace is not None:
+        lines, res = trace_lines("eager", trace, a.rounds, json_mb(trace), peers=not a.check)
+        gated = [(res, trace.name)]
     if a.only != "eager":
         sizes = [float(x) for x in a.graph_mb.split(",")]
         growth = []
