@@ -141,3 +141,16 @@ def test_reading_a_real_trace_peaks_below_1_5x_its_json(tmp_path):
     ratio = peak / t.meta.json_bytes
     assert t.meta.json_bytes > 8e6 and len(t.cpu_ops) > 1000
     assert ratio <= 1.5, f"reading peaked at {ratio:.2f}x the JSON size"
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.xz", ".json.gz (two members)"])
+def test_every_compression_is_read_in_pieces(suffix, streamed, tmp_path):
+    import lzma
+
+    text = json_of(H200 / "mla_pool_graph.json.xz")
+    p = tmp_path / ("t" + suffix.split()[0])
+    half = len(text) // 2
+    p.write_bytes(text if suffix == ".json" else lzma.compress(text) if suffix == ".json.xz"
+                  else gzip.compress(text[:half], 1) + gzip.compress(text[half:], 1))
+    assert _norm(reader.load_trace(p)) == _norm(reader.parse(bytearray(text), str(p)))
+    assert streamed == [True]
