@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """CPU time and memory of `perfscope diagnose`, as ratios to a floor measured in the same run.
 
-    python benchmarks/diagnose_speed.py [TRACE] [--graph-mb 50] [--ranks N] [--rounds 2]
+    python benchmarks/diagnose_speed.py [TRACE] [--graph-mb 50] [--growth] [--ranks 8,16] [--rounds 2]
                                         [--check] [--gate 1.5] [--readme] [--only eager|graph]
 
 The floor is `orjson.loads(gzip.open(f).read())` of the same file: reading the JSON at all. Every
@@ -14,20 +14,26 @@ each with its target:
 
   - eager:  diagnose of TRACE / the floor                               (target <= 1.0)
             the reader alone (perfscope.load.load_trace) / the floor   (target <= 0.75)
-            peak RSS / the JSON size                                    (target <= 1.5)
+            peak RSS / the JSON size, of diagnose and of the reader    (target <= 1.5)
   - graph:  the same for a CUDA-graph decode trace of about --graph-mb MB of JSON, built from the
             real H200 graph trace (mla_pool_graph.json.xz): its events repeated, each copy shifted
             in time and in its correlation / external / Python ids (Kineto's own layout, more steps)
+  - growth: with several --graph-mb sizes (--growth: 50, 200 and 1000 MB), diagnose's CPU time per
+            event and its ratio to the floor at each size: flat when diagnose grows linearly
   - HTA and TraceLens on each trace beside it, when installed (perfscope's CPU time / theirs)
-  - ranks:  N rank files on this box's C cores (distinct files: copies of TRACE, each with its own
-            gzip header so they are not one deduplicated file), wall time against
-            ceil(N / C) x one rank                                      (target <= 1.1)
+  - ranks:  for each N of --ranks (8 and 16), N rank files on this box's C cores: distinct ranks of
+            the (first) CUDA-graph trace, each with its own rank (distributedInfo), GPU and process
+            ids, so that perfscope reads N ranks, not one file N times (it reads byte-identical files
+            as one); wall time against ceil(N / C) x one rank             (target <= 1.1)
+            and the worker pool's peak RSS (its workers, each at most the largest process's peak,
+            and the parent) against the memory the box has available: it must not swap
 
 --check exits 1 when diagnose's CPU-time ratio on TRACE exceeds --gate (1.5: a gate against
 regressions, loose enough for a loaded CI box). --readme rewrites README.md's speed paragraph
 (between its ``speed-benchmark`` markers) with the lines printed here. --only eager measures TRACE
 alone (what CI runs); --only graph the CUDA-graph trace(s) of --graph-mb alone, and --check then
-gates each graph trace's ratio instead.
+gates each graph trace's ratio instead; --only ranks the rank lines alone. HTA and TraceLens run on
+the eager trace and the first CUDA-graph trace only, and not under --check (a gate times perfscope).
 Default TRACE: built in a temporary folder from the real H200 eager trace in the repository
 (tests/traces/corpus/h200-mla-fp8-kv/mla_pool_eager.json.xz, 5 decode steps of 60 MLA layers with
 CPU ops, shapes and stacks): its events repeated as for the graph trace, 24 copies (120 steps,
@@ -72,6 +78,8 @@ LINE_FORMATS = {
     "peer": "- {peer} on the {kind} trace: {cpu:.2f} s CPU; perfscope uses {ratio:.2f}x its CPU time",
     "ranks": "- {n:d} rank files on {cores:d} cores: {wall:.2f} s wall = {ratio:.2f}x ceil({n:d}/{cores:d}) x one rank "
              "({one:.2f} s)",
+    "growth": "- growth, CUDA graphs at {mb:.0f} MB of JSON ({events:d} events): diagnose {us:.2f} us CPU per event, "
+              "{ratio:.2f}x the orjson floor",
 }
 NUM = r"[0-9]+(?:\.[0-9]+)?"
 
@@ -100,6 +108,10 @@ def child(kind: str, paths: list[str]) -> None:
     if kind == "build":
         src, out, copies, mb = paths
         print(build_repeated_trace(Path(src), float(mb), Path(out), int(copies) or None))
+        return
+    if kind == "ranks":
+        src, n, folder = paths
+        rank_files(Path(src), int(n), Path(folder))
         return
     if kind == "orjson":
         import orjson
@@ -201,30 +213,40 @@ def build_repeated_trace(src: Path, target_mb: float, out: Path, copies: Optiona
                       if k in id_keys and isinstance(v, int)] +
                      [abs(int(e["id"])) for e in events if isinstance(e.get("id"), int)] + [0])
     copies = copies or max(1, math.ceil(target_mb * 1e6 / len(orjson.dumps(top))))  # written as orjson writes it
-    out_events = []
-    for c in range(copies):
-        for e in events:
-            if c == 0 or e.get("ph") == "M":
-                if c == 0:
-                    out_events.append(e)
-                continue
-            e = dict(e)
-            if "ts" in e:
-                e["ts"] = e["ts"] + c * span
-            if isinstance(e.get("id"), int):
-                e["id"] = e["id"] + c * top_id
-            a = e.get("args")
-            if a:
-                a = dict(a)
-                for k in id_keys:
-                    if isinstance(a.get(k), int) and a[k] >= 0:
-                        a[k] = a[k] + c * top_id
-                e["args"] = a
-            out_events.append(e)
-    top["traceEvents"] = out_events
+    keys = list(top)
+    at = keys.index("traceEvents")
+    before = orjson.dumps({k: top[k] for k in keys[:at]})[:-1]  # '{"schemaVersion":1,...'
+    after = orjson.dumps({k: top[k] for k in keys[at + 1:]})[1:]  # '"traceName":"..."}'
+    n = 0
+    # written a copy at a time (the bytes orjson.dumps(top) of all copies would be): a 1 GB trace is
+    # never whole in this process
     with gzip.open(out, "wb", compresslevel=1) as f:
-        f.write(orjson.dumps(top))
-    return len(out_events)
+        f.write(before + (b',"traceEvents":[' if len(before) > 1 else b'"traceEvents":['))
+        for c in range(copies):
+            out_events = []
+            for e in events:
+                if c == 0 or e.get("ph") == "M":
+                    if c == 0:
+                        out_events.append(e)
+                    continue
+                e = dict(e)
+                if "ts" in e:
+                    e["ts"] = e["ts"] + c * span
+                if isinstance(e.get("id"), int):
+                    e["id"] = e["id"] + c * top_id
+                a = e.get("args")
+                if a:
+                    a = dict(a)
+                    for k in id_keys:
+                        if isinstance(a.get(k), int) and a[k] >= 0:
+                            a[k] = a[k] + c * top_id
+                    e["args"] = a
+                out_events.append(e)
+            if out_events:
+                f.write((b"," if n else b"") + orjson.dumps(out_events)[1:-1])
+                n += len(out_events)
+        f.write(b"]" + (b"," + after if len(after) > 1 else b"}"))
+    return n
 
 
 def build_in_child(src: Path, out: Path, copies: Optional[int] = None, mb: float = EAGER_MB) -> int:
@@ -236,20 +258,53 @@ def build_in_child(src: Path, out: Path, copies: Optional[int] = None, mb: float
 
 
 def rank_files(src: Path, n: int, folder: Path) -> list[Path]:
-    """``n`` copies of ``src`` named as TP ranks, each with its own gzip header time: distinct bytes
-    (perfscope treats byte-identical files as one), the same events."""
-    data = src.read_bytes()
+    """``n`` rank files of ``src``'s events, as a TP group's profiler writes them: ``1-TP-<r>`` names,
+    each with its own rank in ``distributedInfo`` (world size ``n``), its own GPU (the GPU events' device
+    and process id) and its own host process ids (CPU events' ``pid`` + r), so no two are the same bytes
+    (perfscope reads byte-identical files as one) and each reads as a rank of its own."""
+    import orjson
+
+    from perfscope.load.reader import read_bytes
+
+    top = orjson.loads(read_bytes(src))
+    events = top["traceEvents"]
+    gpu = {e["pid"] for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+           and isinstance(e.get("pid"), int)}
     files = []
     for r in range(n):
+        def one(e: dict) -> dict:
+            pid = e.get("pid")
+            if not isinstance(pid, int):
+                return e
+            e = dict(e)
+            if pid in gpu:
+                e["pid"] = r
+                a = e.get("args")
+                if isinstance(a, dict) and "device" in a:
+                    e["args"] = {**a, "device": r}
+            else:
+                e["pid"] = pid + r
+            return e
+
+        dist = top.get("distributedInfo")
+        dist = {**(dist if isinstance(dist, dict) else {}), "rank": r, "world_size": n}
         p = folder / f"1-TP-{r}.trace.json.gz"
-        p.write_bytes(data[:4] + (1_700_000_000 + r).to_bytes(4, "little") + data[8:])
+        with gzip.open(p, "wb", compresslevel=1) as f:
+            f.write(orjson.dumps({**top, "distributedInfo": dist, "traceEvents": [one(e) for e in events]}))
         files.append(p)
     return files
 
 
+def ranks_in_child(src: Path, n: int, folder: Path) -> list[Path]:
+    """:func:`rank_files` in a child process (the benchmark's own process stays small)."""
+    subprocess.run([sys.executable, __file__, "--child", "ranks", str(src), str(n), str(folder)],
+                   capture_output=True, text=True, check=True)
+    return [folder / f"1-TP-{r}.trace.json.gz" for r in range(n)]
+
+
 # ---------------------------------------------------------------------------------------------- report
 
-def trace_lines(kind: str, path: Path, rounds: int, mb: float) -> tuple[list[str], dict]:
+def trace_lines(kind: str, path: Path, rounds: int, mb: float, peers: bool = True) -> tuple[list[str], dict]:
     floor: list = []
     ours = best("perfscope", [str(path)], rounds, floor)
     reader = best("reader", [str(path)], rounds, floor)
@@ -262,7 +317,10 @@ def trace_lines(kind: str, path: Path, rounds: int, mb: float) -> tuple[list[str
           f"{ours['cpu']:.2f} s CPU ({ours['wall']:.2f} s wall), ratio {res['ratio']:.2f}x (target <= 1.0); "
           f"reader {reader['cpu']:.2f} s, {res['reader']:.2f}x (target <= 0.75); peak RSS {ours['rss_mb']:.0f} MB, "
           f"{res['rss']:.2f}x the JSON (target <= 1.5)", flush=True)
-    for peer, module in (("HTA", "hta"), ("TraceLens", "TraceLens")):
+    print(f"memory {path.name}: peak RSS / JSON size: diagnose {res['rss']:.2f}x ({ours['rss_mb']:.0f} MB), the reader "
+          f"alone {reader['rss_mb'] / mb:.2f}x ({reader['rss_mb']:.0f} MB), for {mb:.0f} MB of JSON (target <= 1.5)",
+          flush=True)
+    for peer, module in (("HTA", "hta"), ("TraceLens", "TraceLens")) if peers else ():
         if not installed(module):
             print(f"{kind:6s} {peer}: not installed (its module `{module}` does not import here)")
             continue
@@ -278,21 +336,43 @@ def trace_lines(kind: str, path: Path, rounds: int, mb: float) -> tuple[list[str
     return lines, res
 
 
-def rank_lines(trace: Path, n: int, rounds: int) -> list[str]:
+def rank_lines(trace: Path, counts: list[int], rounds: int) -> list[str]:
+    """For each N in ``counts``: N distinct rank files of ``trace`` (:func:`rank_files`) diagnosed together,
+    wall time against ceil(N / cores) x one rank's; and the pool's memory against what the box has free."""
+    from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
+
     cores = os.cpu_count() or 1
+    lines = []
     with tempfile.TemporaryDirectory() as d:
-        many = Path(d) / "ranks"
-        many.mkdir()
-        files = rank_files(trace, n, many)
-        ones = [measure("perfscope", [str(files[0])]) for _ in range(rounds)]
-        alls = [measure("perfscope", [str(many)]) for _ in range(rounds)]
-    one, all_ = min(r["wall"] for r in ones), min(r["wall"] for r in alls)
-    ideal = math.ceil(n / cores) * one
-    cpu = min(r["cpu"] for r in alls) / (n * min(r["cpu"] for r in ones))
-    print(f"ranks  {n} distinct rank files on {cores} cores: {all_:.2f} s wall, one rank {one:.2f} s; "
-          f"{all_ / ideal:.2f}x ceil(N/C) x one rank (target <= 1.1); CPU time {cpu:.2f}x N x one rank's "
-          f"(what running them side by side adds); largest process peak RSS {max(r['rss_mb'] for r in alls):.0f} MB", flush=True)
-    return [LINE_FORMATS["ranks"].format(n=n, cores=cores, wall=all_, ratio=all_ / ideal, one=one)]
+        one_dir = Path(d) / "one"
+        one_dir.mkdir()
+        single = ranks_in_child(trace, 1, one_dir)[0]
+        ones = [measure("perfscope", [str(single)]) for _ in range(rounds)]
+        one = min(r["wall"] for r in ones)
+        for n in counts:
+            many = Path(d) / f"ranks{n}"
+            many.mkdir()
+            files = ranks_in_child(trace, n, many)
+            free = available_memory()
+            workers, bound = plan_workers([json_bytes(f) for f in files], cores, free)
+            alls = [measure("perfscope", [str(many)]) for _ in range(rounds)]
+            shutil.rmtree(many, ignore_errors=True)
+            all_ = min(r["wall"] for r in alls)
+            ideal = math.ceil(n / cores) * one
+            cpu = min(r["cpu"] for r in alls) / (n * min(r["cpu"] for r in ones))
+            # the pool's peak: its workers at once, each at most the largest process's peak (the parent's own
+            # is in that maximum too: it is counted once more, a margin)
+            worker_mb = max(r["rss_mb"] for r in alls)
+            pool_mb = (workers + 1) * worker_mb
+            fits = "fits" if free is None or pool_mb * 1e6 <= free else "DOES NOT FIT (it would swap)"
+            print(f"ranks  {n} distinct rank files on {cores} cores: {all_:.2f} s wall, one rank {one:.2f} s; "
+                  f"{all_ / ideal:.2f}x ceil(N/C) x one rank (target <= 1.1); CPU time {cpu:.2f}x N x one rank's "
+                  f"(what running them side by side adds)", flush=True)
+            print(f"ranks  {n} ranks' pool: {workers} workers (bound: {bound}), each peaking at <= {worker_mb:.0f} MB RSS: "
+                  f"<= {pool_mb:.0f} MB with the parent, of {free / 1e6 if free else float('nan'):.0f} MB available: "
+                  f"{fits}", flush=True)
+            lines.append(LINE_FORMATS["ranks"].format(n=n, cores=cores, wall=all_, ratio=all_ / ideal, one=one))
+    return lines
 
 
 def readme_text(lines: list[str]) -> str:
@@ -319,18 +399,24 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--graph-mb", default="50", help="MB of JSON of the CUDA-graph trace; several, comma-separated "
                     "(e.g. 50,200,1000), print the time per event at each size")
-    ap.add_argument("--ranks", type=int, default=0, help="rank files for the multi-rank line (default 2 x cores)")
+    ap.add_argument("--growth", action="store_true", help="CUDA-graph traces of 50, 200 and 1000 MB of JSON (as "
+                    "--graph-mb 50,200,1000): diagnose's CPU time per event and its ratio to the floor at each size "
+                    "(minutes, and the floor's orjson needs ~10x the JSON in memory: not for CI)")
+    ap.add_argument("--ranks", default="8,16", help="rank counts for the multi-rank lines, comma-separated (default "
+                    "8,16; 0: none); the rank files are distinct ranks of the first CUDA-graph trace")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--gate", type=float, default=GATE)
     ap.add_argument("--readme", action="store_true")
-    ap.add_argument("--only", choices=("eager", "graph"))
+    ap.add_argument("--only", choices=("eager", "graph", "ranks"))
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.growth:
+        a.graph_mb = "50,200,1000"
     if a.child:
         child(a.child[0], a.child[1:])
         return 0
     with tempfile.TemporaryDirectory() as d:
-        if a.only == "graph":
+        if a.only in ("graph", "ranks"):
             return run(a, None)
         if a.trace:
             trace = Path(a.trace)
@@ -358,21 +444,38 @@ def run(a, trace: Path) -> int:
     byte_compile()
     print(f"cores: {os.cpu_count()}; each figure the fastest of {a.rounds} rounds; perfscope byte-compiled",
           flush=True)
-    lines, gated = ([], []) if a.only == "graph" else trace_lines("eager", trace, a.rounds, json_mb(trace))
-    gated = [] if a.only == "graph" else [(gated, trace.name)]
+    lines, gated = [], []
+    if trace is not None:
+        lines, res = trace_lines("eager", trace, a.rounds, json_mb(trace), peers=not a.check)
+        gated = [(res, trace.name)]
     if a.only != "eager":
-        for mb in (float(x) for x in a.graph_mb.split(",")):
-            with tempfile.TemporaryDirectory() as d:
+        sizes = [float(x) for x in a.graph_mb.split(",")]
+        growth = []
+        with tempfile.TemporaryDirectory() as d:
+            first = None
+            for mb in sizes:
                 graph = Path(d) / f"mla_pool_graph_x{mb:.0f}MB.json.gz"
                 events = build_in_child(GRAPH_SOURCE, graph, mb=mb)
-                more, res = trace_lines("graph", graph, a.rounds, json_mb(graph))
-                print(f"graph  {events} events: diagnose {res['cpu'] / events * 1e6:.2f} us CPU per event, the floor "
+                if a.only == "ranks":
+                    first = graph
+                    break
+                more, res = trace_lines("graph", graph, a.rounds, json_mb(graph), peers=first is None and not a.check)
+                us = res["cpu"] / events * 1e6
+                print(f"graph  {events} events: diagnose {us:.2f} us CPU per event, the floor "
                       f"{res['floor'] / events * 1e6:.2f} us", flush=True)
-                lines += more
+                growth.append(LINE_FORMATS["growth"].format(mb=res["mb"], events=events, us=us, ratio=res["ratio"]))
+                if first is None:
+                    lines += more
+                    first = graph
+                else:
+                    graph.unlink()
                 if a.only == "graph":
                     gated.append((res, graph.name))
-        if a.only != "graph":
-            lines += rank_lines(trace, a.ranks or 2 * (os.cpu_count() or 1), max(1, a.rounds - 1))
+            if len(sizes) > 1:
+                lines += growth
+            counts = [int(x) for x in a.ranks.split(",") if int(x) > 0]
+            if a.only != "graph" and counts and first is not None:
+                lines += rank_lines(first, counts, max(1, a.rounds - 1))
     block = readme_text(lines)
     print(block)
     if a.readme:

@@ -6,7 +6,6 @@ the rank files it makes from the real H200 traces."""
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import math
 
@@ -52,7 +51,8 @@ def test_readme_speed_lines_are_the_benchmarks_output_format():
 
 def test_line_formats_read_back_what_they_print(tmp_path):
     vals = {"name": "x.json.gz", "mb": 210.4, "cpu": 3.214, "floor": 3.5, "ratio": 0.918, "reader": 0.7,
-            "rss": 1.234, "peer": "HTA", "kind": "eager", "n": 8, "cores": 2, "wall": 20.0, "one": 5.0}
+            "rss": 1.234, "peer": "HTA", "kind": "eager", "n": 8, "cores": 2, "wall": 20.0, "one": 5.0,
+            "events": 145913, "us": 1.25}
     for kind, fmt in bench.LINE_FORMATS.items():
         line = fmt.format(**vals)
         m = bench.line_regex(kind).match(line)
@@ -92,6 +92,13 @@ def test_rank_files_are_distinct_ranks_of_the_same_events(tmp_path):
     tmp_path = tmp_path / "ranks"
     tmp_path.mkdir()
     files = bench.rank_files(src, 3, tmp_path)
-    assert [topen(f).read() for f in files] == [topen(src).read()] * 3
     ts = discover([str(tmp_path)])
     assert [f.rank for f in ts.files] == [0, 1, 2] and not ts.duplicates
+    one = load_trace(src)
+    for r, f in enumerate(files):
+        t = load_trace(f)
+        # its own rank, GPU and host process; the same events (times, names, correlation) otherwise
+        assert t.meta.rank == r and t.meta.world_size == 3
+        assert {k.device for k in t.kernels} == {r} and {l.pid for l in t.launches} == {p + r for p in {l.pid for l in one.launches}}
+        assert [(k.name, k.ts, k.dur, k.corr) for k in t.kernels] == [(k.name, k.ts, k.dur, k.corr) for k in one.kernels]
+        assert [(l.name, l.ts, l.corr) for l in t.launches] == [(l.name, l.ts, l.corr) for l in one.launches]

@@ -1,7 +1,9 @@
 """How many rank files to parse at once: one process per file and CPU, as many as memory allows.
 
-Parsing a Kineto trace peaks at about 2.4x its JSON size (benchmarks/diagnose_speed.py measures it:
-484 MB for the 210 MB trace), in each worker. A TP8 profile of 8 large ranks parsed 8 at a time
+Diagnosing a Kineto trace peaks at about 1.4x its JSON size in each worker (the reader decodes the JSON
+a piece at a time: benchmarks/diagnose_speed.py measures 239 MB for the 171 MB eager trace), and at
+about 2.3x for a file the reader reads whole (JSON Array Format, UTF-16, JSON to repair: 385 MB): the
+plan budgets for the latter. A TP8 profile of 8 large ranks parsed 8 at a time
 can need more memory than the box has (HTA needed 950 GB for 200 GB of traces, its issue #250), so
 the plan admits only as many workers as the largest files, parsed together, fit in."""
 
@@ -11,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-PEAK_PER_JSON_BYTE = 2.6  # measured 2.42x on the 210 MB trace; a margin on top
+PEAK_PER_JSON_BYTE = 2.6  # a file read whole: 2.42x measured on the 210 MB trace; a margin on top
 MEMORY_FRACTION = 0.8  # of what the OS reports available
 
 

@@ -70,9 +70,9 @@ class CpuOp(NamedTuple):
     pid: Any
     tid: Any
     ext: Optional[int]
-    input_type: Any  # msgspec.Raw | None
-    input_dims: Any
-    concrete: Any
+    input_type: bytes  # raw JSON (b"": none recorded), read by perfscope.load.shapes
+    input_dims: bytes
+    concrete: bytes
 
 
 class PyFrame(NamedTuple):

@@ -1,10 +1,13 @@
 """Read one Kineto trace file (``.json``, ``.json.gz`` or ``.json.xz``) into a :class:`Trace`, fast and small.
 
-How: the gzip stream is inflated once into a buffer sized from the gzip trailer; msgspec splits
-``traceEvents`` into raw slices without building them, then decodes each slice into a typed struct
-holding only the fields perfscope uses, and keeps a compact tuple per event it needs. Names are
-shared between events, so 50k launches of one kernel hold one string. On the 210 MB JSON trace in
-tests/traces/corpus this is ~3x faster than ``orjson.loads`` and peaks below 2.5x the JSON size.
+How (:func:`load_trace`): the file is inflated half a MB at a time and its ``traceEvents`` decoded a
+piece (~1 MB of JSON) at a time as the text arrives (:func:`_stream`), each piece by msgspec into
+typed structs holding only the fields perfscope uses, each event kept as a compact tuple; the
+top-level keys before and after the events are decoded apart. The inflated JSON is never whole in
+memory: on the 171 MB eager trace the reader peaks at ~1.0x the JSON size and diagnose at ~1.4x
+(the events themselves take ~0.6x: names, ids, durations and shapes repeated on every step are one
+object each). A file laid out otherwise (JSON Array Format, UTF-16 or a BOM) or with something wrong
+in it is read whole by :func:`parse`, which says what is wrong (or repairs it) as before.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import ast
 import math
 import os
+import re
 import zlib
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import msgspec
 
@@ -26,7 +30,8 @@ from perfscope.load.model import Annotation, CpuOp, Kernel, Launch, PyFrame, Tra
 from perfscope.load.repair import fix_names, fix_surrogates, normalise_encoding, repair_names  # noqa: F401 - API
 from perfscope.load.schema import ANY_EVENT, EVENT, MAX_DUR_US, MAX_TS_US, TOP, Args, Event, Top
 
-_CHUNK = 1 << 22
+_CHUNK = 1 << 19  # JSON bytes inflated per call
+_FEED = 1 << 18  # compressed bytes handed to zlib per call
 # runtime/driver calls kept: the ones that carry a correlation id to GPU work, and warm-up markers
 _RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "runtime", "hip_runtime"}
 _GPU_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
@@ -38,15 +43,27 @@ def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], 
     """The file's JSON bytes, inflated if gzipped or xz-compressed. Truncated or corrupt, a file that is no
     regular file, or one past the bound (:func:`perfscope.util.limits.max_trace_bytes`) -> InputError."""
     p = Path(path)
+    return _inflate(_read_file(p), p, progress)
+
+
+def _read_file(p: Path) -> bytes:
+    """The file's bytes as stored (compressed or not): no regular file, past the bound or empty -> InputError."""
     comp = read_regular(p, limits.max_trace_bytes(), "PERFSCOPE_MAX_TRACE_GB", "GB", what="the trace",
                         hint="save the trace to a file and pass its path")
     if not comp.strip():
         raise InputError(f"{p}: empty file, not a trace")
+    return comp
+
+
+def _json_chunks(comp: bytes, p: Path, progress=None) -> Iterator[bytes | memoryview]:
+    """The file's JSON in pieces of at most ``_CHUNK`` bytes, inflated as they are asked for; the same
+    errors as :func:`read_bytes`, raised when the piece they are in is reached."""
     if comp[:6] == _XZ_MAGIC:
-        return _unxz(comp, p, progress)
+        return _unxz_chunks(comp, p, progress)
     if comp[:2] != b"\x1f\x8b":
-        return comp
-    return _gunzip(comp, p, progress)
+        view = memoryview(comp)
+        return (view[i:i + _CHUNK] for i in range(0, len(comp), _CHUNK))
+    return _gunzip_chunks(comp, p, progress)
 
 
 _XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -55,41 +72,50 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 def _unxz(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> bytearray:
     """Decompress an xz file (every stream of it) into one buffer of at most ``cap`` bytes (default:
     the trace bound), in chunks: a stream that grows past the bound is refused before it is held."""
+    buf = bytearray()
+    for out in _unxz_chunks(comp, p, progress, cap):
+        buf += out
+    return buf
+
+
+def _unxz_chunks(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> Iterator[bytes]:
+    """:func:`_unxz`'s chunks, one at a time (at most ``_CHUNK`` bytes each)."""
     import lzma
 
     cap = limits.max_trace_bytes() if cap is None else cap
-    buf = bytearray()
+    total = 0
     d = lzma.LZMADecompressor(lzma.FORMAT_XZ)
     data = comp
-    try:
-        while True:
+    while True:
+        try:
             out = d.decompress(data, _CHUNK)
-            data = b""
-            if len(buf) + len(out) > cap:
-                raise InputError(f"{p}: " + limits.too_big(f"the trace decompressed from its {len(comp):,} xz bytes",
-                                                           cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
-            buf += out
-            if progress and d.eof:
-                progress(len(comp) - len(d.unused_data), len(comp))
-            if d.eof:
-                rest = d.unused_data.lstrip(b"\0")  # stream padding between (and after) streams
-                if not rest:
-                    break
-                if rest[:6] != _XZ_MAGIC:
-                    raise InputError(f"{p}: {len(rest):,} bytes of junk after the xz stream")
-                d = lzma.LZMADecompressor(lzma.FORMAT_XZ)
-                data = rest
-                continue
-            if d.needs_input:
+        except lzma.LZMAError as e:
+            raise InputError(f"{p}: corrupt xz data ({e})") from None
+        except MemoryError:
+            raise InputError(f"{p}: not enough memory to decompress the trace ({total:,} bytes so far)") from None
+        data = b""
+        if total + len(out) > cap:
+            raise InputError(f"{p}: " + limits.too_big(f"the trace decompressed from its {len(comp):,} xz bytes",
+                                                       cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
+        total += len(out)
+        if out:
+            yield out
+        if progress and d.eof:
+            progress(len(comp) - len(d.unused_data), len(comp))
+        if d.eof:
+            rest = d.unused_data.lstrip(b"\0")  # stream padding between (and after) streams
+            if not rest:
                 break
-    except lzma.LZMAError as e:
-        raise InputError(f"{p}: corrupt xz data ({e})") from None
-    except MemoryError:
-        raise InputError(f"{p}: not enough memory to decompress the trace ({len(buf):,} bytes so far)") from None
+            if rest[:6] != _XZ_MAGIC:
+                raise InputError(f"{p}: {len(rest):,} bytes of junk after the xz stream")
+            d = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+            data = rest
+            continue
+        if d.needs_input:
+            break
     if not d.eof:
-        raise InputError(f"{p}: truncated xz file (the stream ends after {len(buf):,} bytes of JSON); "
+        raise InputError(f"{p}: truncated xz file (the stream ends after {total:,} bytes of JSON); "
                          "was it copied while still being written?")
-    return buf
 
 
 def _gunzip(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> bytearray:
@@ -100,16 +126,9 @@ def _gunzip(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> bytear
     buf = bytearray(hint if 0 < hint < min(64 * len(comp) + (1 << 20), cap + 1) else 0)
     view = memoryview(buf)
     pos = 0
-    d = zlib.decompressobj(31)
-    data = comp
     try:
-        while True:
-            # at most _CHUNK bytes out per call: no large temporary beside the buffer
-            out = d.decompress(data, _CHUNK)
+        for out in _gunzip_chunks(comp, p, progress, cap):
             n = len(out)
-            if pos + n > cap:
-                raise InputError(f"{p}: " + limits.too_big(f"the trace inflated from its {len(comp):,} gzip bytes",
-                                                           cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
             if pos + n <= len(buf):
                 view[pos:pos + n] = out
             else:  # the trailer's size was wrong (files over 4 GiB): grow
@@ -117,31 +136,66 @@ def _gunzip(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> bytear
                 buf[pos:] = out
                 view = memoryview(buf)
             pos += n
-            data = d.unconsumed_tail
-            if progress:
-                progress(len(comp) - len(data), len(comp))
-            if d.eof and d.unused_data:  # RFC 1952: several members are one file, read whole
-                rest = d.unused_data
-                if rest[:2] != b"\x1f\x8b":
-                    if rest.strip(b"\0"):
-                        raise InputError(f"{p}: {len(rest):,} bytes of junk after the gzip stream")
-                    break
-                d = zlib.decompressobj(31)
-                data = rest
-                continue
-            if d.eof or (not data and not out):
-                break
-    except zlib.error as e:
-        raise InputError(f"{p}: corrupt gzip data ({e})") from None
     except MemoryError:
         raise InputError(f"{p}: not enough memory to inflate the trace ({pos:,} bytes so far)") from None
-    if not d.eof:
-        raise InputError(f"{p}: truncated gzip file (the stream ends after {pos:,} bytes of JSON); "
-                         "was it copied while still being written?")
     view.release()
     if pos < len(buf):
         del buf[pos:]
     return buf
+
+
+def _gunzip_chunks(comp: bytes, p: Path, progress, cap: Optional[int] = None) -> Iterator[bytes]:
+    """:func:`_gunzip`'s chunks, one at a time (at most ``_CHUNK`` bytes each). The compressed bytes are
+    fed ``_FEED`` at a time: zlib copies the input it could not use yet on every call (its
+    ``unconsumed_tail``), so feeding all of a large file at once would copy it again per chunk."""
+    cap = limits.max_trace_bytes() if cap is None else cap
+    view = memoryview(comp)
+    size = len(comp)
+    fed = total = 0  # compressed bytes handed to zlib, JSON bytes out
+    d = zlib.decompressobj(31)
+    while True:
+        data = view[fed:fed + _FEED]
+        fed += len(data)
+        while True:
+            try:
+                # at most _CHUNK bytes out per call: no large temporary beside the buffer
+                out = d.decompress(data, _CHUNK)
+            except zlib.error as e:
+                raise InputError(f"{p}: corrupt gzip data ({e})") from None
+            except MemoryError:
+                raise InputError(f"{p}: not enough memory to inflate the trace ({total:,} bytes so far)") from None
+            n = len(out)
+            if total + n > cap:
+                raise InputError(f"{p}: " + limits.too_big(f"the trace inflated from its {size:,} gzip bytes",
+                                                           cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
+            total += n
+            if n:
+                yield out
+            data = d.unconsumed_tail
+            if d.eof or (not data and not out):
+                break
+        # at the end of a member, what follows it in the input is its unused_data (zlib may leave it in
+        # unconsumed_tail too)
+        done = fed - len(d.unused_data if d.eof else data)
+        if progress:
+            progress(done, size)
+        if d.eof:
+            rest_at = done
+            if rest_at < size:  # RFC 1952: several members are one file, read whole
+                rest = view[rest_at:]
+                if rest[:2] != b"\x1f\x8b":
+                    if bytes(rest).strip(b"\0"):
+                        raise InputError(f"{p}: {len(rest):,} bytes of junk after the gzip stream")
+                    break
+                d = zlib.decompressobj(31)
+                fed = rest_at
+                continue
+            break
+        if fed >= size:
+            break
+    if not d.eof:
+        raise InputError(f"{p}: truncated gzip file (the stream ends after {total:,} bytes of JSON); "
+                         "was it copied while still being written?")
 
 
 def _meta_dict(value: Any) -> Any:
@@ -237,74 +291,136 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
     meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents), repaired_names=repaired,
                      lone_surrogates=surrogates, encoding=encoding)
     _fill_meta(meta, top)
+    acc = _Events(meta)
+    acc.take_raw(top.traceEvents)
+    return acc.trace()
 
-    kernels: list[Kernel] = []
-    launches: list[Launch] = []
-    cpu_ops: list[CpuOp] = []
-    frames: list[PyFrame] = []
-    annots: list[Annotation] = []
-    names: dict[str, str] = {}
-    intern = names.setdefault
-    geo: dict = {}
-    decode = EVENT.decode
-    no_args = Args()
-    gpu_cats = _GPU_CATS
-    rt_cats = _RUNTIME_CATS
-    new = tuple.__new__  # the event tuples built without their NamedTuple's Python-level __new__
 
-    for raw in top.traceEvents:
-        try:
-            e = decode(raw)  # out-of-range numbers fail the schema's bounds (perfscope.load.schema)
-        except (msgspec.ValidationError, RecursionError):
-            e = _lax_event(raw)
-            meta.lax_events += 1
-            if e is None:
-                continue
-            if e.__class__ is _Negative:
-                meta.negative_durations += 1
-                meta.negative_kernels += e.cat in gpu_cats
-                continue
-        except msgspec.DecodeError as exc:  # pragma: no cover - top-level decode validated JSON
-            raise InputError(f"{path}: malformed event ({exc})") from None
-        if e.ph != "X":
-            continue
-        cat = e.cat
-        a = e.args or no_args
-        if cat == "python_function":
-            frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.python_id,
-                                        a.python_parent)))
-        elif cat == "cpu_op" or cat == "Operator":
-            if cat == "Operator" and e.name.startswith("ProfilerStep#"):
-                # the 2021 Kineto format wrote every CPU range as an `Operator`, the profiler's steps too
-                annots.append(Annotation(intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, False))
-                continue
-            cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.external_id,
-                                       a.input_type, a.input_dims, a.concrete)))
-        elif cat in gpu_cats:
-            g = a.grid
-            if g is not None:
-                g = tuple(g)
-                g = geo.setdefault(g, g)
-            b = a.block
-            if b is not None:
-                b = tuple(b)
-                b = geo.setdefault(b, b)
-            kernels.append(new(Kernel, (intern(e.name, e.name), e.ts, e.dur,
-                                        a.stream if a.stream is not None else (e.tid if isinstance(e.tid, int) else 0),
-                                        a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else 0),
-                                        a.correlation if a.correlation is not None else -1,
-                                        g, b, a.external_id, gpu_cats[cat])))
-        elif cat in rt_cats:
-            launches.append(new(Launch, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, a.correlation,
-                                         a.external_id)))
-        elif cat in _ANNOT_CATS:
-            annots.append(new(Annotation, (intern(e.name, e.name), e.ts, e.dur, e.pid, e.tid, _ANNOT_CATS[cat])))
+class _Events:
+    """The event tuples of one trace, taken a list of decoded events (or of raw ones) at a time."""
 
-    if meta.platform != "rocm" and any(l.name.startswith("hip") for l in launches[:200]):
-        meta.platform = "rocm"
-    kernels.sort(key=lambda k: k.ts)
-    return Trace(meta=meta, kernels=kernels, launches=launches, cpu_ops=cpu_ops, frames=frames,
-                 annotations=annots)
+    def __init__(self, meta: TraceMeta) -> None:
+        self.meta = meta
+        self.kernels: list[Kernel] = []
+        self.launches: list[Launch] = []
+        self.cpu_ops: list[CpuOp] = []
+        self.frames: list[PyFrame] = []
+        self.annots: list[Annotation] = []
+        self.names: dict[str, str] = {}
+        self.ids: dict = {}
+        self.geo: dict = {}
+        self.shapes: dict[bytes, bytes] = {}
+        self.durs: dict[float, float] = {}  # apart from the ids: 2.0 == 2
+
+    def take_raw(self, raws) -> None:
+        """Raw events: each decoded on its own, one that breaks the schema by the lax decoder."""
+        self.take(self._decoded(raws))
+
+    def _decoded(self, raws) -> Iterator[Event]:
+        meta = self.meta
+        decode = EVENT.decode
+        gpu_cats = _GPU_CATS
+        for raw in raws:
+            try:
+                e = decode(raw)  # out-of-range numbers fail the schema's bounds (perfscope.load.schema)
+            except (msgspec.ValidationError, RecursionError):
+                e = _lax_event(raw)
+                meta.lax_events += 1
+                if e is None:
+                    continue
+                if e.__class__ is _Negative:
+                    meta.negative_durations += 1
+                    meta.negative_kernels += e.cat in gpu_cats
+                    continue
+            except msgspec.DecodeError as exc:  # pragma: no cover - top-level decode validated JSON
+                raise InputError(f"{meta.path}: malformed event ({exc})") from None
+            yield e
+
+    def take(self, events) -> None:
+        """Decoded events. Equal names, process, thread and parent-frame ids, durations, geometries and
+        shapes are one object each (a trace repeats them on every step: a fifth of the trace's memory); a
+        shape is kept as its own bytes (raw JSON), not as a view of the text it was decoded from, so that
+        no piece of a file stays held by the ops that have one."""
+        kernels, launches, cpu_ops, frames, annots = self.kernels, self.launches, self.cpu_ops, self.frames, self.annots
+        intern = self.names.setdefault
+        ident = self.ids.setdefault
+        geo = self.geo.setdefault
+        shape = self.shapes.setdefault
+        durs = self.durs.setdefault
+        no_args = _NO_ARGS
+        gpu_cats = _GPU_CATS
+        rt_cats = _RUNTIME_CATS
+        annot_cats = _ANNOT_CATS
+        new = tuple.__new__  # the event tuples built without their NamedTuple's Python-level __new__
+        for e in events:
+            if e.ph != "X":
+                continue
+            cat = e.cat
+            a = e.args or no_args
+            pid = e.pid
+            tid = e.tid
+            pid = ident(pid, pid)
+            tid = ident(tid, tid)
+            dur = e.dur
+            if dur:  # (0.0 and -0.0 left as they are: equal keys, different values)
+                dur = durs(dur, dur)
+            if cat == "python_function":
+                pp = a.python_parent
+                frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, dur, pid, tid, a.python_id,
+                                            ident(pp, pp))))
+            elif cat == "cpu_op" or cat == "Operator":
+                if cat == "Operator" and e.name.startswith("ProfilerStep#"):
+                    # the 2021 Kineto format wrote every CPU range as an `Operator`, the profiler's steps too
+                    annots.append(Annotation(intern(e.name, e.name), e.ts, dur, pid, tid, False))
+                    continue
+                it, dims, conc = a.input_type, a.input_dims, a.concrete
+                if it:
+                    it = bytes(it)
+                    it = shape(it, it)
+                else:
+                    it = b""
+                if dims:
+                    dims = bytes(dims)
+                    dims = shape(dims, dims)
+                else:
+                    dims = b""
+                if conc:
+                    conc = bytes(conc)
+                    conc = shape(conc, conc)
+                else:
+                    conc = b""
+                cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, dur, pid, tid, a.external_id,
+                                           it, dims, conc)))
+            elif cat in gpu_cats:
+                g = a.grid
+                if g is not None:
+                    g = tuple(g)
+                    g = geo(g, g)
+                b = a.block
+                if b is not None:
+                    b = tuple(b)
+                    b = geo(b, b)
+                kernels.append(new(Kernel, (intern(e.name, e.name), e.ts, dur,
+                                            a.stream if a.stream is not None else (tid if isinstance(tid, int) else 0),
+                                            a.device if a.device is not None else (pid if isinstance(pid, int) else 0),
+                                            a.correlation if a.correlation is not None else -1,
+                                            g, b, a.external_id, gpu_cats[cat])))
+            elif cat in rt_cats:
+                launches.append(new(Launch, (intern(e.name, e.name), e.ts, dur, pid, tid, a.correlation,
+                                             a.external_id)))
+            elif cat in annot_cats:
+                annots.append(new(Annotation, (intern(e.name, e.name), e.ts, dur, pid, tid, annot_cats[cat])))
+
+    def trace(self) -> Trace:
+        meta, launches, kernels = self.meta, self.launches, self.kernels
+        if meta.platform != "rocm" and any(l.name.startswith("hip") for l in launches[:200]):
+            meta.platform = "rocm"
+        kernels.sort(key=lambda k: k.ts)
+        return Trace(meta=meta, kernels=kernels, launches=launches, cpu_ops=self.cpu_ops, frames=self.frames,
+                     annotations=self.annots)
+
+
+_NO_ARGS = Args()
 
 
 _I64 = 1 << 63
@@ -392,13 +508,196 @@ def _fill_meta(meta: TraceMeta, top) -> None:
         meta.platform = "rocm"
 
 
+def _inflate(comp: bytes, p: Path, progress=None) -> bytes | bytearray:
+    if comp[:6] == _XZ_MAGIC:
+        return _unxz(comp, p, progress)
+    if comp[:2] != b"\x1f\x8b":
+        return comp
+    return _gunzip(comp, p, progress)
+
+
 def load_trace(path: str | os.PathLike, progress=None) -> Trace:
-    """Read and parse one trace file; every failure is a one-line InputError. The cyclic collector is
-    off while it parses (perfscope.util.gcpause): its passes would walk the events read so far, again
-    and again as they grow."""
+    """Read and parse one trace file; every failure is a one-line InputError. The JSON is inflated and
+    decoded a piece at a time (:func:`_stream`); a file laid out otherwise, or one with something wrong
+    in it, is read whole by :func:`parse`. The cyclic collector is off while it parses
+    (perfscope.util.gcpause): its passes would walk the events read so far, again and again as they grow."""
     try:
         with collector_paused():
-            return parse(read_bytes(path, progress), str(path))
+            p = Path(path)
+            comp = _read_file(p)
+            trace = _stream(_json_chunks(comp, p, progress), str(path))
+            if trace is None:
+                trace = parse(_inflate(comp, p, progress), str(path))
+            return trace
     except MemoryError:
         raise InputError(f"{path}: not enough memory to analyse this trace (see the bounds in the README: "
                          "PERFSCOPE_MAX_TRACE_GB, PERFSCOPE_MAX_EVENTS)") from None
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+_PIECE = 1 << 20  # JSON bytes of events decoded per msgspec call when a file is read in pieces
+_EVENT_LIST = msgspec.json.Decoder(list[Event])
+_WS = b" \t\r\n"
+_KEY = b'"traceEvents"'
+_OPEN = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\[")
+_OPENING = re.compile(rb"[ \t\r\n]*(?::[ \t\r\n]*)?")  # the text up to the "[" not all here yet
+
+
+class _Rest(msgspec.Struct, gc=False):
+    """The file's last events and the top-level keys after them, decoded as ``{"traceEvents": [`` + the
+    rest of the file (a key that is absent stays UNSET: the one before the events, if any, holds)."""
+
+    traceEvents: list[msgspec.Raw]
+    deviceProperties: Any = msgspec.UNSET
+    distributedInfo: Any = msgspec.UNSET
+    with_stack: Any = msgspec.UNSET
+    record_shapes: Any = msgspec.UNSET
+    roctracer_version: Any = msgspec.UNSET
+    hip_runtime_version: Any = msgspec.UNSET
+    cuda_runtime_version: Any = msgspec.UNSET
+    traceName: Any = msgspec.UNSET
+    nodes: Any = msgspec.UNSET
+    schema: Any = msgspec.UNSET
+
+
+_REST = msgspec.json.Decoder(_Rest)
+_TOP_KEYS = [f for f in Top.__struct_fields__ if f != "traceEvents"]
+
+
+class _Layout(Exception):
+    """The file is not laid out as :func:`_stream` reads it: it is read whole instead."""
+
+
+def _stream(chunks: Iterable, path: str) -> Optional[Trace]:
+    """The trace read from its JSON in pieces (``chunks``: the inflated text, a piece at a time), so that
+    the text is never whole in memory: the top-level keys before ``"traceEvents": [`` decoded as an
+    object of their own, then the events ``_PIECE`` bytes at a time (up to the last ``},`` in what has
+    arrived that closes an event: the one where ``[`` + the text + ``]`` decodes, which only the end of
+    an element of the list can do), then ``{"traceEvents": [`` + what is left (the last events and the
+    keys after them). The result is :func:`parse`'s on the whole text. None when the file is not one
+    that reads this way (no object at the top, no ``"traceEvents": [``, another encoding than UTF-8,
+    text that does not decode, more events than the bound): :func:`parse` then reads it whole and says
+    what is wrong with it, as it would have."""
+    it = iter(chunks)
+    pending = bytearray()
+    total = 0
+    head = None
+    at = 0  # where to look for the key next
+    for chunk in it:
+        pending += chunk
+        total += len(chunk)
+        if total == len(chunk) and (normalise_encoding(bytes(pending[:4]))[1] != "utf-8"
+                                    or pending.lstrip(_WS)[:1] not in (b"{", b"")):
+            return None
+        try:
+            head, opened = _head(pending, at)
+        except _Layout:
+            return None
+        if head is not None:
+            del pending[:opened]
+            break
+        at = opened
+    if head is None:
+        return None
+    meta = TraceMeta(path=path, encoding="utf-8")
+    acc = _Events(meta)
+    count = 0
+    bound = limits.max_events()
+    want = _PIECE
+    try:
+        while True:
+            if len(pending) >= want:
+                n = _piece(pending, acc)
+                count += n
+                if count > bound:
+                    return None
+                want = _PIECE if n else 2 * len(pending)  # no end of an event found: wait for twice as much
+            chunk = next(it, None)
+            if chunk is None:
+                break
+            pending += chunk
+            total += len(chunk)
+    except _Layout:
+        return None
+    if _KEY in pending:  # another "traceEvents" (a key twice, or in an event's name): read whole
+        return None
+    try:
+        rest = _REST.decode(b"".join((b'{"traceEvents":[', pending)))
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    del pending
+    count += len(rest.traceEvents)
+    if count > bound:
+        return None
+    acc.take_raw(rest.traceEvents)
+    top = Top(**{k: getattr(head, k) if getattr(rest, k) is msgspec.UNSET else getattr(rest, k) for k in _TOP_KEYS})
+    meta.json_bytes, meta.events = total, count
+    _fill_meta(meta, top)
+    return acc.trace()
+
+
+def _head(buf: bytearray, at: int) -> tuple[Optional[Top], int]:
+    """(the top-level keys before the events, the offset just past the events' ``[``) once ``buf`` (the
+    file's start) holds them, else (None, where to look next). :class:`_Layout` when the key is there
+    but its value is no list."""
+    while True:
+        i = buf.find(_KEY, at)
+        if i < 0:
+            return None, max(at, len(buf) - len(_KEY))
+        j = i
+        while j and buf[j - 1] in _WS:
+            j -= 1
+        c = buf[j - 1:j]
+        if c in (b",", b"{"):
+            # the text before the key, closed: an object only when the key is one of the top level's
+            try:
+                head = TOP.decode(b"".join((memoryview(buf)[:j - 1 if c == b"," else j], b"}")))
+            except RecursionError:
+                raise _Layout from None
+            except msgspec.ValidationError:
+                raise _Layout from None
+            except msgspec.DecodeError:
+                head = None
+            if head is not None:
+                if head.traceEvents is not None:
+                    raise _Layout
+                m = _OPEN.match(buf, i + len(_KEY))
+                if m is not None:
+                    return head, m.end()
+                if _OPENING.fullmatch(buf, i + len(_KEY)):
+                    return None, i  # the "[" has not arrived yet
+                raise _Layout  # "traceEvents": null, or not a list
+        at = i + 1
+
+
+def _piece(pending: bytearray, acc: "_Events") -> int:
+    """Take the events at the start of ``pending`` (the text after the events' ``[`` or after a comma
+    between two of them) up to the last ``},`` that ends one, and cut them off it; the number of events
+    taken (0: no end of an event found)."""
+    hi = len(pending)
+    for _ in range(4):
+        k = pending.rfind(b"},", 0, hi)
+        if k < 0:
+            return 0
+        hi = k
+        with memoryview(pending) as v:
+            piece = b"".join((b"[", v[:k + 1], b"]"))
+        try:
+            events = _EVENT_LIST.decode(piece)
+        except (msgspec.ValidationError, RecursionError):  # an event breaks the schema: each on its own
+            try:
+                raws = _ARRAY.decode(piece)
+            except RecursionError:
+                raise _Layout from None
+            except msgspec.DecodeError:
+                continue  # not the end of an event
+            acc.take_raw(raws)
+            del pending[:k + 2]
+            return len(raws)
+        except msgspec.DecodeError:
+            continue  # not the end of an event (inside a string, or of an object inside one)
+        acc.take(events)
+        del pending[:k + 2]
+        return len(events)
+    return 0
