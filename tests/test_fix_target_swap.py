@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from perfscope.fixengine import engine
-from perfscope.capture.ssh import connect
+from perfscope.remote.ssh import connect
 from perfscope.fixengine.host import LocalFixHost, SSHFixHost
 from perfscope.fixengine.registry import get
 

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from perfscope.capture import workload
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope.bench import workload
+from perfscope.remote.sglang_api import SGLangClient
 from perfscope.errors import RemoteError
 
 TOKENS_BEFORE_STALL = 3

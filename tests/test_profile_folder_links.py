@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from perfscope.capture.hostio import LocalHost
+from perfscope.remote.hostio import LocalHost
 from perfscope.errors import RemoteError
 
 

@@ -27,7 +27,7 @@ from paths import GPU_LOOP, HTA
 ray = need.module("ray")
 
 from perfscope.analysis.diagnose import diagnose  # noqa: E402
-from perfscope.capture.rundir import write_run  # noqa: E402
+from perfscope.rundir import write_run  # noqa: E402
 from perfscope.cluster import ray_diagnose as rd  # noqa: E402
 from perfscope.errors import InputError  # noqa: E402
 from perfscope.report.jsonout import dumps  # noqa: E402

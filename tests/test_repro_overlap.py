@@ -16,7 +16,7 @@ from pathlib import Path
 
 import need
 
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope.remote.sglang_api import SGLangClient
 from perfscope.load.reader import repair_names
 from reproserver import start_repro
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, Unauthorized
+from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, Unauthorized
 from perfscope.load.reader import repair_names
 from reproserver import REPO, repro, start_repro  # noqa: F401  (repro is a fixture)
 

@@ -19,8 +19,8 @@ import pytest
 
 import need
 
-from perfscope.capture import rundir
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope import rundir
+from perfscope.remote.sglang_api import SGLangClient
 from perfscope.cli import main
 from perfscope.load.reader import parse
 from net import StubHandler

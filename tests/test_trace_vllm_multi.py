@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.capture import rundir
-from perfscope.capture.vllm_api import VLLMClient, parse_cache_config
+from perfscope import rundir
+from perfscope.remote.vllm_api import VLLMClient, parse_cache_config
 from perfscope.cli import main
 from perfscope.load.reader import parse
 from reproserver import start_repro

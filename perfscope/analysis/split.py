@@ -85,7 +85,7 @@ def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict,
     warnings, whether they are ranks of one job, the straggler. ``warnings``: more lines to report
     (ranks that could not be analysed where they are)."""
     from perfscope.analysis.diagnose import not_one_job, straggler
-    from perfscope.capture.rundir import FRONTEND_NOTE
+    from perfscope.rundir import FRONTEND_NOTE
 
     for path in tset.frontend:
         for r in ranks:

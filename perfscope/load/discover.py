@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from perfscope.capture.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
+from perfscope.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
 from perfscope.errors import InputError
 
 _TRACE_SUFFIXES = (".json", ".json.gz", ".json.xz")

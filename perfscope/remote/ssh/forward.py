@@ -8,8 +8,8 @@ import threading
 
 import paramiko
 
-from perfscope.capture.ssh.errors import ServerDown
-from perfscope.capture.ssh.target import DEFAULT_CONNECT_TIMEOUT
+from perfscope.remote.ssh.errors import ServerDown
+from perfscope.remote.ssh.target import DEFAULT_CONNECT_TIMEOUT
 from perfscope.errors import RemoteError
 
 

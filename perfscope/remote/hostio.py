@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
+from perfscope.remote.ssh import CommandResult, RemoteError, SSHSession, quote_argv
 from perfscope.errors import InputError
 from perfscope.util.files import atomic_writer, copy_hashed, local_write_error, sha256_file
 
