@@ -16,8 +16,8 @@ import pytest
 
 from perfscope.analysis.compare import CONFIG_KEYS
 from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient
-from perfscope.report.html import HEADER_CONFIG_KEYS
 from perfscope.remote.ssh.errors import ServerDown
+from perfscope.report.html import HEADER_CONFIG_KEYS
 from real_engines import revive_sglang
 from reproserver import start_repro
 

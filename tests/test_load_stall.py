@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from perfscope.bench import workload
-from perfscope.remote.sglang_api import SGLangClient
 from perfscope.errors import RemoteError
+from perfscope.remote.sglang_api import SGLangClient
 
 TOKENS_BEFORE_STALL = 3
 STALL_S = 1.5

@@ -21,11 +21,11 @@ import pytest
 
 from paths import GPU_LOOP, HTA, REPO
 from perfscope import rundir
-from perfscope.remote.hostio import SSHHost
-from perfscope.remote.ssh import connect
 from perfscope.cli import main
 from perfscope.cluster import onhost
 from perfscope.errors import InputError, RemoteError
+from perfscope.remote.hostio import SSHHost
+from perfscope.remote.ssh import connect
 import test_trace
 
 pytestmark = pytest.mark.usefixtures("no_agent")

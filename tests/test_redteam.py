@@ -201,8 +201,8 @@ STRICTER_BY_DESIGN = {"cert-authority-only-accept-new"}
 @pytest.mark.parametrize("case", [c[0] for c in KH_CASES])
 def test_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
     """perfscope and OpenSSH's ssh -o BatchMode=yes on the same known_hosts: both accept or both refuse."""
-    from perfscope.remote.ssh import connect
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import connect
 
     ssh = need_binary("ssh", "OpenSSH client")
     _, build, mode = next(c for c in KH_CASES if c[0] == case)
@@ -351,8 +351,8 @@ def test_several_hosts_and_an_http_error_give_one_line(server, tmp_path, capsys)
     """Several hosts and an HTTP error from one host's /start_profile gave a TypeError (the
     error was re-raised as type(e)(msg, hint=...)): it is re-raised with its class and fields."""
     from perfscope.capture.options import TraceOptions
-    from perfscope.remote.sglang_api import HTTPStatusError
     from perfscope.capture.trace import Endpoint, trace
+    from perfscope.remote.sglang_api import HTTPStatusError
 
     H, port = server
     H.start_status, H.start_body = 500, b'{"error": "boom"}'
@@ -386,8 +386,8 @@ def _alive(tag: str) -> list[str]:
 def test_hung_restart_cmd_is_killed_by_process_group_locally():
     """A hung --restart-cmd was left running (subprocess.run killed only the outer sh):
     LocalHost.run gives it its own process group and kills the group (TERM, then KILL)."""
-    from perfscope.remote.hostio import LocalHost
     from perfscope.errors import RemoteError
+    from perfscope.remote.hostio import LocalHost
 
     with pytest.raises(RemoteError, match="timed out"):
         LocalHost().run(["sh", "-c", "sleep 771.25 & sleep 771.25; true"], timeout=1)
@@ -398,8 +398,8 @@ def test_hung_restart_cmd_is_killed_by_process_group_locally():
 def test_hung_command_is_killed_by_process_group_on_the_host(sshd):
     """The same over SSH (only the channel was closed): SSHSession.run learns the remote process
     group and kills it (kill -- -PGID)."""
-    from perfscope.remote.ssh import connect
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import connect
 
     with connect(sshd.target()) as s:
         with pytest.raises(RemoteError, match="timed out"):
@@ -504,8 +504,8 @@ def test_malformed_config_is_exit_2_one_line(text, tmp_path, capsys):
 def test_server_info_nested_deep_or_huge_is_one_line(server, tmp_path, capsys):
     """/server_info nested deep (RecursionError) or tp_size 1e999 (OverflowError in
     expected_files): one line, and expected_files takes only sane sizes."""
-    from perfscope.remote.sglang_api import SGLangClient
     from perfscope.errors import RemoteError
+    from perfscope.remote.sglang_api import SGLangClient
 
     H, port = server
 
@@ -559,9 +559,9 @@ def test_fix_lock_serialises_two_holders_locally(tmp_path):
 def test_fix_lock_serialises_two_holders_on_the_host(sshd, tmp_path):
     """The same lock on the host: flock held by a python3 on an SSH channel, released when the
     connection dies."""
-    from perfscope.remote.ssh import connect
     from perfscope.errors import FixRefused
     from perfscope.fixengine.host import SSHFixHost
+    from perfscope.remote.ssh import connect
 
     lock = str(tmp_path / "rstate" / ".lock")
     with connect(sshd.target()) as s1, connect(sshd.target()) as s2:
@@ -705,8 +705,8 @@ def test_proxycommand_is_refused_in_one_line_and_ssh_url_jumps_parse(tmp_path):
     """ProxyCommand was silently ignored (a straight connection to HostName), ssh:// ProxyJump
     misparsed, a ProxyJump loop built ~990 hops: ProxyCommand is refused in one line (also when
     the config does not parse), ssh:// parses, more than 16 hops are refused."""
-    from perfscope.remote.ssh import parse_target
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import parse_target
 
     cfg = tmp_path / "config"
     cfg.write_text("Host gpu\n  HostName 10.0.0.5\n  ProxyCommand nc -X 5 -x proxy:1080 %h %p\n"
@@ -923,8 +923,8 @@ def test_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp_file
 def test_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, layout):
     """Several known_hosts files (UserKnownHostsFile with more than one, GlobalKnownHostsFile)
     decided as OpenSSH 9.2 decides them."""
-    from perfscope.remote.ssh import connect, parse_target
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import connect, parse_target
 
     ssh = need_binary("ssh", "OpenSSH client")
     other = keygen(tmp_path / "other", comment="x")

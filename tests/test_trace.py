@@ -20,9 +20,9 @@ import pytest
 import need
 
 from perfscope import rundir
-from perfscope.remote.sglang_api import SGLangClient
 from perfscope.cli import main
 from perfscope.load.reader import parse
+from perfscope.remote.sglang_api import SGLangClient
 from net import StubHandler
 from sshd import free_port, keygen, public_line
 

@@ -22,10 +22,10 @@ from perfscope.remote.hostio import (
     parse_nvidia_smi,
 )
 from perfscope.capture.options import TraceOptions
-from perfscope.remote.ssh import connect
 from perfscope.capture.trace import host_dirname
 from perfscope.capture.wait import expected_files, wait_complete
 from perfscope.errors import InputError, RemoteError
+from perfscope.remote.ssh import connect
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 
@@ -292,8 +292,8 @@ def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_pat
     import sys
     import tracemalloc
 
-    from perfscope.remote.hostio import _COMPLETE_CHECK_PY, RemoteFile
     from perfscope.capture.trace import Endpoint, _copy_back
+    from perfscope.remote.hostio import _COMPLETE_CHECK_PY, RemoteFile
 
     data = OWL_GZ.read_bytes()
     assert len(gzip.decompress(data)) > 50 << 20  # a 1 MB block of it inflates to ~20 MB

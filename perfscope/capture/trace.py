@@ -22,15 +22,15 @@ from typing import Callable, Iterator
 from urllib.parse import urlparse
 
 from perfscope import rundir
-from perfscope.remote.hostio import HostIO, LocalHost, SSHHost, trace_file_complete
+from perfscope.bench.vocab import is_loopback_url, token_ids
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.load import api as _api
 from perfscope.capture.options import TraceOptions
-from perfscope.remote.sglang_api import HTTPStatusError, gpu_trace_after_note, profile_activities, server_has_gpu
-from perfscope.remote.ssh import ServerDown, SSHTarget, connect
-from perfscope.bench.vocab import is_loopback_url, token_ids
 from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
 from perfscope.errors import InputError, PerfscopeError, RemoteError
+from perfscope.remote.hostio import HostIO, LocalHost, SSHHost, trace_file_complete
+from perfscope.remote.sglang_api import HTTPStatusError, gpu_trace_after_note, profile_activities, server_has_gpu
+from perfscope.remote.ssh import ServerDown, SSHTarget, connect
 from perfscope.util.files import user_path
 
 log_fn = Callable[[str], None]

@@ -30,8 +30,8 @@ EXAMPLES = [
 def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> Iterator[tuple[str, Optional[str], object]]:
     """(base URL, host label, file access on the server's host or None): ``url`` as is, or a
     local forward to ``host``'s loopback ``port``."""
-    from perfscope.remote.hostio import LocalHost, SSHHost
     from perfscope.bench.vocab import is_loopback_url
+    from perfscope.remote.hostio import LocalHost, SSHHost
 
     if url:
         yield url.rstrip("/"), None, LocalHost() if is_loopback_url(url) else None

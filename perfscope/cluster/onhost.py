@@ -283,8 +283,8 @@ def stored_diagnosis(run_dir: str | Path):
     ``diagnose`` makes of the same traces in ``traces/`` (files named as there)."""
     from perfscope.analysis.result import RankAnalysis
     from perfscope.analysis.split import reduce
-    from perfscope.rundir import read_run
     from perfscope.load.discover import TraceFile, TraceSet
+    from perfscope.rundir import read_run
 
     run_dir = Path(run_dir)
     info = read_run(run_dir)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from perfscope.remote.hostio import HostIO, LocalHost, SSHHost
 from perfscope.errors import FixRefused, InputError, RemoteError
 from perfscope.fixengine.pinned import PinnedFile
+from perfscope.remote.hostio import HostIO, LocalHost, SSHHost
 from perfscope.util.files import atomic_write_bytes, read_regular, sha256_bytes
 from perfscope.util.limits import max_fix_file_bytes
 

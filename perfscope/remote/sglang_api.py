@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
-from perfscope.remote.httpbound import Deadline, read_capped, readline_capped
 from perfscope.errors import InputError, RemoteError, StreamStall
+from perfscope.remote.httpbound import Deadline, read_capped, readline_capped
 from perfscope.util import limits
 
 try:  # the SSH engineer's error type, so that `trace` can tell "nothing listens" from other failures

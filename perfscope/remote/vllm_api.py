@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Optional
 
-from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, StreamFrame
 from perfscope.errors import RemoteError
+from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, StreamFrame
 
 _INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

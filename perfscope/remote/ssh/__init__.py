@@ -44,11 +44,11 @@ from perfscope.remote.ssh.errors import (
     HostUnreachable,
     ServerDown,
 )
+from perfscope.errors import RemoteError  # noqa: F401  re-exported: perfscope.remote.hostio imports it from here
 from perfscope.remote.ssh.forward import LocalForward
 from perfscope.remote.ssh.hostkeys import fingerprint
 from perfscope.remote.ssh.session import SSHSession
 from perfscope.remote.ssh.target import DEFAULT_CONNECT_TIMEOUT, SSHTarget, parse_target  # noqa: F401
-from perfscope.errors import RemoteError  # noqa: F401  re-exported: perfscope.remote.hostio imports it from here
 
 __all__ = [
     "SSHTarget",
