@@ -12,7 +12,7 @@ def host_bubble_run(tmp_path: Path) -> Path:
     profiled step plus 1.28 ms (the host as slow unprofiled as profiled): host-bubble costs ~1.3 ms
     per step there, mostly between steps."""
     from perfscope.analysis.diagnose import diagnose
-    from perfscope.capture.rundir import write_run
+    from perfscope.rundir import write_run
 
     src = H200 / "mla_pages_graph.json.xz"
     run = tmp_path / "run"

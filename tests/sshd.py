@@ -6,7 +6,7 @@ Registered from tests/conftest.py (``pytest_plugins = ["tests.sshd"]``). Fixture
   generated config on a free 127.0.0.1 port, a generated ed25519 host key, a generated ed25519 user
   key authorised for the current user (root here: ``PermitRootLogin prohibit-password``), and a
   known_hosts file holding the host key. ``sshd.target(**kw)`` builds an
-  :class:`perfscope.capture.ssh.SSHTarget` that connects to it.
+  :class:`perfscope.remote.ssh.SSHTarget` that connects to it.
 * ``sshd_factory`` (session scope): ``sshd_factory()`` starts another one (e.g. a second host).
 
 When sshd is missing the tests fail under CI (``CI=true``) and are skipped otherwise.
@@ -76,7 +76,7 @@ class SSHD:
         return f"{self.known_hosts_name} {public_line(self.host_key)}\n"
 
     def target(self, **kw):
-        from perfscope.capture.ssh import parse_target
+        from perfscope.remote.ssh import parse_target
 
         kw.setdefault("user", self.user)
         kw.setdefault("identity", str(self.user_key))

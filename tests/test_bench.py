@@ -12,10 +12,11 @@ import pytest
 
 from net import free_port
 from perfscope.bench import measure, percentile
-from perfscope.capture.sglang_api import SGLangClient, ServerDown, parse_base_url
-from perfscope.capture.workload import drive, drive_decode, make_prompts
+from perfscope.bench.core import drive
+from perfscope.bench.workload import drive_decode, make_prompts
 from perfscope.cli import main
 from perfscope.errors import InputError
+from perfscope.remote.sglang_api import SGLangClient, ServerDown, parse_base_url
 from reproserver import repro, start_repro  # noqa: F401  (repro is a fixture)
 
 

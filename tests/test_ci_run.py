@@ -44,11 +44,17 @@ FAKE_GATE = ('import os, sys\n'
              'sys.exit({rc})\n')
 
 
-def _repo(tmp_path: Path, readme: str, gate_rc: int = 0) -> Path:
+# lint-imports, standing in for import-linter's (the test command puts it in the clone's venv, as
+# tests/install.sh installs the test extra there): it says where it ran, and exits with the code it is given
+FAKE_LINT = '#!/bin/sh\necho "lint $(pwd) $VIRTUAL_ENV $*" >&2\nexit {rc}\n'
+
+
+def _repo(tmp_path: Path, readme: str, gate_rc: int = 0, lint_rc: int = 0) -> Path:
     root = tmp_path / "proj"
     (root / ".ci").mkdir(parents=True)
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "diagnose_speed.py").write_text(FAKE_GATE.format(rc=gate_rc))
+    (root / "fake-lint-imports").write_text(FAKE_LINT.format(rc=lint_rc))
     shutil.copy(CI_RUN, root / ".ci" / "run")
     (root / "README.md").write_text(readme, newline="")
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -84,7 +90,8 @@ def test_extraction_is_robust_to_crlf_blank_lines_and_indented_fences(tmp_path):
 
 def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_path):
     readme = (f"<!-- main-command -->\n```\n{FAKE_DEMO}\n```\n"
-              '<!-- test-command -->\n```\necho "tests $(pwd) $VIRTUAL_ENV" >&2 && test -f .venv/bin/python\n```\n')
+              '<!-- test-command -->\n```\necho "tests $(pwd) $VIRTUAL_ENV" >&2 && test -f .venv/bin/python && '
+              'install -m 755 fake-lint-imports .venv/bin/lint-imports\n```\n')
     root = _repo(tmp_path, readme)
     r = _ci(root)
     assert r.returncode == 0, r.stderr
@@ -95,6 +102,11 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     assert main_dir != test_dir and str(root) not in (main_dir, test_dir)
     assert main_venv == main_dir + "/.venv" and test_venv == test_dir + "/.venv" and ci == "CI=true"
     assert not (root / ".venv").exists() and not list(root.glob("perfscope-demo-*"))
+    # the import contracts were checked after the tests, in the test clone with its venv (lint-imports
+    # reads the clone's pyproject.toml), with no options
+    lint = [ln.split() for ln in r.stderr.splitlines() if ln.startswith("lint ")]
+    assert lint == [["lint", test_dir, test_venv]]
+    assert r.stderr.index("tests ") < r.stderr.index("lint ") < r.stderr.index("gate ")
     # the speed gate ran after the tests, in the test clone with its venv, on the trace the benchmark
     # builds itself from the repository (no path: nothing beside the clone is read), checking
     gates = [ln.split() for ln in r.stderr.splitlines() if ln.startswith("gate ")]
@@ -116,6 +128,10 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     # a failing test command fails CI
     r = _ci(_repo(tmp_path / "c", readme.replace("test -f .venv/bin/python", "exit 5")))
     assert r.returncode == 1 and "test command failed" in r.stderr and "gate " not in r.stderr
+    assert "lint " not in r.stderr
+    # a broken import contract fails CI (and the speed gate is not reached)
+    r = _ci(_repo(tmp_path / "e", readme, lint_rc=1))
+    assert r.returncode == 1 and "import contract is broken" in r.stderr and "gate " not in r.stderr
     # a failing speed gate fails CI
     r = _ci(_repo(tmp_path / "d", readme, gate_rc=1))
     assert r.returncode == 1 and "speed gate failed" in r.stderr

@@ -13,7 +13,7 @@ import pytest
 
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
-from perfscope.capture.rundir import write_run
+from perfscope.rundir import write_run
 
 from paths import TRACES, gz_bytes, topen
 H200 = TRACES / "h200-mla-fp8-kv"
@@ -148,7 +148,7 @@ def test_predictions_are_held_to_account(tmp_path, diag):
     after = _run_folder(tmp_path / "a", H200 / "mla_fp8_graph.json.xz", "deepseek-ai/DeepSeek-V3", 7.5, "fp8_e4m3")
     (pr,) = compare(diagnose([before]), diagnose([after]))["predictions"]
     assert pr["measured_under_profiler"] and "measured_tpot_ms" not in pr
-    from perfscope.capture.rundir import update_run
+    from perfscope.rundir import update_run
 
     update_run(after, timings={"bench": {"tpot_ms": 7.1, "concurrency": 1}})
     (pr,) = compare(diagnose([before]), diagnose([after]))["predictions"]

@@ -250,7 +250,7 @@ def _rank(rank, step_ms, kernel_ms, comm_ms, on="gpu-kernels", n=8):
 def test_rank_late_before_a_collective_is_found_by_its_compute_time():
     """Every rank's step is 11 ms (the all-reduce makes them wait for each other), but rank 2 needs
     10 ms of non-communication kernels where the others need 6 and spend the rest waiting in NCCL."""
-    from perfscope.analysis.diagnose import straggler
+    from perfscope.analysis.split import straggler
 
     ranks = [_rank(0, 11.0, 11.0, 5.0), _rank(1, 11.0, 11.0, 5.0), _rank(2, 11.0, 11.0, 1.0)]
     s = straggler(ranks)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from perfscope.analysis.compare import CONFIG_KEYS
-from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient
+from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient
+from perfscope.remote.ssh.errors import ServerDown
 from perfscope.report.html import HEADER_CONFIG_KEYS
-from perfscope.capture.ssh.errors import ServerDown
 from real_engines import revive_sglang
 from reproserver import start_repro
 

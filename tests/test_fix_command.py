@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from paths import H200
-from perfscope.capture.rundir import write_run
+from perfscope.rundir import write_run
 
 
 def cli(*args, columns: int = 200, cwd=None) -> subprocess.CompletedProcess:

@@ -464,7 +464,7 @@ def test_diagnose_fix_line_runs(name, tmp_path):
         # measured it unprofiled (perfscope.analysis.hosttime), so the trace goes in a run folder whose
         # bench says the step cycle is its GPU step + 1.2 ms
         from perfscope.analysis.diagnose import diagnose
-        from perfscope.capture.rundir import write_run
+        from perfscope.rundir import write_run
 
         step = diagnose([target]).primary.steps["median_ms"]
         (tmp_path / "run" / "traces").mkdir(parents=True)

@@ -25,7 +25,7 @@ import need
 
 from net import free_port
 from paths import REPO
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope.remote.sglang_api import SGLangClient
 
 need.module("torch")
 

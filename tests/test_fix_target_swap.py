@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 from perfscope.fixengine import engine
-from perfscope.capture.ssh import connect
 from perfscope.fixengine.host import LocalFixHost, SSHFixHost
 from perfscope.fixengine.registry import get
+from perfscope.remote.ssh import connect
 
 from test_fix_launch import env_with, launch_text, req_for
 

@@ -268,7 +268,7 @@ def test_fuzz_run_json(tmp_path_factory, mode):
 
 
 def _run_json_case(tmp_path_factory, edits, file_edits, deep):
-    from perfscope.capture import rundir
+    from perfscope import rundir
     from perfscope.load import discover
 
     d = tmp_path_factory.mktemp("run")

@@ -16,9 +16,9 @@ import pytest
 from browser import load_page, png_colours  # the chromium and open_page fixtures: tests/conftest.py
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
-from perfscope.capture.rundir import write_run
 from perfscope.errors import InputError
 from perfscope.report.html import idle_gaps, render_compare, render_diagnosis, timeline_data, write_html
+from perfscope.rundir import write_run
 
 from paths import TRACES  # noqa: E402
 H200 = TRACES / "h200-mla-fp8-kv"

@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from perfscope.capture import workload
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope.bench import workload
 from perfscope.errors import RemoteError
+from perfscope.remote.sglang_api import SGLangClient
 
 TOKENS_BEFORE_STALL = 3
 STALL_S = 1.5

@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 from perfscope.bench.core import measure_until
-from perfscope.capture.hostio import LocalHost
-from perfscope.capture.sglang_api import SGLangClient
-from perfscope.capture.vocab import token_ids
+from perfscope.bench.vocab import token_ids
 from perfscope.fixengine.restart import _before_known, _samples, blame, decide
+from perfscope.remote.hostio import LocalHost
+from perfscope.remote.sglang_api import SGLangClient
 
 MAX = 16
 

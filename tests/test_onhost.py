@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from paths import GPU_LOOP, HTA, REPO
-from perfscope.capture import rundir
-from perfscope.capture.hostio import SSHHost
-from perfscope.capture.ssh import connect
+from perfscope import rundir
 from perfscope.cli import main
 from perfscope.cluster import onhost
 from perfscope.errors import InputError, RemoteError
+from perfscope.remote.hostio import SSHHost
+from perfscope.remote.ssh import connect
 import test_trace
 
 pytestmark = pytest.mark.usefixtures("no_agent")

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from perfscope.capture.hostio import LocalHost
 from perfscope.errors import RemoteError
+from perfscope.remote.hostio import LocalHost
 
 
 @pytest.fixture

@@ -27,10 +27,10 @@ from paths import GPU_LOOP, HTA
 ray = need.module("ray")
 
 from perfscope.analysis.diagnose import diagnose  # noqa: E402
-from perfscope.capture.rundir import write_run  # noqa: E402
 from perfscope.cluster import ray_diagnose as rd  # noqa: E402
 from perfscope.errors import InputError  # noqa: E402
 from perfscope.report.jsonout import dumps  # noqa: E402
+from perfscope.rundir import write_run  # noqa: E402
 
 SAMPLED = HTA / "trace_filter"  # two real ranks of one NCCL job (sampled_rank-0/1: steps, all-reduces)
 

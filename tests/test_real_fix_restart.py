@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from paths import REPO
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope.remote.sglang_api import SGLangClient
 from real_engines import engine_python, start_sglang, write_model
 
 MARKER = b"perfscope fp8-kv-cast"

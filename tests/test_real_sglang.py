@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.capture.hostio import LocalHost
-from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, gpu_trace_after_note, profile_activities
-from perfscope.capture.vocab import SAFE_IDS, token_ids
+from perfscope.bench.vocab import SAFE_IDS, token_ids
 from perfscope.cli import main
 from perfscope.errors import InputError
+from perfscope.remote.hostio import LocalHost
+from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, gpu_trace_after_note, profile_activities
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 

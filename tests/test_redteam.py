@@ -201,8 +201,8 @@ STRICTER_BY_DESIGN = {"cert-authority-only-accept-new"}
 @pytest.mark.parametrize("case", [c[0] for c in KH_CASES])
 def test_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
     """perfscope and OpenSSH's ssh -o BatchMode=yes on the same known_hosts: both accept or both refuse."""
-    from perfscope.capture.ssh import connect
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import connect
 
     ssh = need_binary("ssh", "OpenSSH client")
     _, build, mode = next(c for c in KH_CASES if c[0] == case)
@@ -246,7 +246,7 @@ def test_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
 def test_pattern_pinned_changed_key_refused_by_the_cli(sshd, server, tmp_path, capsys):
     """A host pinned by a pattern ([127.0.0.*]:PORT) offering another key was accepted with
     --accept-new-host-key (paramiko ignores patterns): perfscope's own known_hosts matcher
-    (capture/ssh/hostkeys.py) refuses it, as OpenSSH does."""
+    (remote/ssh/hostkeys.py) refuses it, as OpenSSH does."""
     H, port = server
     other = keygen(tmp_path / "other", comment="x")
     kh = tmp_path / "kh"
@@ -351,8 +351,8 @@ def test_several_hosts_and_an_http_error_give_one_line(server, tmp_path, capsys)
     """Several hosts and an HTTP error from one host's /start_profile gave a TypeError (the
     error was re-raised as type(e)(msg, hint=...)): it is re-raised with its class and fields."""
     from perfscope.capture.options import TraceOptions
-    from perfscope.capture.sglang_api import HTTPStatusError
     from perfscope.capture.trace import Endpoint, trace
+    from perfscope.remote.sglang_api import HTTPStatusError
 
     H, port = server
     H.start_status, H.start_body = 500, b'{"error": "boom"}'
@@ -386,8 +386,8 @@ def _alive(tag: str) -> list[str]:
 def test_hung_restart_cmd_is_killed_by_process_group_locally():
     """A hung --restart-cmd was left running (subprocess.run killed only the outer sh):
     LocalHost.run gives it its own process group and kills the group (TERM, then KILL)."""
-    from perfscope.capture.hostio import LocalHost
     from perfscope.errors import RemoteError
+    from perfscope.remote.hostio import LocalHost
 
     with pytest.raises(RemoteError, match="timed out"):
         LocalHost().run(["sh", "-c", "sleep 771.25 & sleep 771.25; true"], timeout=1)
@@ -398,8 +398,8 @@ def test_hung_restart_cmd_is_killed_by_process_group_locally():
 def test_hung_command_is_killed_by_process_group_on_the_host(sshd):
     """The same over SSH (only the channel was closed): SSHSession.run learns the remote process
     group and kills it (kill -- -PGID)."""
-    from perfscope.capture.ssh import connect
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import connect
 
     with connect(sshd.target()) as s:
         with pytest.raises(RemoteError, match="timed out"):
@@ -457,7 +457,7 @@ def test_malformed_traces_are_one_line_or_analysed(name, cmd, tmp_path, capsys):
 
 
 def _run_dir(tmp_path, mutate):
-    from perfscope.capture import rundir
+    from perfscope import rundir
 
     d = tmp_path / "run"
     (d / "traces").mkdir(parents=True)
@@ -504,8 +504,8 @@ def test_malformed_config_is_exit_2_one_line(text, tmp_path, capsys):
 def test_server_info_nested_deep_or_huge_is_one_line(server, tmp_path, capsys):
     """/server_info nested deep (RecursionError) or tp_size 1e999 (OverflowError in
     expected_files): one line, and expected_files takes only sane sizes."""
-    from perfscope.capture.sglang_api import SGLangClient
     from perfscope.errors import RemoteError
+    from perfscope.remote.sglang_api import SGLangClient
 
     H, port = server
 
@@ -523,7 +523,7 @@ def test_server_info_nested_deep_or_huge_is_one_line(server, tmp_path, capsys):
 def test_local_command_unrunnable_is_a_result_not_a_traceback(tmp_path):
     """A PATH entry the user cannot enter made LocalHost.run raise PermissionError: any OSError
     is a result with rc 126."""
-    from perfscope.capture.hostio import LocalHost
+    from perfscope.remote.hostio import LocalHost
 
     d = tmp_path / "noexec"
     d.mkdir()
@@ -559,9 +559,9 @@ def test_fix_lock_serialises_two_holders_locally(tmp_path):
 def test_fix_lock_serialises_two_holders_on_the_host(sshd, tmp_path):
     """The same lock on the host: flock held by a python3 on an SSH channel, released when the
     connection dies."""
-    from perfscope.capture.ssh import connect
     from perfscope.errors import FixRefused
     from perfscope.fixengine.host import SSHFixHost
+    from perfscope.remote.ssh import connect
 
     lock = str(tmp_path / "rstate" / ".lock")
     with connect(sshd.target()) as s1, connect(sshd.target()) as s2:
@@ -604,7 +604,7 @@ def test_revoked_and_cert_authority_and_non_utf8_known_hosts_fail_closed(sshd, t
     """@revoked / @cert-authority lines and a non-UTF-8 known_hosts gave paramiko tracebacks:
     perfscope's own parser fails closed in one line. (A host vouched for only by @cert-authority
     fails closed even with accept-new, where ssh would record the plain key: deliberate.)"""
-    from perfscope.capture.ssh import HostKeyChanged, HostKeyUnknown, connect
+    from perfscope.remote.ssh import HostKeyChanged, HostKeyUnknown, connect
 
     k = public_line(sshd.host_key)
     kh = tmp_path / "kh"
@@ -705,8 +705,8 @@ def test_proxycommand_is_refused_in_one_line_and_ssh_url_jumps_parse(tmp_path):
     """ProxyCommand was silently ignored (a straight connection to HostName), ssh:// ProxyJump
     misparsed, a ProxyJump loop built ~990 hops: ProxyCommand is refused in one line (also when
     the config does not parse), ssh:// parses, more than 16 hops are refused."""
-    from perfscope.capture.ssh import parse_target
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import parse_target
 
     cfg = tmp_path / "config"
     cfg.write_text("Host gpu\n  HostName 10.0.0.5\n  ProxyCommand nc -X 5 -x proxy:1080 %h %p\n"
@@ -923,8 +923,8 @@ def test_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp_file
 def test_several_known_hosts_files_as_openssh_reads_them(sshd, tmp_path, layout):
     """Several known_hosts files (UserKnownHostsFile with more than one, GlobalKnownHostsFile)
     decided as OpenSSH 9.2 decides them."""
-    from perfscope.capture.ssh import connect, parse_target
     from perfscope.errors import RemoteError
+    from perfscope.remote.ssh import connect, parse_target
 
     ssh = need_binary("ssh", "OpenSSH client")
     other = keygen(tmp_path / "other", comment="x")

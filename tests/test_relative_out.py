@@ -16,7 +16,7 @@ from pathlib import Path
 
 import need
 
-from perfscope.capture import rundir
+from perfscope import rundir
 from test_fix_restart import BENCH, MARKER, site  # noqa: F401  (the fixture: a restartable repro server)
 
 need.module("torch")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import need
 
-from perfscope.capture.sglang_api import SGLangClient
 from perfscope.load.reader import repair_names
+from perfscope.remote.sglang_api import SGLangClient
 from reproserver import start_repro
 
 torch = need.module("torch")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, Unauthorized
 from perfscope.load.reader import repair_names
+from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, Unauthorized
 from reproserver import REPO, repro, start_repro  # noqa: F401  (repro is a fixture)
 
 SGLANG_NAME = re.compile(r"^(?:(?P<prefix>[\w.]+)-)?(?P<id>\d+\.\d+)-TP-(?P<tp>\d+)(?:-(?P<stage>EXTEND|DECODE))?"

@@ -499,7 +499,7 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
     assert hb["predicted_step_ms_after_fix"] == pytest.approx(ev["step_gpu_ms"] - ev["idle_inside_step_ms"], abs=1e-3)
     assert hb["predicted_step_ms_after_fix"] < 0.6 * ev["step_gpu_ms"]
     # the same server's CPU trace ran the normal loop (overlap off on CPU): the frames say so
-    from perfscope.analysis.rules.overlap_off import scheduler_loop
+    from perfscope.analysis.rules.shared import scheduler_loop
     assert scheduler_loop(trace(REPO / "tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz")) == "normal"
     assert scheduler_loop(t) == "overlap"
     assert scheduler_loop(trace(H200 / "mla_fp8_graph.json.xz")) is None  # no scheduler: no evidence

@@ -209,8 +209,8 @@ def test_trickling_stream_line_stops_the_profiler(hostile, tmp_path):
 
 def test_client_reply_bound_and_deadline_in_process(hostile, monkeypatch):
     """The client itself (no CLI): the bound and the deadline are RemoteErrors naming their variable."""
-    from perfscope.capture.sglang_api import SGLangClient
     from perfscope.errors import RemoteError
+    from perfscope.remote.sglang_api import SGLangClient
 
     H, port = hostile
     H.mode = "endless_info"

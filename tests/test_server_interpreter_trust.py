@@ -20,7 +20,7 @@ import pytest
 
 from need import missing
 
-from perfscope.capture.hostio import LocalHost
+from perfscope.remote.hostio import LocalHost
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -1,4 +1,4 @@
-"""perfscope.capture.ssh against a real OpenSSH server on loopback (tests/sshd.py)."""
+"""perfscope.remote.ssh against a real OpenSSH server on loopback (tests/sshd.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from perfscope.capture.ssh import (
+from perfscope.remote.ssh import (
     AuthRefused,
     HostKeyChanged,
     HostKeyUnknown,
@@ -266,7 +266,7 @@ def test_accept_new_never_records_a_name_ssh_would_not_write(sshd, tmp_path):
     the real host key; the connect path itself is covered by test_redteam's rt02 table."""
     import paramiko
 
-    from perfscope.capture.ssh.hostkeys import KnownHostsPolicy, load_lines
+    from perfscope.remote.ssh.hostkeys import KnownHostsPolicy, load_lines
 
     key = paramiko.Ed25519Key.from_private_key_file(str(sshd.host_key))
     kh = tmp_path / "kh"

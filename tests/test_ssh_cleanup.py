@@ -48,8 +48,8 @@ def _children(pid: int) -> list[int]:
 def test_ten_thousand_traces_are_checked_in_batches_over_one_connection(sshd, tmp_path):
     """One ``python3 -c SCRIPT path1 ... path10000`` exceeded OpenSSH's packet limit and sshd dropped
     the connection; in batches, every file is checked and the connection lives on."""
-    from perfscope.capture.hostio import SSHHost
-    from perfscope.capture.ssh import connect
+    from perfscope.remote.hostio import SSHHost
+    from perfscope.remote.ssh import connect
 
     d = tmp_path / "many"
     d.mkdir()

@@ -19,10 +19,10 @@ import pytest
 
 import need
 
-from perfscope.capture import rundir
-from perfscope.capture.sglang_api import SGLangClient
+from perfscope import rundir
 from perfscope.cli import main
 from perfscope.load.reader import parse
+from perfscope.remote.sglang_api import SGLangClient
 from net import StubHandler
 from sshd import free_port, keygen, public_line
 

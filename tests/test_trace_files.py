@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from paths import TRACES, json_of
 
-from perfscope.capture import rundir
-from perfscope.capture.hostio import (
+from perfscope import rundir
+from perfscope.remote.hostio import (
     LocalHost,
     SSHHost,
     _listen_pid,
@@ -22,10 +22,10 @@ from perfscope.capture.hostio import (
     parse_nvidia_smi,
 )
 from perfscope.capture.options import TraceOptions
-from perfscope.capture.ssh import connect
 from perfscope.capture.trace import host_dirname
 from perfscope.capture.wait import expected_files, wait_complete
 from perfscope.errors import InputError, RemoteError
+from perfscope.remote.ssh import connect
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 
@@ -228,7 +228,7 @@ def test_host_probes_over_ssh(sshd, tmp_path):
 def test_plain_json_trace_is_complete_when_it_closes(sshd, tmp_path):
     """vLLM can write uncompressed traces: such a file counts as complete once its JSON closes,
     checked on the host (python3 there) and here after the copy."""
-    from perfscope.capture.hostio import trace_file_complete
+    from perfscope.remote.hostio import trace_file_complete
 
     folder = tmp_path / "remote"
     folder.mkdir()
@@ -265,7 +265,7 @@ def test_versions_probe_reads_torchs_cuda_without_importing_torch(engine):
 
     from real_engines import engine_python
 
-    from perfscope.capture.hostio import _VERSIONS_PY, LocalHost
+    from perfscope.remote.hostio import _VERSIONS_PY, LocalHost
 
     py = str(engine_python(engine))
     v = LocalHost().python_versions([py], want="torch")
@@ -292,8 +292,8 @@ def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_pat
     import sys
     import tracemalloc
 
-    from perfscope.capture.hostio import _COMPLETE_CHECK_PY, RemoteFile
     from perfscope.capture.trace import Endpoint, _copy_back
+    from perfscope.remote.hostio import _COMPLETE_CHECK_PY, RemoteFile
 
     data = OWL_GZ.read_bytes()
     assert len(gzip.decompress(data)) > 50 << 20  # a 1 MB block of it inflates to ~20 MB

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.capture import rundir
-from perfscope.capture.vllm_api import VLLMClient, parse_cache_config
+from perfscope import rundir
 from perfscope.cli import main
 from perfscope.load.reader import parse
+from perfscope.remote.vllm_api import VLLMClient, parse_cache_config
 from reproserver import start_repro
 
 pytestmark = pytest.mark.usefixtures("no_agent")

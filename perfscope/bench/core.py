@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from perfscope.capture.workload import RequestTiming, drive_decode, id_range, make_prompts
+from perfscope.bench.workload import RequestTiming, drive_decode, id_range, make_prompts
 from perfscope.errors import PerfscopeError, RemoteError
 
 
@@ -104,7 +105,7 @@ def measure(client, *, input_len: int = 256, output_len: int = 128, concurrency:
     """Warm up with ``warmup`` requests (not counted), then send ``num_requests`` streamed requests
     of ``input_len`` fixed prompt tokens and ``output_len`` generated tokens (ignore_eos), keeping
     ``concurrency`` in flight. Same ``seed`` -> same prompts, so before/after runs compare. Prompt
-    ids come from ``ids`` ([lo, hi): :func:`perfscope.capture.vocab.token_ids`), else ids every
+    ids come from ``ids`` ([lo, hi): :func:`perfscope.bench.vocab.token_ids`), else ids every
     tokenizer has.
 
     Raises :class:`RemoteError` when no request completes."""
@@ -167,3 +168,22 @@ def measure_until(client, enough: Optional[Callable[[list[float]], bool]], *, in
     if out.requests == 0:
         raise RemoteError(f"no benchmark request completed: {out.errors[0] if out.errors else 'unknown error'}")
     return out
+
+
+def drive(url: str, *, concurrency: int = 1, input_len: int = 256, output_len: int = 256, seed: int = 0,
+          api_key: Optional[str] = None, stop: Optional[threading.Event] = None, timeout: float = 30.0,
+          num_requests: Optional[int] = None, duration_s: Optional[float] = None,
+          ids: Optional[tuple[int, int]] = None):
+    """The load ``perfscope trace`` runs while profiling: :func:`drive_decode` on ``url`` until
+    ``stop``; returns a :class:`perfscope.bench.BenchResult` (``to_dict()`` has ``ttft_ms``,
+    ``tpot_ms``, ``itl_ms``, ``e2e_ms``, ``requests``, ``output_tokens``, ``throughput_tok_s``,
+    ``duration_s``, ``workload``), measured under the profiler."""
+    from perfscope.remote.sglang_api import SGLangClient
+
+    client = SGLangClient(url, api_key=api_key, timeout=timeout)
+    t0 = time.perf_counter()
+    res = drive_decode(client, concurrency, input_len, output_len, num_requests=num_requests, seed=seed,
+                       stop=stop, duration_s=duration_s, timeout=timeout, ids=ids)
+    return summarize(res, time.perf_counter() - t0, workload={
+        "concurrency": concurrency, "input_len": input_len, "output_len": output_len, "ignore_eos": True,
+        "seed": seed, "temperature": 0.0})

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from perfscope.capture import rundir
+from perfscope import rundir
 from perfscope.util.files import atomic_write_text
 
 BENCH_FILE = "bench.json"

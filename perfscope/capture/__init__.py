@@ -1,3 +1,3 @@
-"""Capturing traces from live servers: SSH transport (ssh/), the server's HTTP API
-(sglang_api.py), the load that makes decode steps run (workload.py), the trace flow (trace.py)
-and the run folder format (rundir.py)."""
+"""``perfscope trace``: the trace flow per host (trace.py), its options (options.py), the load it
+runs while the profiler records (load.py) and its waits for complete traces (wait.py). The transport
+it uses is perfscope.remote, the load generator perfscope.bench, the run folder perfscope.rundir."""

@@ -10,12 +10,12 @@ from typing import Callable
 
 from perfscope.capture.options import TraceOptions
 
-# The HTTP client and the load driver belong to perfscope.capture.sglang_api / workload; ``api``
+# The HTTP client and the load driver belong to perfscope.remote.sglang_api / workload; ``api``
 # and ``TraceLoad`` are the only places the tracer calls them.
 
 
 def api(url: str, opts: TraceOptions):
-    from perfscope.capture.vllm_api import client_for
+    from perfscope.remote.vllm_api import client_for
 
     return client_for(opts.engine, url, api_key=opts.api_key, timeout=opts.http_timeout)
 
@@ -71,7 +71,7 @@ class TraceLoad:
             self.tokens += 1
 
     def _run(self) -> None:
-        from perfscope.capture import workload
+        from perfscope.bench import workload
 
         client = _Counting(api(self.url, self.opts), self._token)
         self.t0 = time.perf_counter()

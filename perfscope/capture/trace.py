@@ -4,7 +4,7 @@ Per host: reach the HTTP API (through an SSH port forward, or ``--url``), read t
 make a fresh folder on the host, arm the profiler, drive decode load until every rank's trace is
 complete (size stable over two polls and gzip or JSON intact: :mod:`perfscope.capture.wait`; the
 load: :mod:`perfscope.capture.load`), copy the traces back with a sha256 check, collect versions /
-GPU / timings, and write the run folder (:mod:`perfscope.capture.rundir`).
+GPU / timings, and write the run folder (:mod:`perfscope.rundir`).
 Whatever happens after the profiler was armed (error, timeout, Ctrl-C), ``/stop_profile`` is sent
 before returning, so no profiler is left running on the server.
 """
@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import urlparse
 
-from perfscope.capture import rundir
-from perfscope.capture.hostio import HostIO, LocalHost, SSHHost, trace_file_complete
+from perfscope import rundir
+from perfscope.bench.vocab import is_loopback_url, token_ids
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.load import api as _api
 from perfscope.capture.options import TraceOptions
-from perfscope.capture.sglang_api import HTTPStatusError, gpu_trace_after_note, profile_activities, server_has_gpu
-from perfscope.capture.ssh import ServerDown, SSHTarget, connect
-from perfscope.capture.vocab import is_loopback_url, token_ids
 from perfscope.capture.wait import expected_files, wait_complete, wait_vllm_steps
 from perfscope.errors import InputError, PerfscopeError, RemoteError
+from perfscope.remote.hostio import HostIO, LocalHost, SSHHost, trace_file_complete
+from perfscope.remote.sglang_api import HTTPStatusError, gpu_trace_after_note, profile_activities, server_has_gpu
+from perfscope.remote.ssh import ServerDown, SSHTarget, connect
 from perfscope.util.files import user_path
 
 log_fn = Callable[[str], None]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from perfscope.capture.hostio import HostIO
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.options import TraceOptions
 from perfscope.errors import PerfscopeError, RemoteError
+from perfscope.remote.hostio import HostIO
 
 
 def expected_files(info: dict, by_stage: bool) -> int:

@@ -30,13 +30,13 @@ EXAMPLES = [
 def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> Iterator[tuple[str, Optional[str], object]]:
     """(base URL, host label, file access on the server's host or None): ``url`` as is, or a
     local forward to ``host``'s loopback ``port``."""
-    from perfscope.capture.hostio import LocalHost, SSHHost
-    from perfscope.capture.vocab import is_loopback_url
+    from perfscope.bench.vocab import is_loopback_url
+    from perfscope.remote.hostio import LocalHost, SSHHost
 
     if url:
         yield url.rstrip("/"), None, LocalHost() if is_loopback_url(url) else None
         return
-    from perfscope.capture.ssh import connect, parse_target
+    from perfscope.remote.ssh import connect, parse_target
 
     target = parse_target(host, **ssh)
     session = connect(target)
@@ -118,7 +118,7 @@ def command(
 
     Exit codes: 0 ok, 2 bad option, 3 server unreachable or every request failed."""
     from perfscope.bench import measure
-    from perfscope.capture.vllm_api import client_for
+    from perfscope.remote.vllm_api import client_for
 
     engine = engine.lower()
     if engine not in ("sglang", "vllm"):
@@ -135,7 +135,7 @@ def command(
     ssh = {"user": ssh_user, "port": ssh_port, "identity": str(identity) if identity else None, "jump": jump,
            "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
     err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and errors: never folded
-    from perfscope.capture.vocab import token_ids
+    from perfscope.bench.vocab import token_ids
 
     with _endpoint(url, host, port, ssh) as (base, label, io):
         client = client_for(engine, base, api_key=api_key, timeout=timeout)

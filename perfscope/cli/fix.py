@@ -341,7 +341,7 @@ def _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, acc
 
     if not host:
         return LocalFixHost()
-    from perfscope.capture.ssh import connect, parse_target
+    from perfscope.remote.ssh import connect, parse_target
 
     target = parse_target(host, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None,
                           jump=jump, known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new)

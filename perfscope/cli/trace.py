@@ -170,9 +170,9 @@ def command(
     stopped on any failure or Ctrl-C.
 
     Exit codes: 0 ok, 2 bad option, 3 host / SSH / server failure."""
-    from perfscope.capture import rundir
-    from perfscope.capture.ssh import parse_target
+    from perfscope import rundir
     from perfscope.capture.trace import Endpoint, TraceOptions, trace
+    from perfscope.remote.ssh import parse_target
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)  # hosts, paths, commands: never folded
     if fetch is not None:
@@ -278,10 +278,10 @@ def _fetch(run_dir: Path, err, *, ssh_user, ssh_port, identity, jump, known_host
     """``--fetch RUN_DIR``: the traces an --analyse-on-host run left on its host(s), copied into it."""
     import contextlib
 
-    from perfscope.capture.hostio import SSHHost
-    from perfscope.capture.ssh import connect, parse_target
     from perfscope.cluster.onhost import fetch as fetch_traces
     from perfscope.errors import redact
+    from perfscope.remote.hostio import SSHHost
+    from perfscope.remote.ssh import connect, parse_target
 
     @contextlib.contextmanager
     def connect_host(label):

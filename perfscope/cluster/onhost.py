@@ -150,7 +150,7 @@ def analyse_run(io, run_dir: str | Path, *, python: str, label: str, config: Opt
     """Analyse, on the host ``io`` reaches, the traces run_dir's run.json lists under ``remote_files``
     (and its host-timing profile's, for the host's time per step), store the results in the run folder
     and complete its run.json. Raises RemoteError / InputError with one line; nothing is stored then."""
-    from perfscope.capture import rundir
+    from perfscope import rundir
     from perfscope.util import limits
     from perfscope.util.files import atomic_write_bytes
 
@@ -253,7 +253,7 @@ PER_RANK_OPTIONS = ("--config", "--model-config", "--batch", "--context", "--ser
 def on_host_folder(paths: list) -> Optional[Path]:
     """The run folder among ``paths`` whose traces stay on its host (None: none is). Such a folder
     goes alone: InputError when other paths come with it."""
-    from perfscope.capture.rundir import RUN_FILE
+    from perfscope.rundir import RUN_FILE
 
     hit = None
     for p in paths:
@@ -283,8 +283,8 @@ def stored_diagnosis(run_dir: str | Path):
     ``diagnose`` makes of the same traces in ``traces/`` (files named as there)."""
     from perfscope.analysis.result import RankAnalysis
     from perfscope.analysis.split import reduce
-    from perfscope.capture.rundir import read_run
     from perfscope.load.discover import TraceFile, TraceSet
+    from perfscope.rundir import read_run
 
     run_dir = Path(run_dir)
     info = read_run(run_dir)
@@ -348,7 +348,7 @@ def fetch(run_dir: str | Path, connect_host: Callable[[str], object], say: Calla
     """Copy the raw traces a run folder lists on its host(s) into its ``traces/`` folders (each checked
     against its sha256), and list them in run.json as ordinary trace files. ``connect_host(label)``: a
     context manager giving the HostIO of that host. Returns the bytes copied."""
-    from perfscope.capture import rundir
+    from perfscope import rundir
 
     run_dir = Path(run_dir)
     data = _read_json(run_dir / rundir.RUN_FILE)

@@ -123,7 +123,7 @@ def probe_env(host: FixHost, req: FixRequest, log=None) -> Environment:
     env = Environment(host=host.label)
     say = log or (lambda m: None)
     if req.server_url:
-        from perfscope.capture.sglang_api import SGLangClient
+        from perfscope.remote.sglang_api import SGLangClient
 
         try:
             info = SGLangClient(req.server_url, api_key=req.api_key, timeout=10).server_info()

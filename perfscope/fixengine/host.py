@@ -1,8 +1,8 @@
-"""Where the target file lives: this machine, or an SSH host (through perfscope.capture.ssh).
+"""Where the target file lives: this machine, or an SSH host (through perfscope.remote.ssh).
 
 Both give the engine the same small surface: read bytes, write atomically (temp file in the same
 folder + rename, mode kept), hash, make a folder, run an argv (every argument shell-quoted by the
-SSH transport), and the server-environment probes of :mod:`perfscope.capture.hostio`.
+SSH transport), and the server-environment probes of :mod:`perfscope.remote.hostio`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from perfscope.capture.hostio import HostIO, LocalHost, SSHHost
 from perfscope.errors import FixRefused, InputError, RemoteError
 from perfscope.fixengine.pinned import PinnedFile
+from perfscope.remote.hostio import HostIO, LocalHost, SSHHost
 from perfscope.util.files import atomic_write_bytes, read_regular, sha256_bytes
 from perfscope.util.limits import max_fix_file_bytes
 
@@ -260,7 +260,7 @@ class SSHFixHost(FixHost):
                   'd=time.time()+float(sys.argv[2])\nwhile True:\n try: fcntl.flock(f,fcntl.LOCK_EX|fcntl.LOCK_NB); break\n'
                   ' except BlockingIOError:\n  if time.time()>d: sys.exit(1)\n  time.sleep(0.1)\n'
                   'print(\'locked\',flush=True)\nsys.stdin.read()" "$1" "$2"')
-        from perfscope.capture.ssh.commands import quote_argv
+        from perfscope.remote.ssh.commands import quote_argv
 
         chan = self.s.transport.open_session(timeout=self.s.target.timeout)
         try:

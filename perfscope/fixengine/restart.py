@@ -76,7 +76,7 @@ class BenchSpec:
 
 def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None, enough=None):
     from perfscope.bench.core import measure_until
-    from perfscope.capture.vocab import is_loopback_url, token_ids
+    from perfscope.bench.vocab import is_loopback_url, token_ids
 
     # prompt ids inside the model's vocabulary: its config.json, read where the server runs
     io = getattr(host, "io", None) if host is not None and (host.remote or is_loopback_url(client.base_url)) else None
@@ -196,7 +196,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
     the fix was given a trace of this server, which left CUPTI attached to the traced process: on the
     H200 the traced MoE server measured 2.26 ms at 16 requests where fresh ones measured 1.66-1.92 ms,
     and a tuned config was kept for a 6% "gain" that was the restart's)."""
-    from perfscope.capture.sglang_api import SGLangClient
+    from perfscope.remote.sglang_api import SGLangClient
 
     if not req.server_url:
         raise InputError("--restart-cmd needs the server's HTTP API: --url (local) or --host with --port")
@@ -383,7 +383,7 @@ def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd:
         rep.notes.append(f"the running server still has the fix's {what} (it was started before this revert): "
                          f"restart it, or pass --restart-cmd CMD, for the original {what} to take effect")
         return
-    from perfscope.capture.sglang_api import SGLangClient
+    from perfscope.remote.sglang_api import SGLangClient
 
     if not req.server_url:
         raise InputError("--restart-cmd needs the server's HTTP API to see it healthy again: --url (local) "

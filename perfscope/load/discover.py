@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from perfscope.capture.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
 from perfscope.errors import InputError
+from perfscope.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
 
 _TRACE_SUFFIXES = (".json", ".json.gz", ".json.xz")
 

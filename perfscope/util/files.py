@@ -12,7 +12,7 @@ One writer for every file perfscope writes on this machine (:func:`atomic_writer
 * anything else that is not a regular file (a folder, a block device, a socket): refused with
   :class:`~perfscope.errors.InputError`.
 
-The SSH session's remote writer (:meth:`perfscope.capture.ssh.session.SSHSession.write_bytes_atomic`)
+The SSH session's remote writer (:meth:`perfscope.remote.ssh.session.SSHSession.write_bytes_atomic`)
 applies the same rules through SFTP, using :func:`plan_write` for the decision.
 """
 

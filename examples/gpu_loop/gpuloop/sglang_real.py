@@ -298,7 +298,7 @@ echo $! > {_q(str(pidf))}
         if run.is_dir() and (pre / "bench.json").is_file():  # the bench before the trace, as bench --out adds it
             if str(REPO) not in sys.path:  # perfscope is on the subprocesses' PYTHONPATH, not yet on ours
                 sys.path.insert(0, str(REPO))
-            from perfscope.capture import rundir
+            from perfscope import rundir
 
             b = json.loads((pre / "bench.json").read_text())
             shutil.copy(pre / "bench.json", run / "bench.json")

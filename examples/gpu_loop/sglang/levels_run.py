@@ -124,8 +124,8 @@ def main() -> int:
         S["healthy_s"] = h.now()
         h.log(f"server healthy: {healthy(port)}")
         root = int(pidf.read_text().strip())
-        from perfscope.capture.sglang_api import SGLangClient
-        from perfscope.capture.workload import make_prompts, stream_one
+        from perfscope.bench.workload import make_prompts, stream_one
+        from perfscope.remote.sglang_api import SGLangClient
 
         client = SGLangClient(f"http://127.0.0.1:{port}", timeout=60)
         prompts = make_prompts(a.requests * len(pins) + 4, 2000, seed=0)

@@ -21,9 +21,18 @@ RULES: tuple[Rule, ...] = (
     TritonBlockFp8Gemm(), TorchSampling(), ChunkedPrefillInterference(), WarmupInWindow(),
 )
 
+# Precedence: a rule is not checked where one it yields to applies (that one names the cause). The GPU idle
+# between CUDA-graph replays is overlap-off's, not host-bubble's, when SGLang's overlap scheduler is off.
+YIELDS_TO: dict[str, tuple[type[Rule], ...]] = {HostBubble.id: (OverlapOff,)}
+
+
+def _yields(rule: Rule, ctx: RuleContext) -> bool:
+    return any(other.applies(ctx) for other in YIELDS_TO.get(rule.id, ()))
+
 
 def run_rules(ctx: RuleContext) -> list[Finding]:
-    rules = [r for r in RULES if (ctx.gpu_timeline or not r.needs_gpu_timeline) and (ctx.server or r.forwards)]
+    rules = [r for r in RULES if (ctx.gpu_timeline or not r.needs_gpu_timeline) and (ctx.server or r.forwards)
+             and not _yields(r, ctx)]
     found = [f for f in (r.check(ctx) for r in rules) if f is not None]
     for f in found:
         model_prediction(ctx, f)
@@ -127,4 +136,4 @@ def rule_ids() -> list[str]:
     return [r.id for r in RULES]
 
 
-__all__ = ["Finding", "Rule", "RuleContext", "RULES", "run_rules", "rule_ids"]
+__all__ = ["Finding", "Rule", "RuleContext", "RULES", "YIELDS_TO", "run_rules", "rule_ids"]

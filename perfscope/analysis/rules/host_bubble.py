@@ -6,12 +6,7 @@ import statistics
 from typing import Optional
 
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
-
-
-def step_gaps_ms(ctx: RuleContext) -> list[float]:
-    """GPU idle between consecutive analysed steps: next step's first kernel - this step's last end."""
-    st = [s for s in ctx.steps if s.gpu_start is not None]
-    return [max(0.0, (b.gpu_start - a.gpu_end) / 1e3) for a, b in zip(st, st[1:])]
+from perfscope.analysis.rules.shared import scheduler_loop, step_gaps_ms
 
 
 def launch_to_gpu_ms(ctx: RuleContext) -> list[float]:
@@ -87,9 +82,8 @@ class HostBubble(Rule):
         replayed = graph_fraction(ctx)
         if replayed < self.MIN_GRAPH_FRACTION:
             return None  # mostly eager work around a few graphs: not a graph-replay decode step
-        from perfscope.analysis.rules.overlap_off import OverlapOff
-        if OverlapOff.applies(ctx):
-            return None  # the scheduler's overlap is off: that rule names the cause
+        # where the scheduler's overlap is off, overlap-off names the cause: the registry does not
+        # check this rule there (perfscope.analysis.rules.YIELDS_TO)
         gaps = step_gaps_ms(ctx)
         gap = statistics.median(gaps) if gaps else 0.0
         inside = statistics.median(m.idle_ms for m in ctx.metrics)
@@ -115,7 +109,6 @@ class HostBubble(Rule):
         lat = launch_to_gpu_ms(ctx)
         # the overlap scheduler is already on (the server's config, or its loop in the trace's Python frames):
         # `perfscope fix overlap-off` has nothing to change, so no fix command, the remedy's other steps stay
-        from perfscope.analysis.rules.overlap_off import scheduler_loop
         overlap_on = (ctx.config_value("disable_overlap_schedule") is False
                       or scheduler_loop(ctx.trace) == "overlap")
         if real is None:

@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import statistics
 from typing import Optional
 
 from perfscope.analysis import hosttime
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
+from perfscope.analysis.rules.shared import scheduler_loop, step_gaps_ms
 
 # SGLang's overlap scheduler resolves the previous batch's "future" token ids on the GPU
 _OVERLAP_MARKERS = ("resolve_future_token_ids",)
 _SCHEDULER_STEPS = ("sglang-annotation",)
-# ... but SGLang 0.5.23 has no such kernel (the next input ids are a gather from its FutureMap);
-# a trace recorded with Python stacks names the scheduler's loop: `scheduler.py(1482): event_loop_overlap`
-# (overlap on) or `event_loop_normal` (off)
-_LOOP_FRAME = re.compile(r"managers/scheduler\.py\(\d+\): event_loop_(overlap|normal)\w*$")
-
-
-def scheduler_loop(trace) -> Optional[str]:
-    """"overlap" / "normal": the SGLang scheduler loop the trace's Python frames show; None if none does."""
-    seen = {m.group(1) for f in trace.frames for m in [_LOOP_FRAME.search(f.name)] if m}
-    if len(seen) == 1:
-        return seen.pop()
-    return None
-
-
-def _gaps(ctx: RuleContext) -> list[float]:
-    from perfscope.analysis.rules.host_bubble import step_gaps_ms
-    return step_gaps_ms(ctx)
+# ... but SGLang 0.5.23 has no such kernel: its scheduler loop in the trace's Python frames says
+# (perfscope.analysis.rules.shared.scheduler_loop)
 
 
 class OverlapOff(Rule):
@@ -84,7 +69,7 @@ class OverlapOff(Rule):
     def check(self, ctx: RuleContext) -> Optional[Finding]:
         if len(ctx.steps) < 2 or ctx.step_ms <= 0 or not self.applies(ctx):
             return None
-        gaps = _gaps(ctx)
+        gaps = step_gaps_ms(ctx)
         if not gaps:
             return None
         gap = statistics.median(gaps)

@@ -50,7 +50,7 @@ def is_loopback_url(url: Optional[str]) -> bool:
 
 
 def read_model_config(io, model_path: Any) -> Optional[dict]:
-    """The model's ``config.json`` read through ``io`` (a :class:`perfscope.capture.hostio.HostIO`
+    """The model's ``config.json`` read through ``io`` (a :class:`perfscope.remote.hostio.HostIO`
     on the server's host), or None: no folder path, no file, not JSON, or the read failed."""
     if io is None or not isinstance(model_path, str) or not model_path.startswith("/"):
         return None

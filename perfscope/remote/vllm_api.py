@@ -1,5 +1,5 @@
 """The parts of vLLM's OpenAI-compatible server that perfscope uses, behind the same interface as
-:class:`perfscope.capture.sglang_api.SGLangClient`, so the load driver, ``trace`` and ``bench`` work
+:class:`perfscope.remote.sglang_api.SGLangClient`, so the load driver, ``trace`` and ``bench`` work
 unchanged (``client_for(engine, url, ...)`` picks the class).
 
 vLLM differs from SGLang (vLLM's ``api_server.py``, ``vllm/profiler``, worker code):
@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Optional
 
-from perfscope.capture.sglang_api import HTTPStatusError, SGLangClient, StreamFrame
 from perfscope.errors import RemoteError
+from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, StreamFrame
 
 _INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

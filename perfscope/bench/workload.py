@@ -1,6 +1,6 @@
 """The decode load: streamed /generate requests with fixed prompts, timed per frame.
 
-One implementation serves ``perfscope trace`` (load while the profiler records: :func:`drive`),
+One implementation serves ``perfscope trace`` (load while the profiler records: :func:`perfscope.bench.core.drive`),
 ``perfscope bench`` and the fix verification (:func:`perfscope.bench.measure`), so before/after
 numbers are measured the same way.
 
@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from perfscope.capture.vocab import SAFE_IDS
+from perfscope.bench.vocab import SAFE_IDS
 from perfscope.errors import PerfscopeError, RemoteError, StreamStall
 
-DEFAULT_ID_RANGE = SAFE_IDS  # ids every real tokenizer has (perfscope.capture.vocab)
+DEFAULT_ID_RANGE = SAFE_IDS  # ids every real tokenizer has (perfscope.bench.vocab)
 
 
 @dataclass
@@ -54,7 +54,7 @@ class RequestTiming:
 
 
 def id_range(ids: Optional[tuple[int, int]] = None) -> tuple[int, int]:
-    """The prompt ids to draw from: ``ids`` (from :func:`perfscope.capture.vocab.token_ids`, which
+    """The prompt ids to draw from: ``ids`` (from :func:`perfscope.bench.vocab.token_ids`, which
     reads the model's config where it can), else ids every real tokenizer has. No server API says
     the vocabulary size (SGLang's /server_info and /model_info, vLLM's /v1/models), and an id past
     it crashes a real server."""
@@ -191,22 +191,3 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
     results.sort(key=lambda r: r.index)
     return results
 
-
-def drive(url: str, *, concurrency: int = 1, input_len: int = 256, output_len: int = 256, seed: int = 0,
-          api_key: Optional[str] = None, stop: Optional[threading.Event] = None, timeout: float = 30.0,
-          num_requests: Optional[int] = None, duration_s: Optional[float] = None,
-          ids: Optional[tuple[int, int]] = None):
-    """The load ``perfscope trace`` runs while profiling: :func:`drive_decode` on ``url`` until
-    ``stop``; returns a :class:`perfscope.bench.BenchResult` (``to_dict()`` has ``ttft_ms``,
-    ``tpot_ms``, ``itl_ms``, ``e2e_ms``, ``requests``, ``output_tokens``, ``throughput_tok_s``,
-    ``duration_s``, ``workload``), measured under the profiler."""
-    from perfscope.bench.core import summarize
-    from perfscope.capture.sglang_api import SGLangClient
-
-    client = SGLangClient(url, api_key=api_key, timeout=timeout)
-    t0 = time.perf_counter()
-    res = drive_decode(client, concurrency, input_len, output_len, num_requests=num_requests, seed=seed,
-                       stop=stop, duration_s=duration_s, timeout=timeout, ids=ids)
-    return summarize(res, time.perf_counter() - t0, workload={
-        "concurrency": concurrency, "input_len": input_len, "output_len": output_len, "ignore_eos": True,
-        "seed": seed, "temperature": 0.0})

@@ -48,8 +48,8 @@ from pathlib import Path
 
 import paramiko
 
-from perfscope.capture.ssh.errors import HostKeyChanged, HostKeyUnknown
-from perfscope.capture.ssh.target import SSHTarget
+from perfscope.remote.ssh.errors import HostKeyChanged, HostKeyUnknown
+from perfscope.remote.ssh.target import SSHTarget
 
 
 def fingerprint(key: paramiko.PKey) -> str:

@@ -16,11 +16,11 @@ from typing import Callable, Iterable, Sequence
 
 import paramiko
 
-from perfscope.capture.ssh.commands import CommandResult, quote_argv
-from perfscope.capture.ssh.errors import CommandFailed
-from perfscope.capture.ssh.forward import LocalForward
-from perfscope.capture.ssh.target import SSHTarget
 from perfscope.errors import FixRefused, InputError, RemoteError
+from perfscope.remote.ssh.commands import CommandResult, quote_argv
+from perfscope.remote.ssh.errors import CommandFailed
+from perfscope.remote.ssh.forward import LocalForward
+from perfscope.remote.ssh.target import SSHTarget
 from perfscope.util.limits import too_big
 
 

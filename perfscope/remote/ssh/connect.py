@@ -8,11 +8,11 @@ from pathlib import Path
 
 import paramiko
 
-from perfscope.capture.ssh.errors import AuthRefused, HostKeyChanged, HostKeyUnknown, HostUnreachable
-from perfscope.capture.ssh.hostkeys import KnownHostsPolicy, _known_hosts_files, fingerprint, load_lines, prefer_known
-from perfscope.capture.ssh.session import SSHSession
-from perfscope.capture.ssh.target import SSHTarget
 from perfscope.errors import InputError, RemoteError
+from perfscope.remote.ssh.errors import AuthRefused, HostKeyChanged, HostKeyUnknown, HostUnreachable
+from perfscope.remote.ssh.hostkeys import KnownHostsPolicy, _known_hosts_files, fingerprint, load_lines, prefer_known
+from perfscope.remote.ssh.session import SSHSession
+from perfscope.remote.ssh.target import SSHTarget
 
 
 def _connect_one(target: SSHTarget, sock=None, via: str | None = None) -> paramiko.SSHClient:

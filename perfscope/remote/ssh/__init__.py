@@ -34,9 +34,9 @@ accept-new, fingerprints), ``commands`` (quoting), ``forward`` (:class:`LocalFor
 
 from __future__ import annotations
 
-from perfscope.capture.ssh.commands import CommandResult, quote_argv
-from perfscope.capture.ssh.connect import connect
-from perfscope.capture.ssh.errors import (
+from perfscope.remote.ssh.commands import CommandResult, quote_argv
+from perfscope.remote.ssh.connect import connect
+from perfscope.remote.ssh.errors import (
     AuthRefused,
     CommandFailed,
     HostKeyChanged,
@@ -44,11 +44,11 @@ from perfscope.capture.ssh.errors import (
     HostUnreachable,
     ServerDown,
 )
-from perfscope.capture.ssh.forward import LocalForward
-from perfscope.capture.ssh.hostkeys import fingerprint
-from perfscope.capture.ssh.session import SSHSession
-from perfscope.capture.ssh.target import DEFAULT_CONNECT_TIMEOUT, SSHTarget, parse_target  # noqa: F401
-from perfscope.errors import RemoteError  # noqa: F401  re-exported: perfscope.capture.hostio imports it from here
+from perfscope.errors import RemoteError  # noqa: F401  re-exported: perfscope.remote.hostio imports it from here
+from perfscope.remote.ssh.forward import LocalForward
+from perfscope.remote.ssh.hostkeys import fingerprint
+from perfscope.remote.ssh.session import SSHSession
+from perfscope.remote.ssh.target import DEFAULT_CONNECT_TIMEOUT, SSHTarget, parse_target  # noqa: F401
 
 __all__ = [
     "SSHTarget",

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from perfscope.capture.ssh import CommandResult, RemoteError, SSHSession, quote_argv
 from perfscope.errors import InputError
+from perfscope.remote.ssh import CommandResult, RemoteError, SSHSession, quote_argv
 from perfscope.util.files import atomic_writer, copy_hashed, local_write_error, sha256_file
 
 # gzipped (SGLang, vLLM by default) or plain JSON (vLLM with its profiler's gzip turned off, which

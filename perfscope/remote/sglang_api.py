@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
-from perfscope.capture.httpbound import Deadline, read_capped, readline_capped
 from perfscope.errors import InputError, RemoteError, StreamStall
+from perfscope.remote.httpbound import Deadline, read_capped, readline_capped
 from perfscope.util import limits
 
 try:  # the SSH engineer's error type, so that `trace` can tell "nothing listens" from other failures
-    from perfscope.capture.ssh import ServerDown
+    from perfscope.remote.ssh import ServerDown
 except Exception:  # pragma: no cover - ssh.py needs paramiko, a core dependency
 
     class ServerDown(RemoteError):  # type: ignore[no-redef]
