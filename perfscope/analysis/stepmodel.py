@@ -453,7 +453,7 @@ class StepReplay:
         first = inf
         latency = self.latency_us
         api = timeline == "launch-api"
-        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait_extra, _, kplan) in enumerate(events):
+        for n, (th, lts, ldur, lend, o, oid, _graph, launched, wait_extra, _, kplan) in enumerate(events):
             if api:
                 t = clock.get(th, lts)
                 lo = lts - 1e12

@@ -413,7 +413,7 @@ class SSHHost(HostIO):
 
     def alive(self):
         try:
-            self.s.transport
+            self.s.transport  # noqa: B018 (the property raises RemoteError once the session is closed)
         except RemoteError:
             return False
         return True

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from perfscope.fixengine.launch import (
-    FlagChange,
     LaunchCommand,
     LaunchParseError,
     edit_flags,

@@ -12,7 +12,7 @@ from perfscope.capture.ssh.errors import AuthRefused, HostKeyChanged, HostKeyUnk
 from perfscope.capture.ssh.hostkeys import KnownHostsPolicy, _known_hosts_files, fingerprint, load_lines, prefer_known
 from perfscope.capture.ssh.session import SSHSession
 from perfscope.capture.ssh.target import SSHTarget
-from perfscope.errors import InputError, RemoteError
+from perfscope.errors import InputError
 
 
 def _connect_one(target: SSHTarget, sock=None, via: str | None = None) -> paramiko.SSHClient:
