@@ -28,7 +28,7 @@ from perfscope.capture.vocab import SAFE_IDS, token_ids
 from perfscope.cli import main
 from perfscope.errors import InputError
 
-pytestmark = pytest.mark.usefixtures("no_agent")
+pytestmark = [pytest.mark.usefixtures("no_agent"), pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang on CPU
 
 LOAD = ["--input-len", "16", "--output-len", "48"]
 
