@@ -7,7 +7,7 @@ import os
 import statistics
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
@@ -167,9 +167,9 @@ def _median_of_others(timed: list[RankAnalysis], value: dict, rank: RankAnalysis
     return statistics.median(value[id(r)] for r in timed if r is not rank)
 
 
-def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
+def diagnose(paths: Sequence[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
              on_done: Optional[Callable[[int, int], None]] = None,
-             capture: Optional[list[str | Path]] = None,
+             capture: Optional[Sequence[str | Path]] = None,
              on_read: Optional[Callable[[int, int], None]] = None) -> Diagnosis:
     """Analyse every trace under ``paths``; several files are parsed in parallel processes.
     ``on_read(bytes_done, bytes_total)`` follows the reading of a file analysed in this process;

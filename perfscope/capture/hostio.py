@@ -190,7 +190,7 @@ def parse_nvidia_smi(text: str) -> list[dict]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != len(NVSMI_FIELDS):
             continue
-        g = {}
+        g: dict = {}
         for (_, key, typ), val in zip(NVSMI_FIELDS, parts):
             if val in ("", "[N/A]", "N/A", "[Not Supported]"):
                 g[key] = None
