@@ -14,6 +14,7 @@ SLOW_FIXTURES = frozenset({
     "repro",                                     # tests/reproserver.py: the torch reproduction server
     "big_eager_trace",                           # tests/bigtrace.py: the 120-step eager trace (171 MB)
     "repro_server",                              # test_trace.py: the reproduction server
+    "site", "keyed_site",                        # test_fix_restart.py: a restartable reproduction server
     "install_copy",                              # test_fix_untuned_fused_moe.py: a copy of the real SGLang install
 })
 
