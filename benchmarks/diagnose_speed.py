@@ -272,7 +272,7 @@ def rank_files(src: Path, n: int, folder: Path) -> list[Path]:
            and isinstance(e.get("pid"), int)}
     files = []
     for r in range(n):
-        def one(e: dict) -> dict:
+        def one(e: dict, r: int = r) -> dict:
             pid = e.get("pid")
             if not isinstance(pid, int):
                 return e

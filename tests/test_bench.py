@@ -111,6 +111,7 @@ def test_bench_cli_errors(tmp_path, capsys):
     assert rc == 2
 
 
+@pytest.mark.slow
 def test_bench_with_api_key(tmp_path, capsys, monkeypatch):
     key = "k3y-value-789"
     with start_repro("--api-key", key, log_dir=tmp_path) as (url, _):

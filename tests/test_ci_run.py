@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from paths import REPO
 
 CI_RUN = REPO / ".ci" / "run"
@@ -44,17 +46,18 @@ FAKE_GATE = ('import os, sys\n'
              'sys.exit({rc})\n')
 
 
-# lint-imports, standing in for import-linter's (the test command puts it in the clone's venv, as
-# tests/install.sh installs the test extra there): it says where it ran, and exits with the code it is given
-FAKE_LINT = '#!/bin/sh\necho "lint $(pwd) $VIRTUAL_ENV $*" >&2\nexit {rc}\n'
+# the linters (.ci/lint) and the lowest-versions job (.ci/lowest), standing in for the real ones (an
+# install and a test run each): they say where they ran and with what, and exit with the code given
+FAKE_STEP = 'echo "{name} $(pwd) $VIRTUAL_ENV CI=$CI" >&2; exit {rc}\n'
 
 
-def _repo(tmp_path: Path, readme: str, gate_rc: int = 0, lint_rc: int = 0) -> Path:
+def _repo(tmp_path: Path, readme: str, gate_rc: int = 0, lint_rc: int = 0, lowest_rc: int = 0) -> Path:
     root = tmp_path / "proj"
     (root / ".ci").mkdir(parents=True)
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "diagnose_speed.py").write_text(FAKE_GATE.format(rc=gate_rc))
-    (root / "fake-lint-imports").write_text(FAKE_LINT.format(rc=lint_rc))
+    (root / ".ci" / "lint").write_text(FAKE_STEP.format(name="lint", rc=lint_rc))
+    (root / ".ci" / "lowest").write_text(FAKE_STEP.format(name="lowest", rc=lowest_rc))
     shutil.copy(CI_RUN, root / ".ci" / "run")
     (root / "README.md").write_text(readme, newline="")
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -88,25 +91,21 @@ def test_extraction_is_robust_to_crlf_blank_lines_and_indented_fences(tmp_path):
         assert r.returncode == 2 and "no fenced command" in r.stderr, r
 
 
+@pytest.mark.slow  # clones and venvs made for real (~60 s)
 def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_path):
     readme = (f"<!-- main-command -->\n```\n{FAKE_DEMO}\n```\n"
-              '<!-- test-command -->\n```\necho "tests $(pwd) $VIRTUAL_ENV" >&2 && test -f .venv/bin/python && '
-              'install -m 755 fake-lint-imports .venv/bin/lint-imports\n```\n')
+              '<!-- test-command -->\n```\necho "tests $(pwd) $VIRTUAL_ENV" >&2 && test -f .venv/bin/python\n```\n')
     root = _repo(tmp_path, readme)
     r = _ci(root)
     assert r.returncode == 0, r.stderr
-    lines = {ln.split()[0]: ln.split() for ln in r.stderr.splitlines() if ln.startswith(("main ", "tests "))}
+    lines = {ln.split()[0]: ln.split() for ln in r.stderr.splitlines()
+             if ln.startswith(("main ", "tests ", "lint ", "lowest "))}
     main_dir, main_venv, ci = lines["main"][1:]
     test_dir, test_venv = lines["tests"][1:]
     # each ran from the root of its own clone (not the checkout), in that clone's own venv, CI=true
     assert main_dir != test_dir and str(root) not in (main_dir, test_dir)
     assert main_venv == main_dir + "/.venv" and test_venv == test_dir + "/.venv" and ci == "CI=true"
     assert not (root / ".venv").exists() and not list(root.glob("perfscope-demo-*"))
-    # the import contracts were checked after the tests, in the test clone with its venv (lint-imports
-    # reads the clone's pyproject.toml), with no options
-    lint = [ln.split() for ln in r.stderr.splitlines() if ln.startswith("lint ")]
-    assert lint == [["lint", test_dir, test_venv]]
-    assert r.stderr.index("tests ") < r.stderr.index("lint ") < r.stderr.index("gate ")
     # the speed gate ran after the tests, in the test clone with its venv, on the trace the benchmark
     # builds itself from the repository (no path: nothing beside the clone is read), checking
     gates = [ln.split() for ln in r.stderr.splitlines() if ln.startswith("gate ")]
@@ -118,6 +117,14 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     # then the CUDA-graph trace, in the same clone, with its own (looser) gate
     assert len(gates) == 2 and gates[1][1:3] == gate[1:3]
     assert gates[1][3:6] == ["--only", "graph", "--check"] and gates[1][gates[1].index("--gate") + 1] == "2.0"
+    # the linters ran in the test clone with its venv, after the tests and before the gates; the
+    # lowest-versions job last, from the root of a clone of its own, with no venv of the others'
+    lint = lines["lint"][1:]
+    assert lint[:2] == [test_dir, test_venv] and r.stderr.index("tests ") < r.stderr.index("lint ") < \
+        r.stderr.index("gate ")
+    lowest = lines["lowest"][1:]
+    assert lowest[0] not in (main_dir, test_dir, str(root)) and lowest[0].endswith("/lowest/p")
+    assert lowest[1] == "CI=true" and r.stderr.index("lowest ") > r.stderr.rindex("gate ")
 
     # a failing main command fails CI (and the test command is not reached)
     r = _ci(_repo(tmp_path / "a", readme.replace(FAKE_DEMO, "false")))
@@ -128,13 +135,14 @@ def test_both_commands_run_on_fresh_clones_in_fresh_venvs_and_failures_fail(tmp_
     # a failing test command fails CI
     r = _ci(_repo(tmp_path / "c", readme.replace("test -f .venv/bin/python", "exit 5")))
     assert r.returncode == 1 and "test command failed" in r.stderr and "gate " not in r.stderr
-    assert "lint " not in r.stderr
-    # a broken import contract fails CI (and the speed gate is not reached)
-    r = _ci(_repo(tmp_path / "e", readme, lint_rc=1))
-    assert r.returncode == 1 and "import contract is broken" in r.stderr and "gate " not in r.stderr
     # a failing speed gate fails CI
     r = _ci(_repo(tmp_path / "d", readme, gate_rc=1))
     assert r.returncode == 1 and "speed gate failed" in r.stderr
+    # failing linters fail CI (before the gates); so does a failing lowest-versions job
+    r = _ci(_repo(tmp_path / "e", readme, lint_rc=1))
+    assert r.returncode == 1 and "linters failed" in r.stderr and "gate " not in r.stderr
+    r = _ci(_repo(tmp_path / "f", readme, lowest_rc=1))
+    assert r.returncode == 1 and "lowest versions" in r.stderr
 
 
 def test_nothing_skips_past_tests_need():

@@ -10,7 +10,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from paths import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the whole demo loop on the reproduction server
 
 
 def test_demo_finds_fixes_and_measures(tmp_path):

@@ -186,6 +186,7 @@ def _one_line_error(r, code=2):
     return lines[0]
 
 
+@pytest.mark.slow  # one CLI process per bad input (~6 s)
 def test_bad_inputs_get_one_clear_line(tmp_path):
     full = gz_bytes(H200 / "mla_pool_graph.json.xz")
     trunc = tmp_path / "truncated.json.gz"

@@ -21,6 +21,8 @@ from perfscope.report.html import HEADER_CONFIG_KEYS
 from real_engines import revive_sglang
 from reproserver import start_repro
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang beside the reproduction server
+
 # what perfscope reads from /server_info: compare/report headers, trace (version, parallel sizes,
 # device), bench's summary
 READ_KEYS = sorted(set(CONFIG_KEYS) | set(HEADER_CONFIG_KEYS) | {

@@ -27,7 +27,7 @@ import pytest
 from net import free_port
 from paths import REPO
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real engines started, fixed and restarted
 
 
 def cli(*args, timeout=600) -> subprocess.CompletedProcess:

@@ -27,6 +27,8 @@ from net import free_port
 from paths import REPO
 from perfscope.remote.sglang_api import SGLangClient
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the reproduction server, restarted by the fix (10-40 s each)
+
 need.module("torch")
 
 # 2 layers, 16k-token pool: the whole-pool cast costs ~50-100 ms a step on 2 cores, the fixed

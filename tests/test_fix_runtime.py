@@ -135,6 +135,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # ~10 s
 def test_triton_kernels_bit_exact_in_interpreter():
     need.module("torch")
     if importlib.util.find_spec("triton") is None:
@@ -148,6 +149,7 @@ def test_triton_kernels_bit_exact_in_interpreter():
 # ------------------------------------------------------------ the reproduction server
 
 
+@pytest.mark.slow  # the patched reproduction server module run on CPU (~8 s)
 @pytest.mark.parametrize("strategy", ["pages", "native"])
 def test_repro_server_module_patched_runs_and_matches(tmp_path, strategy):
     """The fix applied to examples/repro_server/mla_attention.py: the patched module decodes a
@@ -213,6 +215,7 @@ def test_remote_check_apply_revert_through_sshd(sshd, tmp_path):
     assert remote.read_bytes() == data
 
 
+@pytest.mark.slow  # ~10 s
 def test_cli_list_doc_and_exit_codes(tmp_path):
     rc, out, _ = _cli(["--list"])
     assert rc == 0 and "fp8-kv-cast" in out and "sglang-fa3" in out

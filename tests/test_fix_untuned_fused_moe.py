@@ -39,6 +39,7 @@ def _configs(py: Path) -> Path:
     return _install(py) / LOADER_RELDIR / "configs"
 
 
+@pytest.mark.slow
 def test_file_names_and_search_follow_the_installed_sglang():
     py = engine_python("sglang")
     cfg = _configs(py)
@@ -62,6 +63,7 @@ def test_file_names_and_search_follow_the_installed_sglang():
     assert version_dir("3.6.0") == "triton_3_6_0"
 
 
+@pytest.mark.slow
 def test_log_lines_in_sglang_wording():
     # the three lines of SGLang's loader (0.5.13.post1 and 0.5.23 word them alike), read from its source
     py = engine_python("sglang")
@@ -137,6 +139,7 @@ def test_check_apply_revert_on_a_copy_of_the_install(install_copy, tmp_path, mon
     assert not want.exists() and _tree(root) == before
 
 
+@pytest.mark.slow
 def test_stopped_tuner_leaves_nothing(tmp_path):
     py = engine_python("sglang")
     out = tmp_path / "o" / "tuned.json"

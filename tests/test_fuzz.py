@@ -33,6 +33,8 @@ from hypothesis import strategies as st
 from paths import H200, TRACELENS, json_of
 from perfscope.errors import PerfscopeError
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # hypothesis over real traces: 5-50 s a test
+
 SCALE = float(os.environ.get("PERFSCOPE_FUZZ_EXAMPLES", "1"))
 # real traces, small enough that one example (mutate, serialise, parse, analyse) takes milliseconds
 SEEDS = [

@@ -5,7 +5,12 @@ behaviour keeps it byte for byte. A change meant to alter the output regenerates
 
 from __future__ import annotations
 
+import pytest
+
 import golden_snapshot as gs
+
+# diagnose of every real trace (~1-2 min on 2 cores): run it by name after a change to the analysis
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_every_real_input_diagnoses_as_its_golden_output():

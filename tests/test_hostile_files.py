@@ -144,6 +144,7 @@ def test_one_lone_surrogate_does_not_reject_the_file(trace_obj, tmp_path, capsys
     assert rc == 0 and "surrogate" in out
 
 
+@pytest.mark.slow  # inflates to the bound (~6 s)
 def test_gzip_bomb_is_refused_at_the_inflated_bound(tmp_path):
     """A small gzip that inflates to 5 GB (80 members of 64 MB of zeros, 5 MB on disk) inflated
     without bound (exit 70, MemoryError). Under a 0.5 GB bound it is refused after at most the

@@ -70,6 +70,7 @@ def test_terminal_styles_kept_but_no_control_from_the_trace(tmp_path):
     assert no_terminal_controls(rest), repr(rest[rest.find("\x1b") - 40:rest.find("\x1b") + 40])
 
 
+@pytest.mark.slow  # ~5 s
 def test_compare_labels_from_file_names_are_escaped(tmp_path):
     a = hostile_trace(tmp_path / "before\x1b]0;x\x07.json.gz", TERMINAL)
     b = hostile_trace(tmp_path / "after\x1b[2J.json.gz", "")

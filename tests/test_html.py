@@ -115,6 +115,7 @@ def test_report_of_the_210mb_trace_stays_small(tmp_path, big_eager_trace):
     assert len(data["per_step"]) == 120 and len(data["timeline"]["kernels"]) == 420
 
 
+@pytest.mark.slow  # every shared trace rendered (~10 s)
 def test_every_shared_trace_renders(diag):
     """Every usable trace in tests/traces/corpus gives a page (no template error on odd data: CPU-only,
     ROCm, SGLang graph decode, vLLM, multi-rank, training)."""

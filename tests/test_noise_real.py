@@ -11,11 +11,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from perfscope.bench.core import measure_until
 from perfscope.bench.vocab import token_ids
 from perfscope.fixengine.restart import _before_known, _samples, blame, decide
 from perfscope.remote.hostio import LocalHost
 from perfscope.remote.sglang_api import SGLangClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang on CPU
 
 MAX = 16
 

@@ -55,6 +55,7 @@ def test_partly_hidden_collectives():
     assert c["exposed_ms_per_step"] == pytest.approx(c["ms_per_step"] * (1 - c["overlapped_share"]), rel=1e-3)
 
 
+@pytest.mark.slow  # ~5 s
 def test_collectives_on_an_idle_gpu_are_all_exposed():
     c = _comm(V100_NCCL)
     assert _oracle_overlapped_share(V100_NCCL) == 0.0

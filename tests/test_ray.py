@@ -32,6 +32,8 @@ from perfscope.errors import InputError  # noqa: E402
 from perfscope.report.jsonout import dumps  # noqa: E402
 from perfscope.rundir import write_run  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a Ray cluster of several nodes on this machine
+
 SAMPLED = HTA / "trace_filter"  # two real ranks of one NCCL job (sampled_rank-0/1: steps, all-reduces)
 
 

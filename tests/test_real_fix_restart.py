@@ -27,6 +27,8 @@ from paths import REPO
 from perfscope.remote.sglang_api import SGLangClient
 from real_engines import engine_python, start_sglang, write_model
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang on CPU
+
 MARKER = b"perfscope fp8-kv-cast"
 OVERRIDES = ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer", "--gpu-cc", "9.0",
              "--flashinfer-version", "0.7.2", "--sglang-version", "0.5.23", "--strategy", "pages"]

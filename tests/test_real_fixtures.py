@@ -8,7 +8,11 @@ import json
 import os
 import urllib.request
 
+import pytest
+
 from real_engines import SGLANG_VERSION, http_status, start_sglang, write_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang on CPU
 
 
 def _get(url: str) -> dict:

@@ -28,7 +28,7 @@ from perfscope.errors import InputError
 from perfscope.remote.hostio import LocalHost
 from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, gpu_trace_after_note, profile_activities
 
-pytestmark = pytest.mark.usefixtures("no_agent")
+pytestmark = [pytest.mark.usefixtures("no_agent"), pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang on CPU
 
 LOAD = ["--input-len", "16", "--output-len", "48"]
 

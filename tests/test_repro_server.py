@@ -190,6 +190,7 @@ def test_stop_profile_errors(repro, tmp_path):
 # ------------------------------------------------------------------------------------ API keys
 
 
+@pytest.mark.slow
 def test_api_keys_enforced(tmp_path):
     user, admin = "user-key-123", "admin-key-456"
     with start_repro("--seed", "1", env={"REPRO_API_KEY": user,

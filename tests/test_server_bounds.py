@@ -196,6 +196,7 @@ def test_endless_stream_line_is_cut_and_the_profiler_stopped(hostile, tmp_path):
     assert not list((tmp_path / "srv").iterdir())
 
 
+@pytest.mark.slow  # waits out a trickling server (~8 s)
 def test_trickling_stream_line_stops_the_profiler(hostile, tmp_path):
     """A stream line trickled one byte every 0.5 s: each line must complete within the deadline
     (here 2 s); the load fails, the trace ends with one line, exit 3, the profiler stopped."""

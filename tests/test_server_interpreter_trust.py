@@ -22,6 +22,8 @@ from need import missing
 
 from perfscope.remote.hostio import LocalHost
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # fresh virtual environments and servers
+
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
 SERVE = ("import socket,sys,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\n"

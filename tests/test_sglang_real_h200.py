@@ -167,6 +167,7 @@ def test_probe_diff_identical_and_one_logprob_off():
     assert m.probe_diff(a, {"bs1": [], "bs8": []})["identical"] is False  # nothing to compare is not a pass
 
 
+@pytest.mark.slow  # starts and replaces servers (~6 s)
 def test_restart_script_replaces_the_running_server_under_sh(tmp_path):
     """The --restart-cmd script under /bin/sh (dash here, as on Debian/Ubuntu hosts): the second
     start stops the first server's process group before starting the next one."""

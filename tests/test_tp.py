@@ -19,6 +19,8 @@ import need
 
 from reproserver import start_repro
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the reproduction server at tensor parallel 2
+
 need.module("torch")
 
 # a larger pool than TINY: the per-step cast (~4x longer) dwarfs the GIL noise rank 0 gets from its HTTP threads

@@ -258,6 +258,7 @@ def test_writers_temporary_files_are_not_traces(sshd, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.slow
 def test_versions_probe_reads_torchs_cuda_without_importing_torch(engine):
     """The versions probe runs with the server's interpreter: torch's CUDA/HIP versions come from its
     version.py, the same strings `import torch` gives, without the import (0.7 GB with SGLang's torch)."""

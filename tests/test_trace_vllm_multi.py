@@ -152,6 +152,7 @@ def test_trace_vllm_plain_json_through_sshd(sshd, tmp_path, capsys):
     _check_vllm_run(out, pdir, stale, capsys)
 
 
+@pytest.mark.slow
 def test_trace_vllm_two_ranks(tmp_path, capsys):
     """vLLM with tensor parallelism: one trace per worker, named {hostname}_{pid} (no rank in the
     name); /stop_profile replies once both are written. Both come back, and diagnose tells the
@@ -176,6 +177,7 @@ def test_trace_vllm_two_ranks(tmp_path, capsys):
     assert d["straggler"] is not None and d["straggler"]["significant"] is False, d["straggler"]
 
 
+@pytest.mark.slow
 def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path, capsys):
     """vLLM records no shapes by default. On a trace without GPU kernels the cast cannot be sized
     or typed then: no finding is guessed, and a note says which setting brings the evidence."""
@@ -193,6 +195,7 @@ def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path, capsys):
     assert any("VLLM_TORCH_PROFILER_RECORD_SHAPES=1" in n for n in d["notes"]), d["notes"]
 
 
+@pytest.mark.slow
 def test_trace_vllm_without_profiler_dir(tmp_path, capsys):
     # a vLLM server started without a torch profiler dir has no /start_profile: a clear message
     with start_repro("--api", "vllm", log_dir=tmp_path) as (url, _):

@@ -54,7 +54,10 @@ def cycles_per_ms() -> float:
 def make_step(p_n, p_size, side_ms, cpm):
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
-    mk = lambda n: torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=g) / n ** 0.5
+
+    def mk(n):
+        return torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=g) / n ** 0.5
+
     pa, pb = mk(p_size), mk(p_size)
     cycles = int(side_ms * cpm)
     y = torch.zeros(2048, 2048, device=dev, dtype=torch.bfloat16)

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import Optional
 
-import torch
 
 from . import mla_attention as M
 

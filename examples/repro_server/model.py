@@ -9,7 +9,7 @@ the paged FP8 pool; a second GEMM maps ``heads x 512`` back to the hidden size. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 

@@ -21,7 +21,6 @@ import hmac
 import json
 import logging
 import queue
-import threading
 import time
 import uuid
 from http import HTTPStatus

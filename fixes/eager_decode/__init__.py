@@ -104,7 +104,7 @@ class EagerDecodeFix(LaunchFlagFix):
         seen = batch_sizes(f, env)
         mflag = max_bs_flag(args, current) if engine == "sglang" else MAX_BS.flag
         if engine == "sglang" and args and mflag.lstrip("-").replace("-", "_") not in args and seen:
-            return Decision([], refused=f"the server's /server_info has neither cuda_graph_max_bs nor "
+            return Decision([], refused="the server's /server_info has neither cuda_graph_max_bs nor "
                                         "cuda_graph_max_bs_decode: perfscope does not know this version's max "
                                         "batch size flag; nothing changed")
         cur = as_value(current.get(mflag))

@@ -126,8 +126,8 @@ def _server_args(a):
     for f in dataclasses.fields(sa.ServerArgs):
         if f.default is not dataclasses.MISSING:
             d[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            d[f.name] = f.default_factory()  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            d[f.name] = f.default_factory()
     sa.set_global_server_args_for_scheduler(types.SimpleNamespace(**d))
 
 

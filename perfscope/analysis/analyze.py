@@ -192,7 +192,7 @@ def pass_buckets(st: State) -> None:
         exposed = sum(m.comm_exposed_ms for m in st.metrics) / len(st.metrics)
         comm["exposed_ms_per_step"] = round(exposed, 4)
         comm["overlapped_share"] = round(max(0.0, 1 - exposed / comm["ms_per_step"]), 4)
-    sub = defaultdict(float)
+    sub: defaultdict = defaultdict(float)
     kern = st.trace.kernels
     pair = kernel_table(st.trace).pair  # classify(name, kind) of each kernel, once per distinct name
     labels: dict = {}  # (bucket, sub-bucket) -> "bucket/sub-bucket"

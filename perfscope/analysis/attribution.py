@@ -12,7 +12,6 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import msgspec
 
 from perfscope.analysis.kernel_table import launches_by_corr
 from perfscope.analysis.steps import is_graph_launch

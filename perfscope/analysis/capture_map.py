@@ -276,7 +276,7 @@ class ReplayMap:
             if k.corr in graph_corrs:
                 groups[k.corr].append(k)
         cache: dict[tuple, Optional[GraphMatch]] = {}
-        for corr, ks in groups.items():
+        for ks in groups.values():
             rep = [node_key(k.name, k.kind) for k in ks]
             sig = tuple(rep)
             if sig not in cache:

@@ -71,7 +71,7 @@ def cpu_ops_as_kernels(trace: Trace) -> list[Kernel]:
         by_tid.setdefault((o.pid, o.tid), []).append(o)
     out: list[Kernel] = []
     uid = 0
-    for (pid, tid), ops in by_tid.items():
+    for (_pid, tid), ops in by_tid.items():
         stream = thread_stream(tid)
         for i, s, e in self_time_pieces(ops):
             o = ops[i]

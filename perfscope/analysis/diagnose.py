@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from perfscope.analysis.parallel import available_memory, json_bytes, plan_workers
 from perfscope.analysis.result import Diagnosis, RankAnalysis
@@ -18,9 +18,9 @@ def _worker(args: tuple) -> dict:
     return rank_task(*args)
 
 
-def diagnose(paths: list[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
+def diagnose(paths: Sequence[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
              on_done: Optional[Callable[[int, int], None]] = None,
-             capture: Optional[list[str | Path]] = None,
+             capture: Optional[Sequence[str | Path]] = None,
              on_read: Optional[Callable[[int, int], None]] = None) -> Diagnosis:
     """Analyse every trace under ``paths``; several files are parsed in parallel processes.
     ``on_read(bytes_done, bytes_total)`` follows the reading of a file analysed in this process;

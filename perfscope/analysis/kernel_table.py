@@ -27,7 +27,12 @@ class KernelTable:
 
     def __init__(self, trace: Trace):
         seen: dict = {}
-        pair, bucket, gemm, sort, keys, first = [], [], [], [], [], []
+        pair: list = []
+        bucket: list = []
+        gemm: list = []
+        sort: list = []
+        keys: list = []
+        first: list = []
         for n, k in enumerate(trace.kernels):
             key = (k.name, k.kind)
             row = seen.get(key)

@@ -23,7 +23,7 @@ _LAMBDA_FN = re.compile(r"(?:native::|fbgemm_gpu::)(\w+)(?:<[^<>()]*>)?\((?:at::
 def _demangle_idents(name: str) -> str:
     """Read the nested identifiers of an Itanium-mangled name (no templates): good enough to read."""
     s = _MANGLED.sub("", name)
-    parts = []
+    parts: list[str] = []
     i = 0
     while i < len(s) and len(parts) < 4:
         m = re.match(r"(\d+)", s[i:])
@@ -73,7 +73,9 @@ _MANGLED_IDENT = re.compile(r"(?<!\d)(?=(\d+)([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def _split_top(args: str) -> list[str]:
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in args:
         if ch in "<(":
             depth += 1

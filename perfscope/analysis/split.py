@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.result import Diagnosis, RankAnalysis
@@ -34,7 +34,7 @@ class Plan:
 
     tset: TraceSet
     config: dict
-    capture: Optional[list]
+    capture: Optional[Sequence]
 
     @property
     def files(self) -> list[TraceFile]:
@@ -64,8 +64,8 @@ def run_config(tset: TraceSet, config: Optional[dict] = None, *, host_timing: bo
     return cfg
 
 
-def prepare(paths: list[str | Path], config: Optional[dict] = None,
-            capture: Optional[list[str | Path]] = None) -> Plan:
+def prepare(paths: Sequence[str | Path], config: Optional[dict] = None,
+            capture: Optional[Sequence[str | Path]] = None) -> Plan:
     """The files under ``paths`` and what each rank task needs beside its file."""
     tset = discover(paths)
     cfg = run_config(tset, config)

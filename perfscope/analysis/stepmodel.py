@@ -105,7 +105,7 @@ class StepReplay:
         # the launches' kernels, and the launch-to-start of kernels that started on an idle stream
         graph_of: dict = {}  # launch name -> is_graph_launch
         lk = []
-        lat = []
+        lat: list = []
         prev_end: dict = {}
         eager = False  # a kernel of the step has a launch of its own (not a graph replay)
         corr = cached = None  # the previous kernel's correlation id and (launch, graph?, its kernels)
@@ -263,7 +263,7 @@ class StepReplay:
 
         kernels_of = {id(l): ks for l, ks in launched.values()}
         prev_launch: dict = {}  # stream -> CPU time of the previous launch on it
-        paired = {}
+        paired: dict = {}
         for i, k, l, g in self._lk:
             if l is None:
                 continue
@@ -293,7 +293,7 @@ class StepReplay:
         # a kernel can also wait for the SMs another stream's kernel holds: it starts as that kernel's
         # last wave drains, before its end (two GEMMs on two streams run one after the other)
         tail = 0.25
-        dep = {}
+        dep: dict = {}
         prev_end: dict = {}
         for i, k, l, g in self._lk:
             pe = prev_end.get(k.stream)
@@ -453,7 +453,7 @@ class StepReplay:
         first = inf
         latency = self.latency_us
         api = timeline == "launch-api"
-        for n, (th, lts, ldur, lend, o, oid, graph, launched, wait_extra, _, kplan) in enumerate(events):
+        for n, (th, lts, ldur, lend, o, oid, _graph, launched, wait_extra, _, kplan) in enumerate(events):
             if api:
                 t = clock.get(th, lts)
                 lo = lts - 1e12

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 from urllib.parse import urlparse
 
 from perfscope import rundir
@@ -396,7 +396,7 @@ def _is_table(name: str) -> bool:
     return name.endswith("profiler_out.txt") and not name.startswith(".")
 
 
-def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces: list[str] = (),
+def _fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces: Sequence[str] = (),
                   wait_s: float = 0.0, say=None) -> list[str]:
     """Copy the op tables vLLM wrote with this profile (new or rewritten since it was armed) to
     ``out_dir/profiler_tables/``; returns their paths relative to ``out_dir``. vLLM rewrites them

@@ -10,7 +10,6 @@ import inspect
 from typing import Callable, Optional, Sequence
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.text import Text

@@ -312,8 +312,11 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
     order = list(nodes)  # ray.nodes() order: stable for a cluster
     files: list[tuple[TraceFile, dict, str]] = []
     run_dir, run_info, host_timing_files, ht_node = None, {}, [], None
-    skipped, capture, frontend, dups = [], [], [], []
-    for k, p in enumerate(strs):
+    skipped: list = []
+    capture: list = []
+    frontend: list = []
+    dups: list = []
+    for k in range(len(strs)):
         found = [(n, replies[n]["paths"][k]) for n in order if "tset" in replies[n]["paths"][k]]
         if not found:
             why = next(iter(replies.values()))["paths"][k]["error"]

@@ -60,7 +60,7 @@ def apply_edits(data: bytes, edits: Sequence[Edit]) -> bytes:
     """Splice ``edits`` into ``data``. Edits must not overlap."""
     idx = SourceIndex(data)
     spans = sorted(((idx.offset(e.start), idx.offset(e.end), e) for e in edits), key=lambda t: (t[0], t[1]))
-    for (a0, a1, ea), (b0, b1, eb) in zip(spans, spans[1:]):
+    for (_a0, a1, ea), (b0, _b1, eb) in zip(spans, spans[1:]):
         if b0 < a1:
             raise ValueError(f"overlapping edits: {ea.why!r} and {eb.why!r}")
     out = bytearray()

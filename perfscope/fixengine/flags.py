@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from perfscope.fixengine.launch import (
-    FlagChange,
     LaunchCommand,
     LaunchParseError,
     edit_flags,
@@ -90,7 +89,7 @@ class LaunchFlagFix(FixModule):
 
     def current_from_server(self, engine: str, env: Environment) -> dict:
         """The flags as /server_info reports them (the running server's state)."""
-        out = {}
+        out: dict = {}
         for f in self.flags.get(engine, ()):
             if not f.key or f.key not in env.server_args:
                 out[f.flag] = None

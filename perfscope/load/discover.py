@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from perfscope.errors import InputError
 from perfscope.rundir import FRONTEND_NOTE, HOST_TIMING_DIR, RUN_FILE, parse_trace_name, read_run
@@ -131,7 +131,7 @@ def _describe(p: Path) -> TraceFile:
     return TraceFile(path=p, rank=info["rank"], stage=info["stage"], role=info["role"])
 
 
-def discover(paths: list[str | Path]) -> TraceSet:
+def discover(paths: Sequence[str | Path]) -> TraceSet:
     """Expand paths into trace files (sorted by rank, then name). Nothing usable -> InputError."""
     files: list[TraceFile] = []
     run_dir: Optional[Path] = None
@@ -187,7 +187,7 @@ def discover(paths: list[str | Path]) -> TraceSet:
     unique: list[TraceFile] = []
     duplicates: list[dict] = []
     for f in files:
-        keys = [("path", str(f.path.resolve()))]
+        keys: list[tuple[str, object]] = [("path", str(f.path.resolve()))]
         if len(files) > 1:
             keys.append(("bytes", _fingerprint(f.path)))
         hit = next((seen[k] for k in keys if k in seen), None)

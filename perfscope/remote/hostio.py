@@ -190,7 +190,7 @@ def parse_nvidia_smi(text: str) -> list[dict]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != len(NVSMI_FIELDS):
             continue
-        g = {}
+        g: dict = {}
         for (_, key, typ), val in zip(NVSMI_FIELDS, parts):
             if val in ("", "[N/A]", "N/A", "[Not Supported]"):
                 g[key] = None
@@ -413,7 +413,7 @@ class SSHHost(HostIO):
 
     def alive(self):
         try:
-            self.s.transport
+            self.s.transport  # noqa: B018 (the property raises RemoteError once the session is closed)
         except RemoteError:
             return False
         return True

@@ -67,7 +67,7 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             out.append(f"| {_text(b)} | {wording.ms(v['ms_per_step'])} | {wording.pct(v['share'])} |")
     if p.idle_ms_per_step:
         out.append(f"| ({'idle' if cpu else 'GPU idle'} in step) | {wording.ms(p.idle_ms_per_step)} | |")
-    out += ["", f"**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
+    out += ["", "**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
     for o in p.ops[:top]:
         out.append(f"| {_code(o['short'], in_table=True)} | {_text(o['bucket'])} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
                    f"{wording.per_step_count(o['count_per_step'])} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")

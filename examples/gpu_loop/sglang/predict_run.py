@@ -105,7 +105,6 @@ def main() -> int:
         rc, so, se = perfscope(name, args, timeout=240)
         return {"rc": rc, "dir": str(dest), "stderr": se[-400:] if rc else ""}
 
-    procs: dict = {}
     runs = work / "runs"
     try:
         if a.no_server:

@@ -94,7 +94,7 @@ for mode in () if ROWS_ONLY else ("eager", "graph"):
     gz(p, p + ".gz")
     res[f"step_ms_{mode}"] = ev
     print(mode, "step ms", [round(v, 2) for v in ev], flush=True)
-del bufs
+bufs = []  # frees the pool buffers before part 2
 torch.cuda.empty_cache()
 
 # ---------------------------------------------------------------- 2. the pages conversion under a CUDA graph

@@ -3,7 +3,6 @@ attention, dense/MoE layers in every spelling, sliding-window layers, nested ``t
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -171,8 +170,6 @@ def parse_model(cfg: dict, *, server_quant: Optional[str] = None, server_dtype: 
 def load_model_config(path: Path) -> dict:
     """Read a config.json for ``--model-config`` (one-line errors)."""
     from perfscope.util import jsonio
-
-    from perfscope.errors import InputError
 
     cfg = jsonio.read(path, "model config: a JSON object, a Hugging Face config.json", expect=dict)
     if not any(k in cfg for k in _MODEL_KEYS):

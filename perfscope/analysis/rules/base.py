@@ -126,6 +126,12 @@ class Rule:
     # rules that also hold for model forwards outside a serving engine (phase `inference`, RuleContext.server False)
     forwards: ClassVar[bool] = False
 
+    @classmethod
+    def applies(cls, ctx: RuleContext) -> bool:
+        """Whether this rule's cause is present in ``ctx`` (the registry's YIELDS_TO: a rule that yields
+        to this one is not checked where it applies); a rule no other yields to keeps this default."""
+        return False
+
     def check(self, ctx: RuleContext) -> Optional[Finding]:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -182,7 +182,8 @@ def graph_kept_host(trace, steps) -> Optional[dict]:
     for tid, v in frames.items():
         v.sort(key=lambda f: f.ts)
         fts[tid] = [f.ts for f in v]
-    kept, names = [], Counter()
+    kept: list = []
+    names: Counter = Counter()
     for a, b in zip(dec, dec[1:]):
         if b.index != a.index + 1:
             continue

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import paramiko
 
-from perfscope.errors import InputError, RemoteError
+from perfscope.errors import InputError
 from perfscope.remote.ssh.errors import AuthRefused, HostKeyChanged, HostKeyUnknown, HostUnreachable
 from perfscope.remote.ssh.hostkeys import KnownHostsPolicy, _known_hosts_files, fingerprint, load_lines, prefer_known
 from perfscope.remote.ssh.session import SSHSession

@@ -11,7 +11,6 @@ import shlex
 import stat as stat_mod
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import paramiko
