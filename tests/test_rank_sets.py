@@ -76,7 +76,7 @@ def test_a_rank_late_in_every_step_is_a_straggler_when_every_step_is_noisy():
     # step, the common slowdown cancels out.
     from types import SimpleNamespace
 
-    from perfscope.analysis.diagnose import _noise, _paired_noise, straggler
+    from perfscope.analysis.split import _noise, _paired_noise, straggler
 
     steps = {0: [671.9, 425.5, 687.7, 382.3, 778.4, 703.0, 447.0, 522.1, 896.6, 610.9],
              1: [938.4, 813.6, 1089.7, 797.7, 1180.5, 1131.5, 848.8, 936.5, 1298.4, 1064.1]}

@@ -674,6 +674,8 @@ def test_unexpected_exception_is_exit_70_one_line(tmp_path, capsys, monkeypatch)
 
     def boom(*a, **k):
         raise ZeroDivisionError("a bug")
+    # both ways the reader decodes a file: in pieces, and whole (the layouts the pieces do not cover)
+    monkeypatch.setattr(reader, "_stream", boom)
     monkeypatch.setattr(reader, "parse", boom)
     rc, _, err = run_cli(["diagnose", str(SMALL), "--workers", "1"], capsys)
     assert rc == 70 and "internal error, run with PERFSCOPE_DEBUG=1 for the traceback" in one_line(err)
