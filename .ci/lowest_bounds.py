@@ -16,7 +16,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-SKIP = {"triton", "ray", "playwright", "ruff", "mypy"}
+SKIP = {"triton", "ray", "playwright", "ruff", "mypy", "import-linter"}  # the linters run in the main test venv
 REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*>=\s*([^,;\s]+)\s*(;.*)?$")
 
 

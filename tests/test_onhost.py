@@ -209,24 +209,31 @@ def _job_pids(job_marker: str) -> list[int]:
     return out
 
 
+def _kill_the_next_analysis(within_s: float) -> tuple[threading.Thread, list[int]]:
+    """A thread that SIGKILLs the first on-host analysis started after this call (as the OOM killer or a
+    dying node does), watching for up to ``within_s``; the list receives its pid."""
+    before = set(_job_pids(onhost.JOB_PREFIX))
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline and not killed:
+            for pid in set(_job_pids(onhost.JOB_PREFIX)) - before:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    return t, killed
+
+
 def test_killed_analysis_is_one_line(sshd, tmp_path):
     """The host's Python killed mid-run (SIGKILL, as the OOM killer or a dying node does): one line, no
     results stored, no hang."""
     s, io = _host(sshd)
     run, _ = _four_ranks(tmp_path, s.target.label, n=8)
-    before = set(_job_pids(onhost.JOB_PREFIX))
-    killed: list[int] = []
-
-    def killer():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not killed:
-            for pid in set(_job_pids(onhost.JOB_PREFIX)) - before:
-                os.kill(pid, signal.SIGKILL)  # the analysis this test started
-                killed.append(pid)
-            time.sleep(0.02)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    t, killed = _kill_the_next_analysis(60)
     with s, pytest.raises(RemoteError) as ei:
         onhost.analyse_run(io, run, python=PY, label=s.target.label)
     t.join(5)
@@ -342,19 +349,7 @@ def test_trace_whose_host_analysis_dies_keeps_the_list_of_traces(sshd, repro_ser
 
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
-    before = set(_job_pids(onhost.JOB_PREFIX))
-    killed: list[int] = []
-
-    def killer():
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not killed:
-            for pid in set(_job_pids(onhost.JOB_PREFIX)) - before:
-                os.kill(pid, signal.SIGKILL)  # the analysis this test's trace started
-                killed.append(pid)
-            time.sleep(0.01)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    t, killed = _kill_the_next_analysis(180)
     rc, _, err = run_cli(
         ["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
          "--known-hosts", str(sshd.known_hosts), "--port", str(repro_server), "--steps", "4", "--input-len", "16",

@@ -23,7 +23,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -176,13 +175,7 @@ def main() -> int:
             S["reverted_byte_identical"] = launch.read_text() == S.get("launch_before")
         S["total_s"] = h.now()
         h.save()
-        with tarfile.open(out / "logs.tar.gz", "w:gz") as tf:
-            tf.add(h.logs, arcname="logs")
-            if (work / "fixrun").is_dir():
-                tf.add(work / "fixrun", arcname="fixrun")
-        if runs.is_dir():
-            with tarfile.open(out / "runs.tar", "w") as tf:
-                tf.add(runs, arcname="runs")
+        h.pack((work / "fixrun",), runs)
     return 0 if not S.get("error") else 1
 
 

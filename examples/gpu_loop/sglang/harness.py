@@ -48,6 +48,20 @@ class Harness:
     def log(self, m: str) -> None:
         print(f"[{self.now():6.1f}s] {m}", flush=True)
 
+    def pack(self, extra: tuple = (), runs: Optional[Path] = None) -> None:
+        """OUT/logs.tar.gz: WORK/logs, and each existing path of ``extra`` under its own name; OUT/runs.tar:
+        the run folders under ``runs`` (when it exists), as ``runs/``."""
+        import tarfile
+
+        with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tf:
+            tf.add(self.logs, arcname="logs")
+            for f in extra:
+                if Path(f).exists():
+                    tf.add(f, arcname=Path(f).name)
+        if runs is not None and runs.is_dir():
+            with tarfile.open(self.out / "runs.tar", "w") as tf:
+                tf.add(runs, arcname="runs")
+
     def run(self, name: str, argv: list, timeout: float = 120, env: Optional[dict] = None,
             margin: float = 5) -> tuple[int, str, str]:
         timeout = max(5.0, min(timeout, self.left() - margin))

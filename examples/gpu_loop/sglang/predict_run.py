@@ -31,7 +31,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
 from pathlib import Path
@@ -232,15 +231,7 @@ def main() -> int:
         S["reverted_byte_identical"] = target.read_bytes() == original
         S["total_s"] = h.now()
         h.save()
-        with tarfile.open(out / "logs.tar.gz", "w:gz") as tf:
-            tf.add(h.logs, arcname="logs")
-            for f in sorted(work.glob("*.sh")):
-                tf.add(f, arcname=f.name)
-            if (work / "fixrun").is_dir():
-                tf.add(work / "fixrun", arcname="fixrun")
-        if runs.is_dir():
-            with tarfile.open(out / "runs.tar", "w") as tf:
-                tf.add(runs, arcname="runs")
+        h.pack((*sorted(work.glob("*.sh")), work / "fixrun"), runs)
     return 0 if not S.get("error") else 1
 
 
