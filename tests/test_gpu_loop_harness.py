@@ -5,6 +5,7 @@ the archives it brings back are what the results folders hold."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tarfile
 import time
@@ -45,3 +46,12 @@ def test_pack_without_runs_writes_no_runs_archive(tmp_path):
     h = Harness(tmp_path / "out", tmp_path / "work", deadline=60, t0=time.monotonic(), summary={})
     h.pack((), tmp_path / "work" / "runs")
     assert (tmp_path / "out" / "logs.tar.gz").is_file() and not (tmp_path / "out" / "runs.tar").exists()
+
+
+def test_bench_of_an_unreachable_server_records_the_failure_and_writes_no_bench(tmp_path):
+    h = Harness(tmp_path / "out", tmp_path / "work", deadline=60, t0=time.monotonic(), summary={}, steps=True)
+    w = {"input_len": 8, "output_len": 4}
+    r = h.bench("bench-dead", sys.executable, dict(os.environ, PYTHONPATH=str(REPO)), "http://127.0.0.1:9", w, 1, 1,
+                tmp_path / "dest")
+    assert r["rc"] != 0 and r["stderr"] and r["concurrency"] == 1 and r["tpot_per_request"] == []
+    assert not (tmp_path / "dest" / "bench.json").exists()

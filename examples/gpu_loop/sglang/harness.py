@@ -62,6 +62,32 @@ class Harness:
             with tarfile.open(self.out / "runs.tar", "w") as tf:
                 tf.add(runs, arcname="runs")
 
+    def bench(self, name: str, py: str, env: dict, url: str, w: dict, n: int, conc: int,
+              dest: Optional[Path] = None) -> dict:
+        """``perfscope bench`` of ``n`` requests of workload ``w`` at ``conc``: its numbers and each request's
+        TPOT (the whole JSON in ``dest``/bench.json when given and it ran)."""
+        rc, so, se = self.run(name, [py, "-m", "perfscope", "bench", "--url", url, "--input-len", w["input_len"],
+                                     "--output-len", w["output_len"], "--num-requests", n, "--concurrency", conc,
+                                     "--warmup", 1, "--json"], timeout=150, env=env)
+        b = parse_json(so, None) or {"rc": rc, "stderr": se[-600:]}
+        if dest is not None and rc == 0:
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / "bench.json").write_text(json.dumps(b, indent=1))
+        r = {k: b.get(k) for k in ("tpot_ms", "itl_p50_ms", "ttft_ms", "requests", "failed", "throughput_tok_s",
+                                   "rc", "stderr") if k in b}
+        r["tpot_per_request"] = [round(q["tpot_ms"], 4) for q in b.get("per_request") or [] if q.get("tpot_ms")]
+        return r | {"concurrency": conc}
+
+    def trace(self, name: str, py: str, env: dict, url: str, w: dict, conc: int, dest: Path,
+              bench_n: int = 0) -> dict:
+        """``perfscope trace`` of 8 steps into ``dest`` (``bench_n`` > 0: the bench and the GPU-only
+        host-timing profile first)."""
+        args = ["trace", "--url", url, "--steps", 8, "--input-len", w["input_len"], "--output-len", w["output_len"],
+                "--concurrency", conc, "--out", dest, "--timeout", 90, "--json", "--bench", bench_n] + \
+               ([] if bench_n else ["--no-host-timing"])
+        rc, so, se = self.run(name, [py, "-m", "perfscope", *args], timeout=240, env=env)
+        return {"rc": rc, "dir": str(dest), "stderr": se[-400:] if rc else ""}
+
     def run(self, name: str, argv: list, timeout: float = 120, env: Optional[dict] = None,
             margin: float = 5) -> tuple[int, str, str]:
         timeout = max(5.0, min(timeout, self.left() - margin))

@@ -85,24 +85,10 @@ def main() -> int:
         return h.run(name, [py, "-m", "perfscope", *args], timeout=timeout, env=env)
 
     def bench(name: str, port: int, w: dict, n: int, conc: int, dest: Path | None = None) -> dict:
-        rc, so, se = perfscope(name, ["bench", "--url", f"http://127.0.0.1:{port}", "--input-len", w["input_len"],
-                                      "--output-len", w["output_len"], "--num-requests", n, "--concurrency", conc,
-                                      "--warmup", 1, "--json"], timeout=150)
-        b = _json(so, None) or {"rc": rc, "stderr": se[-600:]}
-        if dest is not None and rc == 0:
-            dest.mkdir(parents=True, exist_ok=True)
-            (dest / "bench.json").write_text(json.dumps(b, indent=1))
-        r = {k: b.get(k) for k in ("tpot_ms", "itl_p50_ms", "ttft_ms", "requests", "failed", "throughput_tok_s",
-                                   "rc", "stderr") if k in b}
-        r["tpot_per_request"] = [round(q["tpot_ms"], 4) for q in b.get("per_request") or [] if q.get("tpot_ms")]
-        return r | {"concurrency": conc}
+        return h.bench(name, py, env, f"http://127.0.0.1:{port}", w, n, conc, dest)
 
     def trace(name: str, port: int, w: dict, conc: int, dest: Path, bench_n: int = 0) -> dict:
-        args = ["trace", "--url", f"http://127.0.0.1:{port}", "--steps", 8, "--input-len", w["input_len"],
-                "--output-len", w["output_len"], "--concurrency", conc, "--out", dest, "--timeout", 90, "--json",
-                "--bench", bench_n] + ([] if bench_n else ["--no-host-timing"])
-        rc, so, se = perfscope(name, args, timeout=240)
-        return {"rc": rc, "dir": str(dest), "stderr": se[-400:] if rc else ""}
+        return h.trace(name, py, env, f"http://127.0.0.1:{port}", w, conc, dest, bench_n)
 
     runs = work / "runs"
     try:
