@@ -17,10 +17,10 @@ from perfscope import rundir
 from perfscope.remote.hostio import (
     LocalHost,
     SSHHost,
-    _listen_pid,
     gzip_intact_local,
     parse_nvidia_smi,
 )
+from perfscope.remote.hostio.probes import listen_pid
 from perfscope.capture.options import TraceOptions
 from perfscope.capture.trace import host_dirname
 from perfscope.capture.wait import expected_files, wait_complete
@@ -145,8 +145,8 @@ def test_nvidia_smi_and_ss_parsing():
     assert g[0]["name"] == "NVIDIA H200" and g[0]["clocks_sm_mhz"] == 1980.0 and g[0]["index"] == 0
     ss = 'LISTEN 0 2048 0.0.0.0:30000 0.0.0.0:* users:(("python3",pid=4242,fd=7))\n' \
          'LISTEN 0 128 127.0.0.1:300000 0.0.0.0:* users:(("x",pid=1,fd=3))\n'
-    assert _listen_pid(ss, 30000) == 4242
-    assert _listen_pid("LISTEN 0 5 [::]:30000 [::]:* users:((\"p\",pid=9,fd=1))", 30000) == 9
+    assert listen_pid(ss, 30000) == 4242
+    assert listen_pid("LISTEN 0 5 [::]:30000 [::]:* users:((\"p\",pid=9,fd=1))", 30000) == 9
 
 
 def _grow(path: Path, data: bytes, chunks: int, delay: float) -> threading.Thread:
@@ -266,14 +266,15 @@ def test_versions_probe_reads_torchs_cuda_without_importing_torch(engine):
 
     from real_engines import engine_python
 
-    from perfscope.remote.hostio import _VERSIONS_PY, LocalHost
+    from perfscope.remote.hostio import LocalHost
+    from perfscope.remote.hostio.probes import VERSIONS_PY
 
     py = str(engine_python(engine))
     v = LocalHost().python_versions([py], want="torch")
     real = subprocess.run([py, "-c", "import json, torch; print(json.dumps([torch.version.cuda, "
                            "getattr(torch.version, 'hip', None)]))"], capture_output=True, text=True, timeout=300)
     assert [v["cuda"], v["hip"]] == json.loads(real.stdout) and v["torch"] and v["interpreter"] == py
-    probe = subprocess.run([py, "-c", _VERSIONS_PY + "\nimport sys; print('torch' in sys.modules)"],
+    probe = subprocess.run([py, "-c", VERSIONS_PY + "\nimport sys; print('torch' in sys.modules)"],
                            capture_output=True, text=True, timeout=120)
     assert probe.stdout.split()[-1] == "False"
 
@@ -294,7 +295,8 @@ def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_pat
     import tracemalloc
 
     from perfscope.capture.trace import Endpoint, _copy_back
-    from perfscope.remote.hostio import _COMPLETE_CHECK_PY, RemoteFile
+    from perfscope.remote.hostio import RemoteFile
+    from perfscope.remote.hostio.traces import COMPLETE_CHECK_PY
 
     data = OWL_GZ.read_bytes()
     assert len(gzip.decompress(data)) > 50 << 20  # a 1 MB block of it inflates to ~20 MB
@@ -316,7 +318,7 @@ def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_pat
     assert files[0]["bytes"] == len(data)
     assert peak < WORKING_SET, f"{peak:,} bytes held copying and checking {len(data):,} bytes"
     # the same check as the host runs it over SSH (python3 there), in a process of its own
-    probe = subprocess.run([sys.executable, "-X", "tracemalloc", "-c", _COMPLETE_CHECK_PY +
+    probe = subprocess.run([sys.executable, "-X", "tracemalloc", "-c", COMPLETE_CHECK_PY +
                             "\nimport tracemalloc; print(tracemalloc.get_traced_memory()[1])", str(src),
                             str(tmp_path / "run" / "missing.trace.json.gz")],
                            capture_output=True, text=True, timeout=120)

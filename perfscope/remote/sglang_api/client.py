@@ -1,18 +1,5 @@
-"""A small HTTP client for the parts of SGLang's server API that perfscope uses.
-
-Works against any base URL (``http://host:port``, ``host:port``, or the local end of an SSH port
-forward). Standard library only (``http.client``): one connection per call, so a client can be
-shared by many threads. The Bearer API key is sent in a header and never appears in a message,
-a log line or ``repr``.
-
-Endpoints, as SGLang serves them (field-facts §1):
-
-* ``/server_info`` (0.5.10+), else ``/get_server_info`` (all versions): flattened server args
-  plus ``version``;
-* ``/start_profile`` / ``/stop_profile`` (GET or POST; a JSON ``ProfileReqInput`` body). 0.4.7+
-  replies at once, so callers poll the output folder; stopping when none runs is an error;
-* ``/generate`` with ``stream: true``: SSE ``data: {json}`` frames, then ``data: [DONE]``.
-"""
+"""The SGLang HTTP client (:class:`SGLangClient`): the base URL it parses, the requests it bounds, the
+endpoints perfscope uses, the SSE frames of a streamed /generate."""
 
 from __future__ import annotations
 
@@ -27,72 +14,11 @@ from urllib.parse import urlsplit
 
 from perfscope.errors import InputError, RemoteError, StreamStall
 from perfscope.remote.httpbound import Deadline, read_capped, readline_capped
+from perfscope.remote.sglang_api.errors import HTTPStatusError, ServerDown, Unauthorized, message_of
+from perfscope.remote.sglang_api.profiling import PROFILE_FIELDS
 from perfscope.util import limits
 
-try:  # the SSH engineer's error type, so that `trace` can tell "nothing listens" from other failures
-    from perfscope.remote.ssh import ServerDown
-except Exception:  # pragma: no cover - ssh.py needs paramiko, a core dependency
-
-    class ServerDown(RemoteError):  # type: ignore[no-redef]
-        """Nothing answers at the server's address."""
-
-
-class HTTPStatusError(RemoteError):
-    """The server answered with an HTTP error status."""
-
-    def __init__(self, message: str, *, status: int, body: str = "", hint: str | None = None):
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.body = body
-
-
-class Unauthorized(HTTPStatusError):
-    """401/403: the API key is missing or wrong."""
-
-
 _ERROR_BODY_BYTES = 64 * 1024
-PROFILE_FIELDS = ("output_dir", "num_steps", "activities", "with_stack", "record_shapes", "profile_by_stage",
-                  "profile_prefix", "start_step", "merge_profiles", "profile_id", "profile_stages")
-
-
-def server_has_gpu(info: Optional[dict], gpus: Optional[list] = None) -> bool:
-    """Whether the server runs on a GPU: its ``device`` (SGLang's server arg) says so, or
-    nvidia-smi on its host listed one. A server that says ``device: cpu`` has none."""
-    dev = str((info or {}).get("device") or "").lower()
-    if dev:
-        return dev not in ("cpu",)
-    return bool(gpus)
-
-
-def profile_activities(info: Optional[dict], gpus: Optional[list] = None) -> list[str]:
-    """What perfscope asks the profiler to record: CPU ops always, GPU kernels where there is a GPU.
-    Never ``MEM``: torch's CUDA memory history on a host without a GPU kills the whole SGLang
-    server (0.5.23: ``Found no NVIDIA driver``)."""
-    return ["CPU", "GPU"] if server_has_gpu(info, gpus) else ["CPU"]
-
-
-# What a GPU trace leaves behind in the server's process (issue 15 follow-up, h23): Kineto, the torch
-# profiler's backend, finalizes CUPTI at the end of a trace only when the server's environment has
-# TEARDOWN_CUPTI=1 (libkineto's cuptiTearDown_); otherwise CUPTI stays attached until the process
-# ends. Measured on the pages-patched real SGLang 0.5.13 on an H200 (batch 1, host-bound,
-# examples/gpu_loop/results/h200-2026-12-01-sglang/slowdown): no profile left running and no
-# profiler thread using CPU, but the fastest per-request TPOT went from 1.03 ms before the first
-# trace to 1.20 ms after it (70 requests), the scheduler's fastest 40-step window from 1.04 to
-# 1.18 ms. perfscope cannot detach CUPTI from outside the process; it says so.
-GPU_TRACE_AFTER_NOTE = (
-    "a GPU trace leaves CUPTI attached to the server's process: a host-bound server can stay slower until "
-    "it restarts (real SGLang on an H200, batch 1: TPOT 1.07-1.68 ms before a trace, 1.45-1.92 ms after). "
-    "TEARDOWN_CUPTI=1 in the server's environment is no cure there: torch 2.11 / CUDA 13 servers started "
-    "with it wrote GPU traces without a single kernel. For a before/after speed comparison, bench before "
-    "tracing (trace --bench does) or after a restart.")
-
-
-def gpu_trace_after_note(activities: Optional[list] = None, gpu_server: bool = False) -> Optional[str]:
-    """The note for a trace that recorded GPU activity (``activities`` holds GPU, or the engine
-    configures its own profiler and the server has a GPU: vLLM); None for a CPU-only trace."""
-    if any(str(a).upper() in ("GPU", "CUDA") for a in activities or []) or (activities is None and gpu_server):
-        return GPU_TRACE_AFTER_NOTE
-    return None
 
 
 def parse_base_url(url: str) -> tuple[str, str, int, str]:
@@ -123,23 +49,6 @@ class StreamFrame:
     t: float  # time.perf_counter() when the frame was read
     data: dict
 
-
-def _message_of(body: bytes) -> str:
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return " ".join(text.split())[:300]
-    if isinstance(obj, dict):
-        for k in ("message", "error", "detail"):
-            v = obj.get(k)
-            if isinstance(v, dict):
-                v = v.get("message") or json.dumps(v)
-            if isinstance(v, list):
-                v = "; ".join(str(x.get("msg", x)) if isinstance(x, dict) else str(x) for x in v)
-            if v:
-                return " ".join(str(v).split())[:300]
-    return " ".join(text.split())[:300]
 
 
 class SGLangClient:
@@ -211,7 +120,7 @@ class SGLangClient:
                 raw = b""
             watch.done()
             conn.close()
-            msg = _message_of(raw) or resp.reason
+            msg = message_of(raw) or resp.reason
             cls = Unauthorized if resp.status in (401, 403) else HTTPStatusError
             hint = " (wrong or missing API key)" if cls is Unauthorized else ""
             raise cls(f"{method} {path} -> HTTP {resp.status}{hint}: {msg}", status=resp.status,
