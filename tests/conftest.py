@@ -1,8 +1,9 @@
 # Shared fixtures live in plugin modules beside this file (tests/ is on sys.path for conftest).
-# browser: one Chromium (session) for every module that uses it; bigtrace: the 120-step eager trace.
+# browser: one Chromium (session) for every module that uses it; bigtrace: the 120-step eager trace;
+# profileserver: the profile server stand-in of the trace, signal and capture tests.
 import pytest
 
-pytest_plugins = ["sshd", "real_engines", "browser", "bigtrace"]
+pytest_plugins = ["sshd", "real_engines", "browser", "bigtrace", "profileserver"]
 
 # A test that uses one of these fixtures starts a real server, a real sshd or Chromium, or builds the
 # 171 MB trace: it is marked `slow` here (`pytest -m "not slow"` leaves it out). Tests that start such

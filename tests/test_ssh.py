@@ -263,7 +263,7 @@ def test_files_roundtrip_sha256_and_atomic_write(sshd, tmp_path):
 def test_accept_new_never_records_a_name_ssh_would_not_write(sshd, tmp_path):
     """ssh's check_host_key goes read-only for a host name with any of @?*#[]|'"\\ (a pattern in
     known_hosts); so does perfscope. No such name resolves, so the policy is called directly with
-    the real host key; the connect path itself is covered by test_redteam's rt02 table."""
+    the real host key; the connect path itself is covered by test_hostkeys.py's table."""
     import paramiko
 
     from perfscope.remote.ssh.hostkeys import KnownHostsPolicy, load_lines

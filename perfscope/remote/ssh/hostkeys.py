@@ -15,7 +15,7 @@ recorded a *changed* key. perfscope therefore reads known_hosts itself, with Ope
   and a new key is written to the first user file; lines that do not parse are skipped, as ssh does.
 
 The decision is OpenSSH 9.2's ``check_host_key`` (sshconnect.c) over ``check_key_in_hostkeys``
-(hostfile.c), checked against the real ``ssh -o BatchMode=yes`` in tests/test_redteam.py:
+(hostfile.c), checked against the real ``ssh -o BatchMode=yes`` in tests/test_hostkeys.py:
 
 * of the plain lines matching the name, one with the offered key: OK; else any plain line (of
   any key type, ssh does not tell types apart here): CHANGED, refused in every mode; else NEW;
