@@ -15,7 +15,7 @@ import pytest
 from paths import H200, json_of
 
 from perfscope.errors import InputError
-from perfscope.load import reader
+from perfscope.load import inflate, reader
 
 
 def _norm(t):
@@ -28,7 +28,7 @@ def _norm(t):
 def streamed(monkeypatch):
     """Small pieces (many per file); records whether each load was read in pieces (True) or whole."""
     monkeypatch.setattr(reader, "_PIECE", 3000)
-    monkeypatch.setattr(reader, "_CHUNK", 1000)
+    monkeypatch.setattr(inflate, "_CHUNK", 1000)
     seen = []
     real = reader._stream
 
