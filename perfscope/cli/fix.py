@@ -24,7 +24,10 @@ def fix_markdown(fid: str, fix, table: bool = True) -> list[str]:
     """One fix module's document: what it answers, its targets (files, versions, strategies,
     backends), the requirements of each strategy, and its own doc (fixes/<id>/README.md).
     ``table=False``: the targets as a list (a terminal too narrow for the table cuts its cells)."""
+    from perfscope.fixengine.kinds import kind_of
+
     s = fix.summary()
+    by = kind_of(fix).target_option
     out = [f"## `{fid}`: {fix.title}", "", f"Answers diagnose findings: {', '.join(f'`{a}`' for a in s['answers'])}.", ""]
     if table:
         out += ["| target | file | versions | strategies | backends |", "|---|---|---|---|---|"]
@@ -32,10 +35,10 @@ def fix_markdown(fid: str, fix, table: bool = True) -> list[str]:
         out += ["Targets:", ""]
     for t in s["targets"]:
         if table:
-            out.append(f"| {t['name']} | `{t['file'] or ('--launch-file' if fix.kind == 'launch' else '--target-file')}` | {t['versions']} | "
+            out.append(f"| {t['name']} | `{t['file'] or by}` | {t['versions']} | "
                        f"{', '.join(t['strategies'])} | {', '.join(t['backends'])} |")
         else:
-            out.append(f"- **{t['name']}**: `{t['file'] or ('--launch-file' if fix.kind == 'launch' else '--target-file')}`; versions {t['versions']}; "
+            out.append(f"- **{t['name']}**: `{t['file'] or by}`; versions {t['versions']}; "
                        f"strategies {', '.join(t['strategies'])}; backends {', '.join(t['backends'])}")
     if s.get("flags"):
         out += ["", "Flags it reads or edits: " + "; ".join(f"{e}: {', '.join(f'`{x}`' for x in fl)}"
@@ -54,6 +57,7 @@ def fix_markdown(fid: str, fix, table: bool = True) -> list[str]:
 
 def list_doc(markdown: bool) -> str:
     """The list of fix modules (``--list``), or their full generated document (``--list --doc``)."""
+    from perfscope.fixengine.kinds import kind_of
     from perfscope.fixengine.registry import discover
 
     fixes = discover()
@@ -63,7 +67,7 @@ def list_doc(markdown: bool) -> str:
             lines.append(f"{fid}: {fix.title}")
             lines.append(f"  answers findings: {', '.join(fix.answers)}; strategies: {', '.join(fix.strategies)}")
             for t in fix.targets:
-                lines.append(f"  target {t.name}: {t.relpath or ('(by --launch-file)' if fix.kind == 'launch' else '(by --target-file)')}; {t.versions}; "
+                lines.append(f"  target {t.name}: {t.relpath or f'(by {kind_of(fix).target_option})'}; {t.versions}; "
                              f"strategies {'/'.join(t.strategies)}")
         return "\n".join(lines) + "\n"
     out = ["# perfscope fixes", "",
@@ -201,7 +205,9 @@ def command(
     2 bad input, 3 host or server failure, 4 refused or does not apply here (skipped; nothing changed;
     a --revert with nothing to revert exits 0)."""
     from perfscope.fixengine import engine
+    from perfscope.fixengine.kinds import kind_of
     from perfscope.fixengine.registry import get
+    from perfscope.fixengine.request import FixRequest
 
     if list_:
         if json_out and not doc:
@@ -237,14 +243,9 @@ def command(
             raise InputError(f"--budget: {fix.id} spends no GPU time on the server (only untuned-fused-moe's tuning has a bound)")
         if not 10 <= budget <= 3600:
             raise InputError(f"--budget {budget:g}: expected 10-3600 seconds")
-    if fix.kind == "launch":
-        if target_file or sglang_root:
-            raise InputError(f"{fix.id} edits the launch command, not a source file: give --launch-file F")
-        if (apply_ or revert_) and not launch_file:
-            raise InputError(f"{'--apply' if apply_ else '--revert'} of {fix.id} needs --launch-file F (the server's "
-                             "launch script, systemd unit or compose file); without it the change is only printed")
-    elif launch_file:
-        raise InputError(f"{fix.id} patches the server's source, not its launch command: --launch-file does not apply")
+    kind = kind_of(fix)
+    kind.check_request(fix, FixRequest(target_file=target_file, sglang_root=sglang_root, launch_file=launch_file),
+                       "--apply" if apply_ else "--revert" if revert_ else None)
     facts = _trace_facts(trace) if trace is not None else {}
     if budget is not None:
         facts["budget_s"] = float(budget)
@@ -261,12 +262,12 @@ def command(
                       "change it", markup=False)
     elif port < 0 or port >= 65536:
         raise InputError(f"--port {port}: expected 1-65535 (or 0: look for no server process)")
-    req = engine.FixRequest(
+    req = FixRequest(
         strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
         server_url=url, api_key=_apikey.read(api_key_env), port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
         overrides={"kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend, "compute_cap": gpu_cc,
                    "flashinfer_version": flashinfer_version, "sglang_version": sglang_version},
-        launch_file=launch_file, facts=facts, source_fix=fix.kind != "launch",
+        launch_file=launch_file, facts=facts, source_fix=kind.needs_server_code,
     )
     with ExitStack() as stack:
         fhost = _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, accept_new_host_key)
@@ -299,7 +300,7 @@ def command(
             if rep.outcome.kind == "reverted":
                 from perfscope.fixengine.restart import after_revert
 
-                after_revert(fhost, req, rep, restart_cmd, health_timeout, launch=fix.kind == "launch",
+                after_revert(fhost, req, rep, restart_cmd, health_timeout, what=kind.changes,
                              log=lambda m: err.print(m, markup=False))
         elif apply_:
             if restart_cmd:

@@ -375,10 +375,10 @@ def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Pa
 
 
 def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd: Optional[str],
-                 health_timeout: float, *, launch: bool, log: Callable[[str], None] = print) -> None:
+                 health_timeout: float, *, what: str, log: Callable[[str], None] = print) -> None:
     """After a revert: restart the server with ``cmd`` and wait healthy (the original takes
-    effect), or say that the running server still runs what the fix changed."""
-    what = "flags" if launch else "code"
+    effect), or say that the running server still runs what the fix changed (``what``: its kind's
+    ``changes``, "code" or "flags")."""
     if not cmd:
         rep.notes.append(f"the running server still has the fix's {what} (it was started before this revert): "
                          f"restart it, or pass --restart-cmd CMD, for the original {what} to take effect")
