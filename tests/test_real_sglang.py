@@ -244,8 +244,8 @@ def test_stop_profile_after_num_steps_answers_500_and_trace_copes(sglang_server,
     with pytest.raises(HTTPStatusError) as ei:
         c.stop_profile()
     assert ei.value.status == 500  # stopped by itself; the body says only "Internal Server Error"
-    from perfscope.capture.trace import _is_not_running
-    assert _is_not_running(ei.value)  # what trace's cleanup takes as "nothing to stop"
+    from perfscope.capture.cleanup import is_not_running
+    assert is_not_running(ei.value)  # what trace's cleanup takes as "nothing to stop"
     healthy_and_idle(sglang_server)
 
 

@@ -294,7 +294,7 @@ def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_pat
     import sys
     import tracemalloc
 
-    from perfscope.capture.trace import Endpoint, _copy_back
+    from perfscope.capture.copyback import copy_back
     from perfscope.remote.hostio import RemoteFile
     from perfscope.remote.hostio.traces import COMPLETE_CHECK_PY
 
@@ -308,8 +308,7 @@ def test_copy_back_and_checks_hold_a_bounded_working_set_on_a_real_trace(tmp_pat
     tracemalloc.start()
     try:
         assert LocalHost().incomplete([str(src)]) == []  # the wait's check (--url)
-        _copy_back(LocalHost(), [RemoteFile(src.name, str(src), len(data), 0.0)], out, "h",
-                   Endpoint(url="http://127.0.0.1:1"), None, files)
+        copy_back(LocalHost(), [RemoteFile(src.name, str(src), len(data), 0.0)], out, "h", None, None, files)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from perfscope.capture.options import TraceOptions
 
-# The HTTP client and the load driver belong to perfscope.remote.sglang_api / workload; ``api``
-# and ``TraceLoad`` are the only places the tracer calls them.
-
-
-def api(url: str, opts: TraceOptions):
-    from perfscope.remote.vllm_api import client_for
-
-    return client_for(opts.engine, url, api_key=opts.api_key, timeout=opts.http_timeout)
+if TYPE_CHECKING:
+    from perfscope.remote.sglang_api import SGLangClient
 
 
 class _Counting:
@@ -46,8 +40,8 @@ class TraceLoad:
     ``output_len`` tokens with ignore_eos, new requests as old ones end (the workload driver's
     ``drive_decode``; summarised as ``perfscope bench`` summarises)."""
 
-    def __init__(self, url: str, opts: TraceOptions, ids: tuple[int, int] | None = None):
-        self.url, self.opts, self.ids = url, opts, ids
+    def __init__(self, client: SGLangClient, opts: TraceOptions, ids: tuple[int, int] | None = None):
+        self.client, self.opts, self.ids = client, opts, ids  # the engine's client (thread-safe)
         self.stop_event = threading.Event()
         self.results: list | None = None
         self.tokens = 0  # streamed tokens, all streams together
@@ -73,7 +67,7 @@ class TraceLoad:
     def _run(self) -> None:
         from perfscope.bench import workload
 
-        client = _Counting(api(self.url, self.opts), self._token)
+        client = _Counting(self.client, self._token)
         self.t0 = time.perf_counter()
         try:
             self.results = workload.drive_decode(
