@@ -27,9 +27,8 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
     """Whether graph launches ran at least half the step's GPU time (once per replay)."""
     hit = r.__dict__.get("_mostly_graph")
     if hit is None:
-        graph = {i: g for i, _, _, g in r._lk}
         durs = r._plan()[4]
-        graph_k = sum([d for i, d in zip(s.kernels, durs) if graph[i]])
+        graph_k = sum([d for g, d in zip(r.graph_slots, durs) if g])
         hit = r._mostly_graph = graph_k >= 0.5 * sum(durs)
     return hit
 

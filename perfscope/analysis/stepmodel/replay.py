@@ -66,7 +66,10 @@ class StepReplay:
         # also never starts before it did (the GPU was busy before the step)
         self.delay: dict = {}
         self.first_on_stream: dict = {}
-        self._lk = lk
+        # whether each kernel (by slot: ``step.kernels`` order) ran in a graph launch, a byte each
+        graph_of_kernel = {i: g for i, _, _, g in lk}
+        self.graph_slots = bytes([graph_of_kernel[i] for i in step.kernels])
+        del graph_of_kernel
         if eager:
             prev_end = {}
             for i, k, l, g in lk:
@@ -162,7 +165,7 @@ class StepReplay:
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
-            kplan = []
+            kplan: list = []  # per kernel, flat: its slot, its anchor's slot, the gap after it, its extra anchors
             ss = []  # the event's kernels' slots
             for i in ks:
                 k = kern[i]
@@ -189,7 +192,7 @@ class StepReplay:
                 if graph and gd is None and prev is not None and prev[2] == n:
                     gap = kts - prev[1]
                     add = gap if gap > 0.0 else 0.0
-                kplan.append((p, a, add, extra, kdur == 0))
+                kplan += (p, a, add, extra)
                 prev_on[st] = (p, kend, n)
                 if kend > orig_done:
                     orig_done = kend
@@ -271,7 +274,8 @@ class StepReplay:
             if launched and t > last_launch:
                 last_launch = t
             ready = t + latency
-            for p, a, add, extra, zero in kplan:
+            it = iter(kplan)
+            for p, a, add, extra in zip(it, it, it, it):
                 start = ne[a] + add
                 if ready > start:
                     start = ready
@@ -288,7 +292,7 @@ class StepReplay:
                 d = new_d[p]
                 e_new = start + d
                 ne[p] = e_new
-                if d > 0 or zero:  # a kernel the fix removes neither starts nor ends the step
+                if d > 0 or durs[p] == 0:  # a kernel the fix removes neither starts nor ends the step
                     if start < first:
                         first = start
                     if e_new > last_end:
