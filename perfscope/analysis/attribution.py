@@ -61,14 +61,18 @@ class Attributor:
         self.trace = trace
         self.capture = capture  # capture_map.ReplayMap: graph-replayed kernels -> capture-time launches
         self.by_corr: dict[int, Launch] = launches_by_corr(trace)  # shared with the step model: read only
-        self._ops_by_ext: Optional[dict[int, CpuOp]] = None
-        self._ops_by_tid: Optional[dict[Any, tuple[list[CpuOp], list[float]]]] = None
-        self._frames_by_tid: Optional[dict[Any, tuple[list[PyFrame], list[float]]]] = None
-        self._frame_by_id: Optional[dict[int, PyFrame]] = None
+        # indexes built on first use (_index_ops, _index_frames): ops by External id, ops and frames by
+        # thread (sorted by start, with their starts), frames by id
+        self._ops_indexed = False
+        self._ops_by_ext: dict[int, CpuOp] = {}
+        self._ops_by_tid: dict[Any, tuple[list[CpuOp], list[float]]] = {}
+        self._frames_indexed = False
+        self._frames_by_tid: dict[Any, tuple[list[PyFrame], list[float]]] = {}
+        self._frame_by_id: dict[int, PyFrame] = {}
 
-    def _index_ops(self):
-        if self._ops_by_ext is None:
-            self._ops_by_ext = {}
+    def _index_ops(self) -> None:
+        if not self._ops_indexed:
+            self._ops_indexed = True
             by_tid: dict[Any, list[CpuOp]] = {}
             by_ext = self._ops_by_ext
             for o in self.trace.cpu_ops:
@@ -78,15 +82,14 @@ class Attributor:
                 if th is None:
                     th = by_tid[(o.pid, o.tid)] = []
                 th.append(o)
-            self._ops_by_tid = {}
             for key, ops in by_tid.items():
                 ops = by_start_longest_first(ops)
                 self._ops_by_tid[key] = (ops, [o.ts for o in ops])
 
-    def _index_frames(self):
-        if self._frames_by_tid is None:
+    def _index_frames(self) -> None:
+        if not self._frames_indexed:
+            self._frames_indexed = True
             by_tid: dict[Any, list[PyFrame]] = {}
-            self._frame_by_id = {}
             for f in self.trace.frames:
                 th = by_tid.get((f.pid, f.tid))
                 if th is None:
@@ -94,7 +97,6 @@ class Attributor:
                 th.append(f)
                 if f.id is not None:
                     self._frame_by_id[f.id] = f
-            self._frames_by_tid = {}
             for key, fr in by_tid.items():
                 fr = by_start_longest_first(fr)
                 self._frames_by_tid[key] = (fr, [f.ts for f in fr])

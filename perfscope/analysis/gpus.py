@@ -219,9 +219,9 @@ def match_gpu(device_name: Optional[str], compute_capability: Optional[str] = No
     if compute_capability:
         vendor = "amd" if (platform or "").lower() == "rocm" else ("nvidia" if platform else None)
         cands = [g for g in GPUS if g.cc == compute_capability and (vendor is None or g.vendor == vendor)]
-        pick = _closest_mem(cands, mem)
-        if pick is not None:
-            return GPUMatch(pick, "compute capability + memory", name or None,
+        by_cc = _closest_mem(cands, mem)
+        if by_cc is not None:
+            return GPUMatch(by_cc, "compute capability + memory", name or None,
                             f"name {name!r} not in the table" if name else "trace has no device name")
     return GPUMatch(None, "none", name or None,
                     f"GPU {name or '(unnamed)'} (cc {compute_capability or '?'}) is not in perfscope's table "

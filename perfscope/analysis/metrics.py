@@ -32,17 +32,19 @@ class StepMetrics:
 
 
 def union_us(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
+    ordered = iter(sorted(intervals))
+    first = next(ordered, None)
+    if first is None:
+        return 0.0
+    total = 0.0
+    cur_s, cur_e = first
+    for s, e in ordered:
+        if s > cur_e:
+            total += cur_e - cur_s
             cur_s, cur_e = s, e
         elif e > cur_e:
             cur_e = e
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    return total + (cur_e - cur_s)
 
 
 def step_metrics(trace: Trace, step: Step, sampler: bool = True) -> StepMetrics:

@@ -133,7 +133,9 @@ def moe_shape(mc: dict, tp: int = 1, ep: int = 1) -> Optional[MoeShape]:
     """The fused-MoE weights' shape on one rank from a HF config.json (DeepSeek, Qwen-MoE, Mixtral)."""
     if not isinstance(mc, dict):
         return None
-    mc = mc.get("text_config") if isinstance(mc.get("text_config"), dict) else mc
+    text_config = mc.get("text_config")
+    if isinstance(text_config, dict):
+        mc = text_config
     e = _int(mc, "n_routed_experts", "num_experts", "num_local_experts")
     k = _int(mc, "num_experts_per_tok", "moe_topk", "top_k")
     h = _int(mc, "hidden_size")

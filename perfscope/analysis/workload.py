@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Iterable
 
 from perfscope.analysis.kernel_table import kernel_table
-from perfscope.load.model import Trace
+from perfscope.load.model import Annotation, CpuOp, Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
 _OPTIMIZER = "Optimizer.step#"  # a range name's start, one per iteration (zero_grad is another range of the same one)
@@ -137,11 +138,15 @@ def optimizer_steps(trace: Trace) -> list[tuple]:
     is recorded as a CPU annotation, often again as a GPU-side one or a CPU op of the same name; a loop
     may step two optimizers per iteration (Shampoo, then an EMA): the iterations are the ranges of the
     optimizer stepped most often, each once (zero_grad, another range of the same iteration, not at all)."""
-    by: dict[str, set] = {}
-    for x in itertools.chain(trace.cpu_ops, [a for a in trace.annotations if not a.gpu]):
+    by: dict[str, set[tuple]] = {}
+    ranges: Iterable[CpuOp | Annotation] = itertools.chain(trace.cpu_ops, [a for a in trace.annotations if not a.gpu])
+    for x in ranges:
         if x.name.startswith(_OPTIMIZER):
             by.setdefault(x.name, set()).add((x.tid, x.ts, x.ts + x.dur))
-    return sorted(max(by.values(), key=len), key=lambda r: r[1]) if by else []
+    if not by:
+        return []
+    most_stepped: set[tuple] = max(by.values(), key=len)
+    return sorted(most_stepped, key=lambda r: r[1])
 
 
 def hf_forwards(frame_names) -> "list[str] | None":

@@ -88,8 +88,10 @@ def weight_read(shape: ModelShape, par: Parallel, tokens: int) -> WeightRead:
         lm_params = shape.vocab * h / par.tp  # vocabulary-parallel lm_head
         lm = lm_params * q.unquantized.bytes_per_param
         params["lm_head"] = lm_params
-    if shape.weight_bytes_per_layer is not None or shape.weight_bytes is not None:
-        total = shape.weight_bytes if shape.weight_bytes is not None else shape.weight_bytes_per_layer * shape.layers
+    total = shape.weight_bytes
+    if total is None and shape.weight_bytes_per_layer is not None:
+        total = shape.weight_bytes_per_layer * shape.layers
+    if total is not None:  # given by the server
         parts["layers"] = total / par.tp
         params["layers"] = parts["layers"] / q.default.bytes_per_param
         parts["lm_head"] = lm
@@ -97,6 +99,7 @@ def weight_read(shape: ModelShape, par: Parallel, tokens: int) -> WeightRead:
                           q.default.gemm_dtype, explicit=True)
     touched = None
     kvh = shape.kv_heads or 1
+    per: float  # parameters of one module on this rank
     for i in range(shape.layers):
         for mod, (n, split) in _layer_modules(shape, i).items():
             if not split:
@@ -124,9 +127,9 @@ def weight_read(shape: ModelShape, par: Parallel, tokens: int) -> WeightRead:
             params["router"] += r
         else:
             for proj in _MLP_PROJ:
-                n = h * (shape.intermediate or 0) / par.tp
-                parts["dense_mlp"] += n * q.format_of(mlp + proj).bytes_per_param
-                params["dense_mlp"] += n
+                dense = h * (shape.intermediate or 0) / par.tp
+                parts["dense_mlp"] += dense * q.format_of(mlp + proj).bytes_per_param
+                params["dense_mlp"] += dense
     parts["lm_head"] = lm
     return WeightRead({k: v for k, v in parts.items() if v}, {k: v for k, v in params.items() if v},
                       q.default.gemm_dtype, experts_touched_per_rank=touched)

@@ -135,12 +135,12 @@ def parse_quantization(cfg: dict, server_quant: Optional[str], model_dtype: str)
                         f = _algo_format(str(spec.get("quant_algo") or ""), spec.get("group_size"))
                         if f:
                             per[mod] = f
-            fmt = _algo_format(algo, group)
-            if fmt is None and per:
-                fmt = max(per.values(), key=lambda f: f.bytes_per_param)  # the heavier one as the default
-            if fmt is None:
+            default = _algo_format(algo, group)
+            if default is None and per:
+                default = max(per.values(), key=lambda f: f.bytes_per_param)  # the heavier one as the default
+            if default is None:
                 raise ModelConfigError(f"unsupported ModelOpt quant_algo {algo!r} in quantization_config")
-            return Quantization(fmt, base, exclude, per, method="modelopt " + algo.lower())
+            return Quantization(default, base, exclude, per, method="modelopt " + algo.lower())
         if method == "compressed-tensors":
             groups = qc.get("config_groups") or {}
             w = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)

@@ -190,7 +190,7 @@ def graph_kept_host(trace, steps) -> Optional[dict]:
         # the launching thread: the one with the most kernel launches in the cycle
         counts = {tid: bisect.bisect_left(ts, b.cpu_start) - bisect.bisect_left(ts, a.cpu_start)
                   for tid, ts in by_tid.items()}
-        tid = max(counts, key=counts.get)
+        tid = max(counts, key=lambda t: counts[t])
         n = counts[tid]
         if n < 2 or tid not in frames:
             continue

@@ -45,7 +45,7 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
             count[(l.pid, l.tid)] = count.get((l.pid, l.tid), 0) + n
     if not count:
         return {}
-    thread = max(count, key=count.get)
+    thread = max(count, key=lambda t: count[t])
     for k in kern:
         if k.kind == "memcpy" and k.corr is not None:
             copies.setdefault(k.corr, []).append(k)

@@ -25,7 +25,7 @@ def _back_to_back_us(kern, idx, duration) -> float:
 
 def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
     """Whether graph launches ran at least half the step's GPU time (once per replay)."""
-    hit = r.__dict__.get("_mostly_graph")
+    hit = r._mostly_graph
     if hit is None:
         durs = r._plan()[4]
         graph_k = sum([d for g, d in zip(r.graph_slots, durs) if g])
@@ -35,7 +35,7 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
 
 def _streams(r: StepReplay) -> list:
     """Each kernel's stream by slot (``step.kernels`` order), once per replay."""
-    hit = r.__dict__.get("_streams")
+    hit = r._streams
     if hit is None:
         kern = r.trace.kernels
         hit = r._streams = [kern[i].stream for i in r.step.kernels]

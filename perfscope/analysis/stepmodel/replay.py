@@ -8,7 +8,7 @@ from typing import Callable, Optional
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex, is_wait_candidate
 from perfscope.analysis.stepmodel.waits import cross_stream_waits, graph_stream_joins
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
-from perfscope.load.model import Trace
+from perfscope.load.model import Launch, Trace
 
 
 class StepReplay:
@@ -29,14 +29,15 @@ class StepReplay:
         lat: list = []
         prev_end: dict = {}
         eager = False  # a kernel of the step has a launch of its own (not a graph replay)
-        corr = cached = None  # the previous kernel's correlation id and (launch, graph?, its kernels)
+        corr: Optional[int] = None  # the previous kernel's correlation id
+        cached: Optional[tuple[Optional[Launch], bool, list[int]]] = None  # and (launch, graph?, its kernels)
         for i in sorted(step.kernels, key=lambda j: kern[j].ts):
             k = kern[i]
             if cached is None or k.corr != corr:  # a graph launch's kernels share one id: looked up once
                 corr = k.corr
                 l = by_corr.get(corr)
                 if l is None:
-                    cached = (None, False, None)
+                    cached = (None, False, [])
                 else:
                     g = graph_of.get(l.name)
                     if g is None:
@@ -134,6 +135,11 @@ class StepReplay:
             self.op_of_event.append(op)
         # per event, read by every run: (a graph launch, a kernel launch)
         self.kinds = [(is_graph_launch(l.name), is_kernel_launch(l.name)) for l, _, _ in self.events]
+        # caches filled on first use: the flattened plan (:meth:`_plan`) and, for stepmodel.predict, whether
+        # graph launches ran most of the step and each slot's stream
+        self._plan_cache: Optional[tuple] = None
+        self._mostly_graph: Optional[bool] = None
+        self._streams: Optional[list] = None
 
     def _plan(self) -> tuple:
         """What every :meth:`run` reads, flattened once per replay. Each kernel of the step has a slot (its
@@ -145,7 +151,7 @@ class StepReplay:
         gap), and its recorded start when it was the first on its stream. Which kernel precedes which
         is fixed by the replay's order, so each of those is a slot found here once; a missing one is
         the last slot, which holds -inf."""
-        plan = self.__dict__.get("_plan_cache")
+        plan = self._plan_cache
         if plan is not None:
             return plan
         kern = self.trace.kernels

@@ -82,7 +82,9 @@ def cross_stream_waits(lk, latency_us, kern, by_corr, step, index, launched) -> 
             if kernels_of.get(id(c)):
                 break  # the last launch before the record was on its own stream: not this pattern
 
-    ends = end_ts = None  # the step's kernel ends, sorted: built when a kernel needs them
+    # the step's kernel ends, sorted (end, kernel) and their times: built when a kernel needs them
+    ends: list[tuple[float, int]] | None = None
+    end_ts: list[float] = []
     tol = 3 * latency_us + 5.0
     # a kernel can also wait for the SMs another stream's kernel holds: it starts as that kernel's
     # last wave drains, before its end (two GEMMs on two streams run one after the other)
