@@ -17,12 +17,12 @@ pytestmark = pytest.mark.usefixtures("no_agent")  # only the keys a test names a
 
 
 @pytest.mark.parametrize("dev", ["/dev/null", "/dev/full"])
-def test_report_onto_a_device_node_never_replaces_it(dev, capsys):
+def test_report_onto_a_device_node_never_replaces_it(dev):
     """`report -o /dev/full` (or /dev/null) renamed a temp file over the device:
     util/files.atomic_writer replaces only new or regular files and writes character devices and
     FIFOs in place."""
     before = os.stat(dev)
-    rc, out, err = invoke(["report", str(SMALL), "-o", dev], capsys)
+    rc, out, err = invoke("report", str(SMALL), "-o", dev)
     after = os.stat(dev)
     assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev and after.st_ino == before.st_ino
     if dev == "/dev/null":
@@ -62,8 +62,8 @@ def test_writer_rules_fifo_symlink_socket(tmp_path):
     s.close()
 
 
-def test_markdown_onto_a_full_device_is_one_line_exit_2(capsys):
+def test_markdown_onto_a_full_device_is_one_line_exit_2():
     """--markdown /dev/full: the write error is one line, exit 2."""
-    rc, _, err = invoke(["diagnose", str(SMALL), "--markdown", "/dev/full"], capsys)
+    rc, _, err = invoke("diagnose", str(SMALL), "--markdown", "/dev/full")
     assert rc == 2 and "No space left" in one_line(err)
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)

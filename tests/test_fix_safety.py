@@ -56,7 +56,7 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs, tmp_path, capsys):
+def test_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs, tmp_path):
     """A full disk (ENOSPC) gave an OSError traceback and left a manifest claiming an apply that
     never happened: one line, exit 2, no manifest, the file intact (a real 192 KiB tmpfs)."""
     target, original = _fix_setup(small_fs)
@@ -68,22 +68,22 @@ def test_fix_on_a_full_disk_leaves_no_manifest_and_the_file_intact(small_fs, tmp
     except OSError:
         pass
     state = tmp_path / "state"
-    rc, _, err = invoke(["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--apply",
-                          "--kv-cache-dtype", "fp8_e4m3"], capsys)
+    rc, _, err = invoke("fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--apply",
+                          "--kv-cache-dtype", "fp8_e4m3")
     assert rc == 2 and "No space left" in one_line(err)
     assert target.read_bytes() == original
     assert _manifests(state) == []
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left
 
 
-def test_fix_on_a_read_only_file_system_leaves_no_manifest(small_fs, tmp_path, capsys):
+def test_fix_on_a_read_only_file_system_leaves_no_manifest(small_fs, tmp_path):
     """The same on a read-only file system (EROFS)."""
     target, original = _fix_setup(small_fs)
     r = subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     state = tmp_path / "state"
-    rc, _, err = invoke(["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--apply",
-                          "--kv-cache-dtype", "fp8_e4m3"], capsys)
+    rc, _, err = invoke("fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--apply",
+                          "--kv-cache-dtype", "fp8_e4m3")
     assert rc == 2 and "Read-only file system" in one_line(err)
     assert target.read_bytes() == original and _manifests(state) == []
 
@@ -123,16 +123,16 @@ def test_two_concurrent_applies_to_one_file_are_serialised(tmp_path):
         assert rep.outcome.kind == "reverted" and target.read_bytes() == original
 
 
-def test_revert_with_a_deleted_backup_is_refused_exit_4(tmp_path, capsys):
+def test_revert_with_a_deleted_backup_is_refused_exit_4(tmp_path):
     """--revert with a deleted backup said "failed" (exit 1): refused, exit 4."""
     target, original = _fix_setup(tmp_path)
     state = tmp_path / "state"
     base = ["fix", "fp8-kv-cast", "--target-file", str(target), "--state-dir", str(state), "--kv-cache-dtype", "fp8_e4m3"]
-    rc, _, err = invoke([*base, "--apply"], capsys)
+    rc, _, err = invoke(*base, "--apply")
     assert rc == 0, err
     for p in Path(state).rglob("original-*.py"):
         p.unlink()
-    rc, out, err = invoke([*base, "--revert"], capsys)
+    rc, out, err = invoke(*base, "--revert")
     assert rc == 4 and "missing" in (out + err)
 
 

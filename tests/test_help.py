@@ -1,4 +1,5 @@
-"""`--help` that teaches, walked over every command of the real CLI (as a user runs it): examples
+"""`--help` that teaches, walked over every command of the real CLI (its entry point run in-process,
+with the environment a user's shell gives it: tests/clirun.py): examples
 at the end that use only the command's real options, flags shown as flags, every option
 described; `perfscope fix FIX_ID --help` shows that fix module's own document, for every module in
 the fix registry."""
@@ -8,10 +9,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
+from clirun import invoke
 from typer.main import get_command
 
 from perfscope.cli import app
@@ -22,8 +22,7 @@ COMMANDS = sorted(get_command(app).commands)
 
 def helptext(*args: str) -> str:
     env = {**os.environ, "COLUMNS": "200", "TERM": "dumb"}
-    r = subprocess.run([sys.executable, "-m", "perfscope", *args, "--help"], capture_output=True, text=True,
-                       timeout=120, env=env)
+    r = invoke(*args, "--help", env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -113,8 +112,7 @@ def test_help_prose_wraps_at_the_screen_not_at_the_source(name):
     """At 80 columns a paragraph of help fills its lines: the docstring's hard line breaks (made for
     ~100 columns) are not kept, which left a fragment of two or three words on every other line."""
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    r = subprocess.run([sys.executable, "-m", "perfscope", *([name] if name else []), "--help"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = invoke(*([name] if name else []), "--help", env=env)
     assert r.returncode == 0, r.stderr
     assert ragged(r.stdout) == [], r.stdout
     # the root's own options are flags too
@@ -131,8 +129,7 @@ def test_help_cites_only_what_the_user_has(args):
     for word in ("field-facts", "this project's", "2-core box"):  # any case: "Field-facts §4" was missed
         assert word not in text.lower(), (args, word)
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    narrow = subprocess.run([sys.executable, "-m", "perfscope", *args, "--help"], capture_output=True, text=True,
-                            timeout=120, env=env).stdout
+    narrow = invoke(*args, "--help", env=env).stdout
     if args[0] == "fix" and len(args) > 1:
         return  # a fix's own document (Markdown) is not the option table
     cut = [ln for ln in narrow.splitlines() if "…" in ln]
@@ -153,8 +150,7 @@ def _help_at(args: tuple, columns: str | None) -> str:
     env["TERM"] = "dumb"
     if columns:
         env["COLUMNS"] = columns
-    r = subprocess.run([sys.executable, "-m", "perfscope", *args, "--help"], capture_output=True, text=True,
-                       timeout=120, env=env)
+    r = invoke(*args, "--help", env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout
 

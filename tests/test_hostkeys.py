@@ -112,7 +112,7 @@ def test_host_keys_decided_as_openssh_decides(sshd, tmp_path, case):
     assert kh.read_bytes() == kh2.read_bytes()  # recorded as ssh records it (name, file, form), or not at all
 
 
-def test_pattern_pinned_changed_key_refused_by_the_cli(sshd, profile_server, tmp_path, capsys):
+def test_pattern_pinned_changed_key_refused_by_the_cli(sshd, profile_server, tmp_path):
     """A host pinned by a pattern ([127.0.0.*]:PORT) offering another key was accepted with
     --accept-new-host-key (paramiko ignores patterns): perfscope's own known_hosts matcher
     (remote/ssh/hostkeys.py) refuses it, as OpenSSH does."""
@@ -120,8 +120,8 @@ def test_pattern_pinned_changed_key_refused_by_the_cli(sshd, profile_server, tmp
     other = keygen(tmp_path / "other", comment="x")
     kh = tmp_path / "kh"
     kh.write_text(f"[127.0.0.*]:{sshd.port} {public_line(other)}\n")
-    rc, _, err = invoke(["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "--port", str(port), "-i", str(sshd.user_key),
-                          "--known-hosts", str(kh), "--accept-new-host-key", "--out", str(tmp_path / "o")], capsys)
+    rc, _, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "--port", str(port), "-i", str(sshd.user_key),
+                          "--known-hosts", str(kh), "--accept-new-host-key", "--out", str(tmp_path / "o"))
     assert rc == 3 and "CHANGED" in one_line(err)
     assert kh.read_text().count("\n") == 1
     assert "/start_profile" not in H.calls

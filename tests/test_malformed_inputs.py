@@ -9,12 +9,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from clirun import invoke, one_line
-from paths import REPO, json_of
+from clirun import invoke, one_line, run
+from paths import json_of
 from profileserver import SMALL, SMALL_GZ
 
 pytestmark = pytest.mark.usefixtures("no_agent")  # only the keys a test names are tried
@@ -44,7 +42,7 @@ MUTATIONS = {
 
 @pytest.mark.parametrize("name", list(MUTATIONS))
 @pytest.mark.parametrize("cmd", ["diagnose", "report"])
-def test_malformed_traces_are_one_line_or_analysed(name, cmd, tmp_path, capsys):
+def test_malformed_traces_are_one_line_or_analysed(name, cmd, tmp_path):
     """Malformed traces crashed diagnose/report/compare (args not an object, pid/tid lists,
     grid/block nested, deviceProperties of the wrong type, 1000-deep nesting, stream -1e308 with
     --json): the reader coerces or drops such fields within int64/finite bounds, and
@@ -57,7 +55,7 @@ def test_malformed_traces_are_one_line_or_analysed(name, cmd, tmp_path, capsys):
         text = text.replace('"deep": []', '"deep": ' + "[" * 1200 + "]" * 1200)
     p.write_text(text)
     argv = ["diagnose", str(p), "--json"] if cmd == "diagnose" else ["report", str(p), "-o", str(tmp_path / "r.html")]
-    rc, out, err = invoke(argv, capsys)
+    rc, out, err = invoke(*argv)
     assert rc in (0, 2), err
     assert "Traceback" not in err and "internal error" not in err
     if rc == 2:
@@ -89,27 +87,27 @@ RUN_MUTATIONS = {
 
 
 @pytest.mark.parametrize("name", list(RUN_MUTATIONS))
-def test_malformed_run_json_is_exit_2_one_line(name, tmp_path, capsys):
+def test_malformed_run_json_is_exit_2_one_line(name, tmp_path):
     """run.json with members/files/ranks/timings of the wrong type, 100000-deep nesting or a
     5000-digit int crashed: util/jsonio bounds depth, 64-bit ints, finiteness and the top type,
     and read_run checks the fields."""
     d = _run_dir(tmp_path, RUN_MUTATIONS[name])
-    rc, _, err = invoke(["diagnose", str(d)], capsys)
+    rc, _, err = invoke("diagnose", str(d))
     assert rc == 2, err
     assert "run.json" in one_line(err)
 
 
 @pytest.mark.parametrize("text", ["[" * 50000 + "]" * 50000, '{"tp_size": 1e999}', "[1]"])
-def test_malformed_config_is_exit_2_one_line(text, tmp_path, capsys):
+def test_malformed_config_is_exit_2_one_line(text, tmp_path):
     """--config / --model-config nested deep gave RecursionError: read through util/jsonio, one
     line, exit 2."""
     cfg = tmp_path / "c.json"
     cfg.write_text(text)
-    rc, _, err = invoke(["diagnose", str(SMALL), "--config", str(cfg)], capsys)
+    rc, _, err = invoke("diagnose", str(SMALL), "--config", str(cfg))
     assert rc == 2 and str(cfg) in one_line(err)
 
 
-def test_server_info_nested_deep_or_huge_is_one_line(profile_server, tmp_path, capsys):
+def test_server_info_nested_deep_or_huge_is_one_line(profile_server, tmp_path):
     """/server_info nested deep (RecursionError) or tp_size 1e999 (OverflowError in
     expected_files): one line, and expected_files takes only sane sizes."""
     from perfscope.errors import RemoteError
@@ -128,7 +126,7 @@ def test_server_info_nested_deep_or_huge_is_one_line(profile_server, tmp_path, c
     assert expected_files({"tp_size": 1e999}, False) == 1
 
 
-def test_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path, capsys):
+def test_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path):
     """A multi-member gzip (RFC 1952, zcat reads it) was refused as truncated and junk after the
     first member ignored: members are read whole, non-zero junk after them is exit 2."""
     from perfscope.load.reader import read_bytes
@@ -140,7 +138,7 @@ def test_multi_member_gzip_is_read_whole_and_junk_refused(tmp_path, capsys):
     assert bytes(read_bytes(p)) == raw
     q = tmp_path / "junk.json.gz"
     q.write_bytes(gzip.compress(raw) + b"garbage!")
-    rc, _, err = invoke(["diagnose", str(q)], capsys)
+    rc, _, err = invoke("diagnose", str(q))
     assert rc == 2 and "junk after the gzip stream" in one_line(err)
 
 
@@ -150,11 +148,8 @@ def test_fifo_and_dash_are_refused_in_one_line(tmp_path):
     character device and refused too)."""
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", "from perfscope.cli import main; main()", "diagnose", str(fifo)],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = invoke("diagnose", fifo)
     assert r.returncode == 2 and "not a regular file" in one_line(r.stderr)
     with open(SMALL, "rb") as f:
-        r = subprocess.run([sys.executable, "-c", "from perfscope.cli import main; main()", "diagnose", "-", "--json"],
-                           stdin=f, capture_output=True, text=True, timeout=120, env=env)
+        r = run("diagnose", "-", "--json", stdin=f, timeout=120)
     assert r.returncode == 2 and "stdin" in one_line(r.stderr)

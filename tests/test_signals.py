@@ -10,15 +10,11 @@ the other interrupts).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from clirun import one_line, popen
-from paths import REPO
+from clirun import invoke, one_line, popen
 from profileserver import url_args
 
 pytestmark = pytest.mark.usefixtures("no_agent")  # only the keys a test names are tried
@@ -31,8 +27,7 @@ def test_signal_while_start_profile_has_not_answered_stops_the_profiler(profile_
     armed from the moment /start_profile is sent."""
     H, port = profile_server
     H.start_delay = 4.0
-    p = popen(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")],
-                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = popen(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")])
     deadline = time.monotonic() + 60
     while "/start_profile" not in H.calls and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -44,8 +39,7 @@ def test_signal_while_start_profile_has_not_answered_stops_the_profiler(profile_
     info = json.loads((tmp_path / "o" / "run.json").read_text())
     assert info["status"] == "incomplete"
     assert not list((tmp_path / "srv").iterdir())  # the host's trace folder was removed
-    rc = subprocess.run([sys.executable, "-c", "from perfscope.cli import main; main()", "diagnose", str(tmp_path / "o")],
-                        capture_output=True, text=True, cwd=REPO)
+    rc = invoke("diagnose", str(tmp_path / "o"))
     assert rc.returncode == 2 and "incomplete" in rc.stderr
 
 
@@ -54,7 +48,7 @@ def test_sigint_prints_interrupted(profile_server, tmp_path):
     during interpreter start-up, before perfscope's code runs, still ends as Python does.)"""
     H, port = profile_server
     H.start_delay = 3.0
-    p = popen(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")], env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = popen(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")])
     deadline = time.monotonic() + 60
     while "/start_profile" not in H.calls and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -71,8 +65,7 @@ def test_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(sshd, p
     srv.mkdir()
     p = popen(["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "-i", str(sshd.user_key), "--known-hosts",
                   str(sshd.known_hosts), "--port", str(port), "--remote-dir", str(srv), "--steps", "2", "--output-len", "4",
-                  "--input-len", "4", "--timeout", "30", "--out", str(tmp_path / "o")],
-                 env={**os.environ, "PYTHONPATH": str(REPO)})
+                  "--input-len", "4", "--timeout", "30", "--out", str(tmp_path / "o")])
     deadline = time.monotonic() + 60
     while "/start_profile" not in H.calls and time.monotonic() < deadline:
         time.sleep(0.05)

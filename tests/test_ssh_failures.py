@@ -4,12 +4,10 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
 from clirun import one_line, popen
-from paths import REPO
 
 pytestmark = pytest.mark.usefixtures("no_agent")  # only the keys a test names are tried
 
@@ -34,7 +32,7 @@ def test_non_ssh_port_gives_one_line_and_no_paramiko_log(tmp_path):
             c.close()
     threading.Thread(target=serve, daemon=True).start()
     p = popen(["trace", "--host", f"127.0.0.1:{port}", "--known-hosts", str(tmp_path / "kh"), "--connect-timeout", "3",
-                  "--out", str(tmp_path / "o")], env={**os.environ, "PYTHONPATH": str(REPO)})
+                  "--out", str(tmp_path / "o")])
     _, err = p.communicate(timeout=60)
     srv.close()
     assert p.returncode == 3
