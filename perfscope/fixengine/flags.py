@@ -5,7 +5,7 @@ A :class:`LaunchFlagFix` declares, per engine, the flags it edits (:class:`Flag`
 :meth:`LaunchFlagFix.changes` from what it knows: the launch command's current flags, the server's
 ``/server_info`` (``env.server_args``), the GPU, and the trace (``env.facts``, from ``--trace``).
 The engine (engine.py) does the rest exactly as for a source patch: the launch file is the target,
-the edit is computed from its tokens (launch.py), diffed, backed up, written atomically, reverted
+the edit is computed from its tokens (launch/), diffed, backed up, written atomically, reverted
 byte for byte; ``--restart-cmd`` restarts, re-measures and reverts when unhealthy or slower.
 
 Without ``--launch-file`` nothing is written: the check prints the change and the command line the
