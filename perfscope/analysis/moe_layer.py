@@ -17,6 +17,7 @@ import bisect
 import re
 
 from perfscope.analysis.buckets import classify
+from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
@@ -62,9 +63,10 @@ def moe_overrides(trace: Trace, step: Step) -> tuple[bool, dict[int, tuple[str, 
     if not starts and not named:
         return False, out
     has = False
+    bucket = kernel_table(trace).bucket  # classify(name, kind)[0] of each kernel, once per distinct name
     for i in step.kernels:
         k = kern[i]
-        b = classify(k.name, k.kind)[0]
+        b = bucket[i]
         if b == "moe":
             has = True
             continue

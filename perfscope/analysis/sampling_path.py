@@ -13,6 +13,7 @@ kernels never do.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Optional
 
@@ -59,8 +60,10 @@ def sampling_tail(trace: Trace, step: Step, last_gemm: Optional[tuple[float, flo
     return tail
 
 
+@functools.lru_cache(maxsize=4096)
 def kind_of(name: str) -> str:
-    """What a sampling-path kernel does: sort, scan (cumsum), softmax, multinomial, fused, other."""
+    """What a sampling-path kernel does: sort, scan (cumsum), softmax, multinomial, fused, other (asked
+    once per distinct name: every step's sampling path runs the same few kernels)."""
     if "flashinfer::sampling" in name:
         return "fused"
     if TORCH_SORT.search(name):

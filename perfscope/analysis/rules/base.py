@@ -85,15 +85,26 @@ class RuleContext:
             for i in s.kernels:
                 yield kern[i]
 
-    def time_of(self, match) -> tuple[float, float]:
-        """(ms per step, calls per step) of the analysed steps' kernels for which ``match(k)`` holds.
-        ``match`` reads the kernel's name and kind only: it is asked once per distinct (name, kind)."""
+    def _verdicts(self, match) -> tuple[list, list]:
+        """``match(k)`` per distinct (name, kind) of the trace's kernels (asked of its first kernel), and
+        each kernel's distinct (name, kind) by index (perfscope.analysis.kernel_table)."""
         from perfscope.analysis.kernel_table import kernel_table
 
         table = kernel_table(self.trace)
         kern = self.trace.kernels
-        verdict = [bool(match(kern[i])) for i in table.first]  # per distinct (name, kind), by its first kernel
-        key = table.key
+        return [bool(match(kern[i])) for i in table.first], table.key
+
+    def by_name(self, match) -> Callable[[int], bool]:
+        """Whether ``match(k)`` holds for the kernel at an index of ``trace.kernels``. ``match`` reads the
+        kernel's name and kind only: it is asked once per distinct (name, kind), not per kernel."""
+        verdict, key = self._verdicts(match)
+        return lambda i: verdict[key[i]]
+
+    def time_of(self, match) -> tuple[float, float]:
+        """(ms per step, calls per step) of the analysed steps' kernels for which ``match(k)`` holds.
+        ``match`` reads the kernel's name and kind only: it is asked once per distinct (name, kind)."""
+        verdict, key = self._verdicts(match)
+        kern = self.trace.kernels
         us = 0.0
         calls = 0
         for s in self.steps:

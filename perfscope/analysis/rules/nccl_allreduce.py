@@ -46,11 +46,12 @@ class NcclAllReduce(Rule):
         predicted = max(ctx.step_ms - ms * 0.6 * exposed, 0.0)
         summary = (f"NCCL all-reduce takes {ms:.2f} ms per step ({share:.0%} of kernel time, "
                    f"{nccl_n:.0f} calls); a custom all-reduce would serve decode-size messages.")
+        nccl_allreduce = ctx.by_name(lambda k: classify(k.name, k.kind) == ("communication", "nccl")
+                                     and _ALLREDUCE.search(k.name) is not None)
+        kern = ctx.trace.kernels
+
         def faster(i):  # a custom all-reduce takes ~40% of NCCL's time on these messages
-            k = ctx.trace.kernels[i]
-            if classify(k.name, k.kind) == ("communication", "nccl") and _ALLREDUCE.search(k.name):
-                return k.dur * 0.4
-            return None
+            return kern[i].dur * 0.4 if nccl_allreduce(i) else None
 
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, new_duration=faster,

@@ -40,11 +40,12 @@ class TritonBlockFp8Gemm(Rule):
         saved = ms * (1 - 1 / DEEPGEMM_SPEEDUP)
         summary = (f"Triton block-FP8 GEMMs take {ms:.2f} ms per step ({ms / gemm_ms:.0%} of GEMM time, "
                    f"{share:.0%} of kernel time)" + ("; DeepGEMM runs these on this GPU." if deepgemm_ok else "."))
+        block_fp8 = ctx.by_name(lambda k: classify(k.name) == ("gemm", "block-fp8-triton"))
+        kern = ctx.trace.kernels
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, confidence="high" if deepgemm_ok else "medium",
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved, 0.0), 4),
-            new_duration=lambda i: (ctx.trace.kernels[i].dur / DEEPGEMM_SPEEDUP
-                                    if classify(ctx.trace.kernels[i].name) == ("gemm", "block-fp8-triton") else None),
+            new_duration=lambda i: kern[i].dur / DEEPGEMM_SPEEDUP if block_fp8(i) else None,
             evidence={"triton_block_fp8_ms_per_step": round(ms, 4), "calls_per_step": round(calls, 2),
                       "share_of_gemm": round(ms / gemm_ms, 4), "compute_capability": cc,
                       "deepgemm_supported_gpu": deepgemm_ok, "assumed_deepgemm_speedup": DEEPGEMM_SPEEDUP,

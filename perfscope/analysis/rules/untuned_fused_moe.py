@@ -75,11 +75,12 @@ class UntunedFusedMoe(Rule):
         summary = (f"The Triton fused MoE kernel takes {ms:.2f} ms per step ({share:.0%} of kernel time, "
                    f"{calls:.0f} calls).{saw}{missing} Tune it for the served batch sizes.")
         saved = ms * (1 - 1 / TUNED_SPEEDUP)
+        fused_moe = ctx.by_name(lambda k: _FUSED_MOE.search(k.name) is not None)
+        kern = ctx.trace.kernels
         return self.finding(
             summary=summary, ms_per_step=ms, share=share, confidence=confidence,
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved, 0.0), 4),
-            new_duration=lambda i: (ctx.trace.kernels[i].dur / TUNED_SPEEDUP
-                                    if _FUSED_MOE.search(ctx.trace.kernels[i].name) else None),
+            new_duration=lambda i: kern[i].dur / TUNED_SPEEDUP if fused_moe(i) else None,
             evidence=ev)
 
     @staticmethod
