@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
 
 from rich.console import Console
 
@@ -90,14 +90,17 @@ class Server:
             # keep draining stdout so the server never blocks on a full pipe
             import threading
 
-            threading.Thread(target=self._drain, daemon=True).start()
+            threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
             return self.url
         self.stop()
         raise RemoteError(f"the reproduction server did not start (see {self.log})")
 
-    def _drain(self) -> None:
+    @staticmethod
+    def _drain(stream: Optional[IO[bytes]]) -> None:
+        if stream is None:
+            return
         try:
-            for _ in iter(self.proc.stdout.readline, b""):
+            for _ in iter(stream.readline, b""):
                 pass
         except (ValueError, OSError):
             pass

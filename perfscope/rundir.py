@@ -101,7 +101,7 @@ def parse_trace_name(name: str) -> dict:
     if _FRONTEND.search(stem):
         return {"rank": None, "stage": None, "parallel": {"tp": None, "dp": None, "pp": None, "ep": None},
                 "role": "frontend"}
-    par = {"tp": None, "dp": None, "pp": None, "ep": None}
+    par: dict[str, int | None] = {"tp": None, "dp": None, "pp": None, "ep": None}
     for kind, num in _PAR.findall(stem):
         par[kind.lower()] = int(num)
     m = _STAGE.search(stem)
@@ -318,7 +318,8 @@ def read_run(path: str | Path, *, verify: bool = False, _depth: int = 0) -> RunI
     data = _load_json(run_dir)
     rj = run_dir / RUN_FILE
     sv = data.get("schema_version")
-    _check(isinstance(sv, int) and not isinstance(sv, bool), rj, "no schema_version: not a perfscope run.json")
+    if not isinstance(sv, int) or isinstance(sv, bool):
+        raise InputError(f"{rj}: no schema_version: not a perfscope run.json")
     if data.get("status") == "incomplete":
         raise InputError(f"{run_dir} is an incomplete run folder ({data.get('incomplete_reason') or 'the trace did not finish'}): "
                          "trace again")
@@ -336,10 +337,10 @@ def read_run(path: str | Path, *, verify: bool = False, _depth: int = 0) -> RunI
                f"timings.{key} should be a number, not {type(v).__name__}")
     for i, f in enumerate(data.get("files") or []):
         _check(isinstance(f, dict) and isinstance(f.get("path"), str) and f["path"], rj, f"files[{i}] has no path")
-        for key, typ in _FILE_FIELDS.items():
+        for key, want in _FILE_FIELDS.items():
             v = f.get(key)
-            _check(v is None or (isinstance(v, typ) and not isinstance(v, bool)), rj,
-                   f"files[{i}].{key} should be {'an' if typ is int else 'a'} {typ.__name__}, not {type(v).__name__}")
+            _check(v is None or (isinstance(v, want) and not isinstance(v, bool)), rj,
+                   f"files[{i}].{key} should be {'an' if want is int else 'a'} {want.__name__}, not {type(v).__name__}")
         full = (run_dir / f["path"]).resolve()
         _check(full == root or root in full.parents, rj, f"files[{i}] path {f['path']!r} leaves the run folder")
         tf = TraceFile(

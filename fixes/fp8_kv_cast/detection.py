@@ -4,6 +4,7 @@ the transformation needs; an unknown structure is refused, never patched by gues
 from __future__ import annotations
 
 import ast
+from typing import TypedDict
 
 from perfscope.fixengine.edit import SourceIndex
 from perfscope.fixengine.model import Detection, Environment, TargetSpec, parse_version
@@ -40,6 +41,22 @@ FA3_VARIANTS = {
     ("self", "split"): "fa3-0.5.14",  # 0.5.14 - 0.5.23
     ("self", "oneline"): "fa3-0.5.14",
 }
+
+
+class _Plan(TypedDict):
+    """A FlashInfer MLA plan() call and the node of its KV dtype argument."""
+    call: ast.Call
+    kv: ast.expr
+    fast: bool
+
+
+class _Fa3Site(TypedDict):
+    """One FA3 pool cast and what its kernel call reads."""
+    stmt: ast.Assign
+    buf: ast.expr
+    page_table: str
+    seqlens: str
+    fallback: str
 
 
 def detect(target: TargetSpec, data: bytes, env: Environment) -> Detection:
@@ -131,10 +148,10 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
         if _assigned_before(fn, name, st.lineno) is None:
             raise _Refuse(f"{fn.name} does not set {name} before the cast")
     dw = _assigned_before(fd, "decode_wrapper", d_stmt.lineno)
-    if _dotted(dw.value) != "self.forward_metadata.decode_wrapper":
+    if dw is None or _dotted(dw.value) != "self.forward_metadata.decode_wrapper":
         raise _Refuse("decode_wrapper is not self.forward_metadata.decode_wrapper")
     pw = _assigned_before(fe, "prefill_wrapper_paged", e_stmt.lineno)
-    if _dotted(pw.value) != "self.forward_metadata.prefill_wrapper":
+    if pw is None or _dotted(pw.value) != "self.forward_metadata.prefill_wrapper":
         raise _Refuse("prefill_wrapper_paged is not self.forward_metadata.prefill_wrapper")
     init_b = _method(backend, "__init__")
     has_indptr = init_b is not None and any(
@@ -145,7 +162,7 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
     # the run() call consuming each cast
     runs = {}
     for fn, st, wname in ((fd, d_stmt, "decode_wrapper"), (fe, e_stmt, "prefill_wrapper_paged")):
-        var = st.targets[0].id
+        var = _dotted(st.targets[0])  # a Name: _casts keeps only `NAME = ...`
         calls = _calls_after(fn, st.lineno, lambda c, w=wname, v=var: (
             isinstance(c.func, ast.Attribute) and c.func.attr == "run" and _dotted(c.func.value) == w
             and any(_uses_name(a, v) for a in c.args)))
@@ -156,12 +173,13 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
             raise _Refuse(f"{fn.name}: run() already passes KV scales")
 
     # the dtypes given to plan()
-    plans, styles = [], set()
+    plans: list[_Plan] = []
+    styles: set[str] = set()
     for cls, expected in ((upd_d, 2), (upd_p, 1)):
         cbf = _method(cls, "call_begin_forward")
         if cbf is None:
             raise _Refuse(f"{cls.name} has no call_begin_forward")
-        found = []
+        found: list[_Plan] = []
         for c in ast.walk(cbf):
             if not isinstance(c, ast.Call):
                 continue
@@ -237,7 +255,7 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
         isinstance(s, ast.Assign) and any(_dotted(t) == "self.page_size" for t in s.targets) for s in ast.walk(init_b)
     ):
         raise _Refuse("FlashAttentionBackend.__init__ does not set self.page_size")
-    sites = {}
+    sites: dict[str, _Fa3Site] = {}
     for fn, (st, _, buf) in ((fe, ce[0]), (fd, cd[0])):
         # the first flash_attn_with_kvcache(...) after the cast reads views of the cast's target
         nested = [(n.lineno, n.end_lineno) for n in ast.walk(fn)

@@ -14,7 +14,7 @@ class _Refuse(Exception):
 # ------------------------------------------------------------------------------ ast helpers
 
 
-def _dotted(node: ast.AST) -> str:
+def _dotted(node: Optional[ast.AST]) -> str:
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -45,11 +45,11 @@ def _is_q_dtype(node: ast.AST) -> bool:
     return _dotted(node) == "q.dtype"
 
 
-def _casts(fn: ast.FunctionDef) -> list[tuple[ast.Assign, str, ast.AST]]:
+def _casts(fn: ast.FunctionDef) -> list[tuple[ast.Assign, str, ast.expr]]:
     """Statements ``NAME = <buffer>.to(q.dtype)`` in ``fn`` whose buffer is the KV pool
     (``…get_key_buffer(layer.layer_id)``) or a DCP gather (``…dcp_kv_buffer``).
     Returns (statement, kind, buffer expression)."""
-    out = []
+    out: list[tuple[ast.Assign, str, ast.expr]] = []
     for st in ast.walk(fn):
         if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
             continue
@@ -69,7 +69,10 @@ def _casts(fn: ast.FunctionDef) -> list[tuple[ast.Assign, str, ast.AST]]:
     return out
 
 
-def _pool_owner(buf: ast.Call) -> str:
+def _pool_owner(buf: ast.expr) -> str:
+    """Who holds the KV pool of a pool cast's buffer, ``<owner>.get_key_buffer(...)``."""
+    if not (isinstance(buf, ast.Call) and isinstance(buf.func, ast.Attribute)):
+        return "?"
     owner = _dotted(buf.func.value)
     if owner == "forward_batch.token_to_kv_pool":
         return "forward_batch"
@@ -78,8 +81,8 @@ def _pool_owner(buf: ast.Call) -> str:
     return owner or "?"
 
 
-def _assigned_before(fn: ast.FunctionDef, name: str, lineno: int) -> Optional[ast.Assign]:
-    best = None
+def _assigned_before(fn: ast.FunctionDef, name: str, lineno: int) -> Optional[ast.Assign | ast.AnnAssign]:
+    best: Optional[ast.Assign | ast.AnnAssign] = None
     for st in ast.walk(fn):
         if isinstance(st, (ast.Assign, ast.AnnAssign)) and st.lineno < lineno:
             targets = st.targets if isinstance(st, ast.Assign) else [st.target]

@@ -73,6 +73,6 @@ def token_ids(info: Optional[dict], io=None) -> tuple[tuple[int, int], str]:
     host (None: no access, the safe ids)."""
     model_path = (info or {}).get("model_path")
     vocab = vocab_of(read_model_config(io, model_path))
-    if vocab:
+    if vocab and isinstance(model_path, str):  # a vocab implies the config read from model_path
         return (1, min(vocab, MAX_HI)), f"vocab {vocab} from {posixpath.join(model_path, 'config.json')}"
     return SAFE_IDS, f"ids {SAFE_IDS[0]}..{SAFE_IDS[1] - 1} (the model's config.json is not reachable)"

@@ -9,7 +9,7 @@ import inspect
 
 from typing import Callable, Optional, Sequence
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.text import Text
@@ -100,7 +100,7 @@ def examples_panel(examples: Sequence[tuple[str, str]], width: Optional[int] = N
     """The examples, each command on lines that paste back into a shell (never folded mid-word at
     the panel's edge: broken between words with `` \\``), its description indented under it."""
     width = width or _console().width
-    rows = []
+    rows: list[RenderableType] = []
     for cmd, what in examples:
         for i, line in enumerate(shell_lines(cmd, width - 6)):
             rows.append(Text.assemble(("$ " if i == 0 else "  ", "dim"), (line, "bold"), no_wrap=True,
@@ -116,6 +116,10 @@ def _console() -> Console:
     return rich_utils._get_rich_console()
 
 
+# typer's rich_utils functions replaced below, by name: the replacement (each is replaced once)
+_INSTALLED: dict[str, Callable] = {}
+
+
 def _fold_option_help() -> None:
     """An option's help that holds a word longer than its column (a URL, a path) folds onto the next
     line instead of being cut with an ellipsis (rich's table default): the help column of typer's
@@ -123,7 +127,7 @@ def _fold_option_help() -> None:
     from typer import rich_utils
 
     inner = rich_utils._get_parameter_help
-    if getattr(inner, "_folds", False):
+    if inner is _INSTALLED.get("_get_parameter_help"):
         return
 
     def folded(*args, **kwargs):
@@ -133,7 +137,7 @@ def _fold_option_help() -> None:
                 item.overflow = "fold"
         return cell
 
-    folded._folds = True
+    _INSTALLED["_get_parameter_help"] = folded
     rich_utils._get_parameter_help = folded
 
 
@@ -147,7 +151,7 @@ def _stack_narrow_options() -> None:
     from typer import rich_utils
 
     inner = rich_utils._print_options_panel
-    if getattr(inner, "_stacks", False):
+    if inner is _INSTALLED.get("_print_options_panel"):
         return
 
     def head(param, ctx) -> Text:
@@ -164,7 +168,7 @@ def _stack_narrow_options() -> None:
         heads = [head(p, ctx) for p in params]
         if not params or console.width - _table_left(params, ctx) >= STACK_BELOW_HELP_WIDTH:
             return inner(name=name, params=params, ctx=ctx, markup_mode=markup_mode, console=console)
-        rows = []
+        rows: list[RenderableType] = []
         for h, p in zip(heads, params):
             rows.append(h)
             rows.append(Padding(rich_utils._get_parameter_help(param=p, ctx=ctx, markup_mode=markup_mode), (0, 0, 0, 4)))
@@ -183,7 +187,7 @@ def _stack_narrow_options() -> None:
             cols = [max(c, len(x)) for c, x in zip(cols, cells)]
         return sum(c + 2 for c in cols) + 8
 
-    panel._stacks = True
+    _INSTALLED["_print_options_panel"] = panel
     rich_utils._print_options_panel = panel
 
 

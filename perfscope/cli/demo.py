@@ -11,6 +11,7 @@ import typer
 from perfscope.cli import _paths
 from perfscope.errors import InputError
 from perfscope.report.escape import Console
+from perfscope.util.files import user_path
 
 NAME = "demo"
 ORDER = 5
@@ -48,7 +49,7 @@ def command(
     from perfscope.demo import DemoConfig, run_demo
     from perfscope.report import jsonout
 
-    folder = out or _paths.resolve(Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
+    folder = out or user_path(Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
     console = Console(stderr=json_out)
     s = run_demo(DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy),
                  console)

@@ -149,8 +149,8 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
         if len(group) > 1:
             for j in group:
                 if not j.tf.host:
-                    n = nodes[j.holders[0]]
-                    j.tf = replace(j.tf, host=n.labels.get(HOST_LABEL) or n.hostname or n.ip)
+                    holder = nodes[j.holders[0]]
+                    j.tf = replace(j.tf, host=holder.labels.get(HOST_LABEL) or holder.hostname or holder.ip)
     jobs.sort(key=lambda j: (j.tf.host or "", j.tf.rank if j.tf.rank is not None else -1, j.tf.stage or "",
                              j.tf.path.name))
     for i, j in enumerate(jobs):

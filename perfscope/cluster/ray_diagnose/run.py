@@ -47,10 +47,12 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
         nodes = sv.nodes
         run = RayRun(nodes={i: n.name() for i, n in nodes.items()}, moved_bytes=sv.moved)
         cfg_in = dict(config or {})
-        if sv.tset.host_timing and "host_timing" not in cfg_in and "host_timing" not in sv.tset.server_info:
-            ref = ray.remote(host_timing).options(num_cpus=1, scheduling_strategy=pinned(sv.host_timing_node)).remote(
+        ht_node = sv.host_timing_node  # the node holding sv.tset.host_timing (set with it)
+        if (sv.tset.host_timing and ht_node is not None and "host_timing" not in cfg_in
+                and "host_timing" not in sv.tset.server_info):
+            ref = ray.remote(host_timing).options(num_cpus=1, scheduling_strategy=pinned(ht_node)).remote(
                 sv.tset.host_timing, sv.tset.run_info.get("workload"))
-            status, ht = gather(ray, {ref: sv.host_timing_node})[ref]
+            status, ht = gather(ray, {ref: ht_node})[ref]
             if status == "ok" and ht:
                 cfg_in["host_timing"] = ht
         cfg = run_config(sv.tset, cfg_in, host_timing=False)

@@ -87,13 +87,14 @@ class SGLangClient:
         """Send the request; returns (connection, response, deadline). The deadline bounds the whole
         request (``stream``: each line of the stream) at the timeout, however slowly bytes arrive."""
         data = None if body is None else json.dumps(body).encode()
-        conn = self._conn(timeout)
+        t = self.timeout if timeout is None else timeout
+        conn = self._conn(t)
         where = f"{method} {self.base_url}{path}"
         watch = None
         ok = False
         try:
             conn.connect()  # bounded by the socket timeout; the deadline covers the rest
-            watch = Deadline(conn.sock, limits.http_deadline(conn.timeout))
+            watch = Deadline(conn.sock, limits.http_deadline(t))
             conn.request(method, self.prefix + path, body=data, headers=self._headers(data))
             resp = conn.getresponse()
             ok = True
