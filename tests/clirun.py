@@ -10,7 +10,8 @@
   pipes, file descriptors, the interpreter's start-up and exit, state a command leaves behind).
 - ``popen(args, ...)``: the same started and left running (a test that signals it or reads it as it goes).
 - ``one_line(err)``: the one ``perfscope:`` line an error takes, asserting there is exactly one and
-  no traceback.
+  no traceback (progress lines may come before it); ``error_line(r, code)``: a failed run's whole
+  stderr is that one line.
 
 A subprocess imports perfscope from this checkout (``PYTHONPATH`` starts with the repository), not
 from wherever the virtual environment's install points.
@@ -117,4 +118,14 @@ def one_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("perfscope:")]
     assert len(lines) == 1, err
     assert "Traceback" not in err and "Exception (client)" not in err
+    return lines[0]
+
+
+def error_line(r, code: int = 2) -> str:
+    """The whole of a failed run's stderr (a ``Result`` or ``CompletedProcess``): exit ``code`` and one
+    line, ``perfscope: error: ...``, nothing else."""
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("perfscope: error:"), r.stderr
     return lines[0]

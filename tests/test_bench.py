@@ -10,21 +10,14 @@ import time
 
 import pytest
 
+from clirun import invoke
 from net import free_port
 from perfscope.bench import measure, percentile
 from perfscope.bench.core import drive
 from perfscope.bench.workload import drive_decode, make_prompts
-from perfscope.cli import main
 from perfscope.errors import InputError
 from perfscope.remote.sglang_api import SGLangClient, ServerDown, parse_base_url
 from reproserver import repro, start_repro  # noqa: F401  (repro is a fixture)
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def test_measure_numbers_are_consistent(repro):
@@ -78,10 +71,10 @@ def test_drive_until_stop(repro):
     assert d["requests"] == 0 and all(not r["ok"] for r in d["per_request"])
 
 
-def test_bench_cli_table_json_and_run_folder(repro, tmp_path, capsys):
+def test_bench_cli_table_json_and_run_folder(repro, tmp_path):
     out = tmp_path / "run"
-    rc, stdout, err = run_cli(["bench", "--url", repro, "--input-len", "8", "--output-len", "4", "--num-requests",
-                               "2", "--warmup", "1", "--json", "--out", str(out)], capsys)
+    rc, stdout, err = invoke("bench", "--url", repro, "--input-len", "8", "--output-len", "4", "--num-requests",
+                               "2", "--warmup", "1", "--json", "--out", str(out))
     assert rc == 0, err
     d = json.loads(stdout)
     assert d["requests"] == 2 and d["tpot_ms"] > 0 and d["bench_file"] == str(out / "bench.json")
@@ -91,38 +84,38 @@ def test_bench_cli_table_json_and_run_folder(repro, tmp_path, capsys):
     assert run["kind"] == "bench" and run["timings"]["tpot_ms"] == d["tpot_ms"]
     assert run["server_info"]["kv_cache_dtype"] == "fp8_e4m3"
     # the rich table by default; a second bench into the same run folder is added under timings.bench
-    rc, stdout, err = run_cli(["bench", "--url", repro, "--input-len", "8", "--output-len", "3", "--num-requests",
-                               "1", "--warmup", "0", "--out", str(out)], capsys)
+    rc, stdout, err = invoke("bench", "--url", repro, "--input-len", "8", "--output-len", "3", "--num-requests",
+                               "1", "--warmup", "0", "--out", str(out))
     assert rc == 0, err
     assert "TPOT (ms)" in stdout and "ITL (ms)" in stdout and "p99" in stdout
     run = json.loads((out / "run.json").read_text())
     assert run["timings"]["bench"]["requests"] == 1
 
 
-def test_bench_cli_errors(tmp_path, capsys):
+def test_bench_cli_errors(tmp_path):
     port = free_port()  # nothing listens there now
-    rc, _, err = run_cli(["bench", "--url", f"http://127.0.0.1:{port}", "--num-requests", "1"], capsys)
+    rc, _, err = invoke("bench", "--url", f"http://127.0.0.1:{port}", "--num-requests", "1")
     assert rc == 3 and "nothing listens" in err and "Traceback" not in err
-    rc, _, err = run_cli(["bench", "--num-requests", "1"], capsys)
+    rc, _, err = invoke("bench", "--num-requests", "1")
     assert rc == 2 and "--url" in err
-    rc, _, err = run_cli(["bench", "--url", "http://u:p@127.0.0.1:1"], capsys)
+    rc, _, err = invoke("bench", "--url", "http://u:p@127.0.0.1:1")
     assert rc == 2 and "credentials" in err
-    rc, _, err = run_cli(["bench", "--url", "http://127.0.0.1:1", "--api-key-env", "PERFSCOPE_NO_SUCH_VAR"], capsys)
+    rc, _, err = invoke("bench", "--url", "http://127.0.0.1:1", "--api-key-env", "PERFSCOPE_NO_SUCH_VAR")
     assert rc == 2
 
 
 @pytest.mark.slow
-def test_bench_with_api_key(tmp_path, capsys, monkeypatch):
+def test_bench_with_api_key(tmp_path, monkeypatch):
     key = "k3y-value-789"
     with start_repro("--api-key", key, log_dir=tmp_path) as (url, _):
-        rc, stdout, err = run_cli(["bench", "--url", url, "--input-len", "4", "--output-len", "2",
-                                   "--num-requests", "1", "--warmup", "0"], capsys)
+        rc, stdout, err = invoke("bench", "--url", url, "--input-len", "4", "--output-len", "2",
+                                   "--num-requests", "1", "--warmup", "0")
         assert rc == 3 and "API key" in err and key not in err
         monkeypatch.setenv("REPRO_BENCH_KEY", key)
         out = tmp_path / "r"
-        rc, stdout, err = run_cli(["bench", "--url", url, "--input-len", "4", "--output-len", "2", "--num-requests",
+        rc, stdout, err = invoke("bench", "--url", url, "--input-len", "4", "--output-len", "2", "--num-requests",
                                    "1", "--warmup", "0", "--api-key-env", "REPRO_BENCH_KEY", "--json", "--out",
-                                   str(out)], capsys)
+                                   str(out))
         assert rc == 0, err
         assert key not in stdout + err
         assert key not in (out / "run.json").read_text() + (out / "bench.json").read_text()
@@ -186,15 +179,15 @@ def test_percentile_matches_numpy_linear():
     assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
 
 
-def test_bench_over_ssh_forward(sshd, repro, tmp_path, capsys, no_agent):
+def test_bench_over_ssh_forward(sshd, repro, tmp_path, no_agent):
     """`bench --host`: the server's port is reached through a forward over the real sshd."""
     from urllib.parse import urlsplit
 
     port = urlsplit(repro).port
-    rc, stdout, err = run_cli(["bench", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+    rc, stdout, err = invoke("bench", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
                                "--identity", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts),
                                "--port", str(port), "--input-len", "4", "--output-len", "3", "--num-requests", "1",
-                               "--warmup", "0", "--json"], capsys)
+                               "--warmup", "0", "--json")
     assert rc == 0, err
     d = json.loads(stdout)
     assert d["requests"] == 1 and d["tpot_ms"] > 0

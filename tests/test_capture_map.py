@@ -4,11 +4,10 @@ SGLang (MI300X, Qwen3-8B decode, bs 32, HIP graph) and vLLM (full-graph decode, 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from clirun import invoke
 from paths import H200, TRACELENS
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.capture_map import CaptureSet, align, load_capture, node_key
@@ -113,12 +112,10 @@ def test_not_a_capture_trace_is_refused_clearly():
 
 
 def test_cli_option(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(SGL), "--capture-trace", str(SGL_CAP),
-                        "--json"], capture_output=True, text=True, timeout=300)
+    r = invoke("diagnose", SGL, "--capture-trace", SGL_CAP, "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["ops"][0]["op_chain"]
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(SGL), "--capture-trace",
-                        str(H200 / "mla_pool_graph.json.xz"), "--json"], capture_output=True, text=True, timeout=300)
+    r = invoke("diagnose", SGL, "--capture-trace", H200 / "mla_pool_graph.json.xz", "--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "not a graph-capture trace" in r.stderr

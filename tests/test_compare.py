@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
 from perfscope.rundir import write_run
 
+from clirun import invoke
 from paths import TRACES, gz_bytes, topen
 H200 = TRACES / "h200-mla-fp8-kv"
 QWEN = TRACES / "public" / "TraceLens" / "tests" / "traces"
@@ -30,11 +30,6 @@ def diag():
         return cache[path]
 
     return get
-
-
-def perfscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
 
 
 @pytest.mark.parametrize("after", ["mla_fp8_graph", "mla_pages_graph"])
@@ -115,10 +110,10 @@ def test_run_folders_bring_tpot_model_and_config(tmp_path, diag):
 
 def test_cli_terminal_and_json(tmp_path):
     pool, fp8 = H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_graph.json.xz"
-    r = perfscope("compare", pool, fp8)
+    r = invoke("compare", pool, fp8)
     assert r.returncode == 0, r.stderr
     assert "fp8-kv-cast" in r.stdout and "gone" in r.stdout and "copy" in r.stdout
-    r = perfscope("compare", pool, H200 / "mla_pages_graph.json.xz", "--json", "--html", tmp_path / "c.html")
+    r = invoke("compare", pool, H200 / "mla_pages_graph.json.xz", "--json", "--html", tmp_path / "c.html")
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)
     assert c["kind"] == "compare" and c["findings"]["gone"][0]["id"] == "fp8-kv-cast"
@@ -139,7 +134,7 @@ def test_predictions_are_held_to_account(tmp_path, diag):
     # a finding still present predicted nothing that was tested: no row; nor the reverse direction
     assert compare(diag(H200 / "mla_pool_graph.json.xz"), diag(H200 / "mla_pool_eager.json.xz"))["predictions"] == []
     assert compare(diag(H200 / "mla_fp8_graph.json.xz"), diag(H200 / "mla_pool_graph.json.xz"))["predictions"] == []
-    r = perfscope("compare", H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_graph.json.xz")
+    r = invoke("compare", H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_graph.json.xz")
     shown = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
     assert f"measured {pr['measured_step_ms']:.2f} ms (error {pr['error_pct']:+.1f}%)" in shown
     # the prediction is of the unprofiled TPOT: AFTER's TPOT measured under the profiler is not held to
@@ -162,7 +157,7 @@ def test_cli_one_unreadable_side_is_one_line(tmp_path, side):
     bad.write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz")[:5000])  # truncated gzip
     good = H200 / "mla_fp8_graph.json.xz"
     args = (bad, good) if side == "before" else (good, bad)
-    r = perfscope("compare", *args)
+    r = invoke("compare", *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"perfscope: error: {side}"), r.stderr
@@ -171,10 +166,10 @@ def test_cli_one_unreadable_side_is_one_line(tmp_path, side):
 
 def test_cli_missing_side_and_not_a_kineto_trace(tmp_path):
     good = H200 / "mla_fp8_graph.json.xz"
-    r = perfscope("compare", tmp_path / "nope.json.gz", good)
+    r = invoke("compare", tmp_path / "nope.json.gz", good)
     assert r.returncode == 2 and r.stderr.strip() == f"perfscope: error: before ({tmp_path / 'nope.json.gz'}): no such file or folder"
     et = TRACES / "public/HolisticTraceAnalysis/tests/data/execution_trace/benchmark_simple_add_et.json.xz"
-    r = perfscope("compare", good, et)
+    r = invoke("compare", good, et)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("perfscope: error: after") and "execution trace" in r.stderr
 
@@ -183,14 +178,14 @@ def test_cpu_only_runs_compare_as_platform_cpu():
     """Two CPU-only traces (the demo's repro server on CPU; a real SGLang 0.5.23 server on CPU): the
     trace meta's platform defaults to "cuda", which the comparison once reported; a GPU trace keeps its own."""
     fx = Path(__file__).parent / "fixtures"
-    r = perfscope("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz",
+    r = invoke("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz",
                   fx / "real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz", "--json")
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)
     assert c["before"]["platform"] == c["after"]["platform"] == "cpu"
     assert c["before"]["analysed_on"] == "cpu-ops"
     assert "cuda" not in json.dumps(c["before"]).lower()
-    r = perfscope("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz", H200 / "mla_pool_graph.json.xz", "--json")
+    r = invoke("compare", fx / "repro-cpu-demo-before-DECODE.trace.json.gz", H200 / "mla_pool_graph.json.xz", "--json")
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)
     assert (c["before"]["platform"], c["after"]["platform"]) == ("cpu", "cuda")
@@ -229,7 +224,6 @@ def test_kernels_the_fix_did_not_touch_moving_together_flag_the_machine(tmp_path
     m = c["moved_together"]
     assert m is not None and m["direction"] == "faster" and 2.3 <= m["median_factor"] <= 2.7, m
     assert m["share_of_time"] >= 0.6 and m["ops"] >= 2 and "machine changed" in c["verdict"]
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(src), str(fast)], capture_output=True,
-                       text=True, timeout=600, env={**__import__("os").environ, "COLUMNS": "400"})
+    r = invoke("compare", src, fast, env={**os.environ, "COLUMNS": "400"})
     assert r.returncode == 0, r.stderr
     assert "the machine changed between runs?" in r.stdout and "not expected to change" in r.stdout

@@ -9,6 +9,7 @@ import hashlib
 import lzma
 import re
 
+from clirun import invoke
 from paths import TRACES
 from perfscope.analysis.parallel import json_bytes
 from perfscope.load import load_trace
@@ -58,8 +59,6 @@ def test_a_damaged_xz_trace_gets_one_line_and_exit_2(tmp_path):
     """Truncated (copied while written), corrupt, junk after the stream, or past the size bound:
     one line naming the file and what is wrong, exit 2; stream padding and several streams read."""
     import os
-    import subprocess
-    import sys
 
     from paths import REPO
 
@@ -70,8 +69,7 @@ def test_a_damaged_xz_trace_gets_one_line_and_exit_2(tmp_path):
              "big.json.xz": (data, {"PERFSCOPE_MAX_TRACE_GB": "0.001"}, "PERFSCOPE_MAX_TRACE_GB")}
     for name, (body, env, want) in cases.items():
         (tmp_path / name).write_bytes(body)
-        r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(tmp_path / name)], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+        r = invoke("diagnose", tmp_path / name, env={**os.environ, "PYTHONPATH": str(REPO), **env})
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and want in lines[0] and name in lines[0], (name, r.stderr)
     padded = tmp_path / "padded.json.xz"  # stream padding (4 zero bytes) after the stream: valid xz

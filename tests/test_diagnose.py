@@ -5,20 +5,14 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+from clirun import error_line, invoke
 from paths import H200, HTA, TRACELENS, TRACES, gz_bytes, topen
 from perfscope.analysis.diagnose import diagnose
 
 MEASURED = json.loads((H200 / "measured.json").read_text())
-
-
-def run_cli(*args, check=False):
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          check=check, timeout=300)
 
 
 def finding(d: dict, fid: str):
@@ -163,7 +157,7 @@ def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
 
 
 def test_cli_json_and_fail_on_gate():
-    r = run_cli("diagnose", H200 / "mla_pool_graph.json.xz", "--json", "--fail-on", "fp8-kv-cast")
+    r = invoke("diagnose", H200 / "mla_pool_graph.json.xz", "--json", "--fail-on", "fp8-kv-cast")
     assert r.returncode == 1, r.stderr
     d = json.loads(r.stdout)
     assert set(d) >= {"steps", "buckets", "kernel_ms_total", "findings"}
@@ -172,46 +166,37 @@ def test_cli_json_and_fail_on_gate():
     f = d["findings"][0]
     assert set(f) >= {"id", "fix", "ms_per_step", "share", "predicted_step_ms_after_fix", "evidence"}
     assert "gated finding" in r.stderr
-    ok = run_cli("diagnose", H200 / "mla_fp8_graph.json.xz", "--json", "--fail-on", "fp8-kv-cast")
+    ok = invoke("diagnose", H200 / "mla_fp8_graph.json.xz", "--json", "--fail-on", "fp8-kv-cast")
     assert ok.returncode == 0, ok.stderr
-    term = run_cli("diagnose", H200 / "mla_pool_eager.json.xz")
+    term = invoke("diagnose", H200 / "mla_pool_eager.json.xz")
     assert term.returncode == 0 and "fp8-kv-cast" in term.stdout and "495,000" in term.stdout
 
 
-def _one_line_error(r, code=2):
-    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr
-    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("perfscope: error:"), r.stderr
-    return lines[0]
-
-
-@pytest.mark.slow  # one CLI process per bad input (~6 s)
 def test_bad_inputs_get_one_clear_line(tmp_path):
     full = gz_bytes(H200 / "mla_pool_graph.json.xz")
     trunc = tmp_path / "truncated.json.gz"
     trunc.write_bytes(full[: len(full) // 2])
-    assert "truncated gzip" in _one_line_error(run_cli("diagnose", trunc))
+    assert "truncated gzip" in error_line(invoke("diagnose", trunc))
     empty = tmp_path / "empty.json"
     empty.write_bytes(b"")
-    assert "empty file" in _one_line_error(run_cli("diagnose", empty))
+    assert "empty file" in error_line(invoke("diagnose", empty))
     et = HTA / "execution_trace" / "benchmark_simple_add_et.json.xz"
-    assert "execution trace" in _one_line_error(run_cli("diagnose", et))
+    assert "execution trace" in error_line(invoke("diagnose", et))
     notjson = tmp_path / "notes.json"
     notjson.write_text("hello")
-    assert "not valid JSON" in _one_line_error(run_cli("diagnose", notjson))
+    assert "not valid JSON" in error_line(invoke("diagnose", notjson))
     other = tmp_path / "other.json"
     other.write_text('{"a": 1}')
-    assert "not a Kineto trace" in _one_line_error(run_cli("diagnose", other))
-    assert "no such file" in _one_line_error(run_cli("diagnose", tmp_path / "missing.json.gz"))
+    assert "not a Kineto trace" in error_line(invoke("diagnose", other))
+    assert "no such file" in error_line(invoke("diagnose", tmp_path / "missing.json.gz"))
     (tmp_path / "emptydir").mkdir()
-    assert "no trace files" in _one_line_error(run_cli("diagnose", tmp_path / "emptydir"))
+    assert "no trace files" in error_line(invoke("diagnose", tmp_path / "emptydir"))
     # one bad rank among good ones: still one line, no traceback from the worker
     prof = tmp_path / "prof"
     prof.mkdir()
     (prof / "1-TP-0.trace.json.gz").write_bytes(gz_bytes(H200 / "mla_fp8_graph.json.xz"))
     (prof / "1-TP-1.trace.json.gz").write_bytes(full[:1000])
-    assert "truncated gzip" in _one_line_error(run_cli("diagnose", prof))
+    assert "truncated gzip" in error_line(invoke("diagnose", prof))
 
 
 def test_fail_on_checks_its_ids_against_the_rule_registry():
@@ -219,20 +204,20 @@ def test_fail_on_checks_its_ids_against_the_rule_registry():
 
     # a misspelt id would never match: a CI gate that always passes. Refused, with the known ids
     trace = H200 / "mla_pool_graph.json.xz"
-    line = _one_line_error(run_cli("diagnose", trace, "--fail-on", "fp8-kv-cats"))
+    line = error_line(invoke("diagnose", trace, "--fail-on", "fp8-kv-cats"))
     assert "unknown finding id fp8-kv-cats" in line and "did you mean fp8-kv-cast?" in line
     assert all(rid in line for rid in rule_ids()) and "any" in line
-    line = _one_line_error(run_cli("diagnose", trace, "--json", "--fail-on", "eager-decode,nope,zzz"))
+    line = error_line(invoke("diagnose", trace, "--json", "--fail-on", "eager-decode,nope,zzz"))
     assert "unknown finding ids nope, zzz" in line
-    assert "no finding id" in _one_line_error(run_cli("diagnose", trace, "--fail-on", " , "))
+    assert "no finding id" in error_line(invoke("diagnose", trace, "--fail-on", " , "))
     # known ids still gate: any, and a list with a present one
     for ids in ("any", "eager-decode,fp8-kv-cast"):
-        r = run_cli("diagnose", trace, "--json", "--fail-on", ids)
+        r = invoke("diagnose", trace, "--json", "--fail-on", ids)
         assert r.returncode == 1 and "gated finding(s) present: fp8-kv-cast" in r.stderr, (ids, r.stderr)
 
 
 def test_help_explains():
-    r = run_cli("diagnose", "--help")
+    r = invoke("diagnose", "--help")
     assert r.returncode == 0 and "--fail-on" in r.stdout and "--json" in r.stdout
 
 

@@ -9,18 +9,15 @@ import html
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+from clirun import invoke
 from paths import H200
 from perfscope.rundir import write_run
 
 
-def cli(*args, columns: int = 200, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": str(columns)}
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=cwd)
+def cli(*args, columns: int = 200, cwd=None):
+    return invoke(*args, cwd=cwd, env={**os.environ, "COLUMNS": str(columns)})
 
 
 def _run_folder(root: Path) -> Path:

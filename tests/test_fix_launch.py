@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from perfscope.fixengine.launch import FlagChange, LaunchParseError, edit_flags,
 from perfscope.fixengine.model import Environment
 from perfscope.fixengine.registry import get
 
+from clirun import invoke
 from net import free_port
 from paths import H200, REPO
 
@@ -385,33 +385,27 @@ def test_eager_decode_on_vllm_drops_enforce_eager(tmp_path):
 # ---------------------------------------------------------------------------------- the CLI
 
 
-def cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-    e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "perfscope", *args], capture_output=True, text=True, cwd=cwd,
-                          env=e, timeout=120)
-
-
 def test_cli_loop_check_apply_revert_and_refusal_exit_codes(tmp_path):
     p = write(tmp_path, SCRIPT)
     original = p.read_bytes()
     st = ["--state-dir", str(tmp_path / "st"), "--port", "0"]
-    r = cli("fix", "overlap-off", "--launch-file", str(p), *st)
+    r = invoke("fix", "overlap-off", "--launch-file", str(p), *st)
     assert r.returncode == 0, r.stderr
     assert "-  --disable-overlap-schedule \\" in r.stdout and "checked:" in r.stdout
     assert p.read_bytes() == original
-    r = cli("fix", "overlap-off", "--launch-file", str(p), "--apply", *st)
+    r = invoke("fix", "overlap-off", "--launch-file", str(p), "--apply", *st)
     assert r.returncode == 0 and "applied:" in r.stdout, r.stdout + r.stderr
     assert b"--disable-overlap-schedule" not in p.read_bytes()
-    r = cli("fix", "overlap-off", "--launch-file", str(p), "--revert", *st)
+    r = invoke("fix", "overlap-off", "--launch-file", str(p), "--revert", *st)
     assert r.returncode == 0 and p.read_bytes() == original
     # no --restart-cmd: the running server keeps what the fix changed, and the revert says so
     assert "the running server still has the fix's flags" in r.stdout, r.stdout
     # a file it cannot read exactly: one line, exit 4, nothing written
     bad = write(tmp_path, "python -m sglang.launch_server --model-path $(cat m) --disable-overlap-schedule\n", "bad.sh")
-    r = cli("fix", "overlap-off", "--launch-file", str(bad), "--apply", *st)
+    r = invoke("fix", "overlap-off", "--launch-file", str(bad), "--apply", *st)
     assert r.returncode == 4 and "command substitution" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     # --apply without a launch file: a usage error, nothing runs
-    r = cli("fix", "overlap-off", "--apply", *st)
+    r = invoke("fix", "overlap-off", "--apply", *st)
     assert r.returncode == 2 and "--launch-file" in r.stderr
 
 
@@ -431,7 +425,7 @@ def test_without_a_launch_file_the_change_and_the_servers_command_line_are_print
                 break
             except OSError:
                 time.sleep(0.1)
-        r = cli("fix", "eager-decode", "--port", str(port), "--json")
+        r = invoke("fix", "eager-decode", "--port", str(port), "--json")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["outcome"] == "checked" and out["flag_changes"] == ["remove --disable-cuda-graph"]
@@ -474,7 +468,7 @@ def test_diagnose_fix_line_runs(name, tmp_path):
                   timings={"tpot_ms": step + 2.0, "bench": {"tpot_ms": step + 1.2, "concurrency": 1}},
                   workload={"concurrency": 1}, files=[{"path": dst.relative_to(tmp_path / "run").as_posix()}])
         target = tmp_path / "run"
-    r = cli("diagnose", str(target), "--json")
+    r = invoke("diagnose", str(target), "--json")
     assert r.returncode == 0, r.stderr
     cmds = [f["fix_command"] for f in json.loads(r.stdout)["findings"] if f.get("fix")]
     assert cmds, "no finding with a fix"
@@ -486,14 +480,14 @@ def test_diagnose_fix_line_runs(name, tmp_path):
             t = tmp_path / "mla_attention.py"
             t.write_bytes((REPO / "examples" / "repro_server" / "mla_attention.py").read_bytes())
             extra += ["--target-file", str(t), "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer"]
-        res = cli(*argv[1:], *extra)
+        res = invoke(*argv[1:], *extra)
         assert res.returncode == 0, (c, res.stdout, res.stderr)
         assert "checked:" in res.stdout
 
 
 @pytest.mark.parametrize("fid", sorted(CASES))
 def test_per_fix_help_shows_the_modules_document(fid):
-    r = cli("fix", fid, "--help")
+    r = invoke("fix", fid, "--help")
     assert r.returncode == 0, r.stderr
     assert get(fid).title.split(" (")[0] in " ".join(r.stdout.split()) and "How to revert" in r.stdout
 
@@ -519,8 +513,7 @@ def test_a_fix_read_from_a_run_uses_the_traced_servers_port_and_recorded_setting
         s.close()
         s = None
     try:
-        r = subprocess.run([sys.executable, "-m", "perfscope", "fix", "overlap-off", "--trace", str(run), "--json"],
-                           capture_output=True, text=True, timeout=300)
+        r = invoke("fix", "overlap-off", "--trace", run, "--json")
     finally:
         if s is not None:
             s.close()
@@ -531,9 +524,7 @@ def test_a_fix_read_from_a_run_uses_the_traced_servers_port_and_recorded_setting
     assert d["outcome"] == "already-applied"
     assert any("from the run record" in n for n in d["notes"])
     # an explicit --port still wins, and 0 means: look for no server process
-    r = subprocess.run([sys.executable, "-m", "perfscope", "fix", "overlap-off", "--trace", str(run), "--port", "0",
-                        "--json"], capture_output=True, text=True, timeout=300)
+    r = invoke("fix", "overlap-off", "--trace", run, "--port", "0", "--json")
     assert r.returncode == 0 and "port recorded" not in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "perfscope", "fix", "overlap-off", "--port", "70000"],
-                       capture_output=True, text=True, timeout=60)
+    r = invoke("fix", "overlap-off", "--port", "70000")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--port 70000" in r.stderr, r.stderr

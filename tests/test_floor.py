@@ -7,11 +7,10 @@ Hugging Face Hub cannot be reached from CI); their published parameter counts ar
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from clirun import invoke
 from paths import H200, REPO, TRACELENS
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.floor import compute_floor, with_floor_inputs
@@ -344,14 +343,11 @@ def test_without_model_config_the_json_says_what_is_missing():
 
 
 def test_cli_model_config_option():
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.xz"), "--json",
-                        "--model-config", str(EXAMPLE), "--context", "4096"],
-                       capture_output=True, text=True, timeout=300)
+    r = invoke("diagnose", H200 / "mla_pool_graph.json.xz", "--json", "--model-config", EXAMPLE, "--context", "4096")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["floor"]["worst_bucket"] == "copy" and d["floor"]["inputs"]["context"] == 4096
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.xz"),
-                        "--model-config", str(REPO / "nonexistent.json")], capture_output=True, text=True, timeout=300)
+    r = invoke("diagnose", H200 / "mla_pool_graph.json.xz", "--model-config", REPO / "nonexistent.json")
     assert r.returncode == 2 and "model config" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -362,15 +358,11 @@ def test_with_floor_inputs_rejects_bad_numbers():
 
 def test_html_report_shows_the_floor_and_its_worst_bucket(tmp_path):
     """The HTML diagnosis carries the floor section (rendered by the report template)."""
-    import subprocess
-    import sys
 
     from paths import H200, REPO
 
     out = tmp_path / "r.html"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_graph.json.xz"),
-                        "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"),
-                        "--html", str(out)], capture_output=True, text=True, timeout=300)
+    r = invoke("diagnose", H200 / "mla_pool_graph.json.xz", "--model-config", REPO / "examples" / "h200_mla_repro.config.json", "--html", out)
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     section = page[page.index('id="floor"'):]

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
+from clirun import invoke, one_line
 from paths import REPO, TRACELENS, json_of
-from perfscope.cli import main
 
 SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
 
@@ -24,19 +24,6 @@ SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json
 @pytest.fixture(scope="module")
 def trace_obj():
     return json.loads(json_of(SMALL))
-
-
-def run_cli(argv, capsys):
-    with pytest.raises(SystemExit) as ei:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.startswith("perfscope:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _kernels(obj):
@@ -52,7 +39,7 @@ def _shaped_ops(obj):
 
 @pytest.mark.parametrize("field,value", [("Input type", 5), ("Input Dims", 7), ("Input Dims", [[1 << 70, 3]]),
                                          ("Concrete Inputs", [1 << 70, {"x": 1}, [1]]), ("Input type", [1, None])])
-def test_cpu_op_shapes_of_any_type_are_typed_at_the_reader_in_every_output_mode(trace_obj, tmp_path, capsys,
+def test_cpu_op_shapes_of_any_type_are_typed_at_the_reader_in_every_output_mode(trace_obj, tmp_path,
                                                                                   field, value):
     """A number where a list belongs, or an integer over 64 bits, in a cpu_op's shapes gave exit 70
     in the roofline and in the JSON and HTML writers; the reader's typed view (load/shapes.py) makes
@@ -65,7 +52,7 @@ def test_cpu_op_shapes_of_any_type_are_typed_at_the_reader_in_every_output_mode(
     p = tmp_path / "t.json"
     p.write_text(json.dumps(obj))
     for extra in ([], ["--json"], ["--html", tmp_path / "r.html"], ["--markdown", tmp_path / "r.md"]):
-        rc, out, err = run_cli(["diagnose", p, *extra], capsys)
+        rc, out, err = invoke("diagnose", p, *extra)
         assert rc == 0, err
         if extra == ["--json"]:
             json.loads(out)
@@ -82,7 +69,7 @@ def test_cpu_op_shapes_of_any_type_are_typed_at_the_reader_in_every_output_mode(
         assert shapes.concrete_inputs(op.concrete) == [str(1 << 70), None, None]
 
 
-def test_negative_duration_kernels_are_said_not_silently_dropped(trace_obj, tmp_path, capsys):
+def test_negative_duration_kernels_are_said_not_silently_dropped(trace_obj, tmp_path):
     obj = copy.deepcopy(trace_obj)
     k = _kernels(obj)
     k[3]["dur"], k[4]["dur"] = -2, -0.5
@@ -93,7 +80,7 @@ def test_negative_duration_kernels_are_said_not_silently_dropped(trace_obj, tmp_
     t = load_trace(p)
     assert (t.meta.negative_durations, t.meta.negative_kernels) == (2, 2)
     assert len(t.kernels) == len(k) - 2
-    rc, out, err = run_cli(["diagnose", p, "--json"], capsys)
+    rc, out, err = invoke("diagnose", p, "--json")
     assert rc == 0
     notes = " ".join(json.dumps(json.loads(out)).split())
     assert "2 event(s) with a negative duration, 2 of them GPU kernels" in notes
@@ -127,7 +114,7 @@ def test_bom_and_utf16_traces_are_read(trace_obj, tmp_path, encoding):
     assert len(t.kernels) == len(_kernels(trace_obj)) and t.meta.encoding == encoding
 
 
-def test_one_lone_surrogate_does_not_reject_the_file(trace_obj, tmp_path, capsys):
+def test_one_lone_surrogate_does_not_reject_the_file(trace_obj, tmp_path):
     obj = copy.deepcopy(trace_obj)
     k = _kernels(obj)
     k[0]["name"] += "\ud800"  # json.dumps writes it as the escape \ud800, alone
@@ -140,7 +127,7 @@ def test_one_lone_surrogate_does_not_reject_the_file(trace_obj, tmp_path, capsys
     t = load_trace(p)
     assert len(t.kernels) == len(k) and t.meta.lone_surrogates == 1
     assert any(x.name.endswith("\ufffd") for x in t.kernels)
-    rc, out, err = run_cli(["diagnose", p], capsys)
+    rc, out, err = invoke("diagnose", p)
     assert rc == 0 and "surrogate" in out
 
 
@@ -161,23 +148,23 @@ def test_gzip_bomb_is_refused_at_the_inflated_bound(tmp_path):
     assert r.returncode == 2 and "larger than 512 MB" in line and "PERFSCOPE_MAX_TRACE_GB" in line, r.stderr
 
 
-def test_real_trace_past_a_lowered_bound_is_refused_and_within_it_read(tmp_path, capsys, monkeypatch):
+def test_real_trace_past_a_lowered_bound_is_refused_and_within_it_read(tmp_path, monkeypatch):
     size = len(json_of(SMALL))
     monkeypatch.setenv("PERFSCOPE_MAX_TRACE_GB", str((size - 1) / (1 << 30)))
-    rc, _, err = run_cli(["diagnose", SMALL], capsys)
+    rc, _, err = invoke("diagnose", SMALL)
     assert rc == 2 and "PERFSCOPE_MAX_TRACE_GB" in one_line(err)
     monkeypatch.setenv("PERFSCOPE_MAX_TRACE_GB", str((size + 1) / (1 << 30)))
-    rc, _, err = run_cli(["diagnose", SMALL], capsys)
+    rc, _, err = invoke("diagnose", SMALL)
     assert rc == 0, err
 
 
-def test_events_past_the_event_bound_are_refused(tmp_path, capsys, monkeypatch, trace_obj):
+def test_events_past_the_event_bound_are_refused(tmp_path, monkeypatch, trace_obj):
     monkeypatch.setenv("PERFSCOPE_MAX_EVENTS", "100")
-    rc, _, err = run_cli(["diagnose", SMALL], capsys)
+    rc, _, err = invoke("diagnose", SMALL)
     line = one_line(err)
     assert rc == 2 and f"{len(trace_obj['traceEvents']):,} events" in line and "PERFSCOPE_MAX_EVENTS" in line
     monkeypatch.setenv("PERFSCOPE_MAX_EVENTS", "lots")
-    rc, _, err = run_cli(["diagnose", SMALL], capsys)
+    rc, _, err = invoke("diagnose", SMALL)
     assert rc == 2 and "PERFSCOPE_MAX_EVENTS='lots'" in one_line(err)
 
 
@@ -208,11 +195,6 @@ def test_splice_moves_large_tails_exactly():
 
 # ------------------------------------------------------------------------------------ fix inputs
 
-def _fix(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "perfscope", "fix", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
 @pytest.mark.parametrize("kind", ["fifo", "zero", "big"])
 @pytest.mark.parametrize("opt", ["--launch-file", "--target-file"])
 def test_fix_files_are_regular_and_bounded(tmp_path, kind, opt):
@@ -227,9 +209,8 @@ def test_fix_files_are_regular_and_bounded(tmp_path, kind, opt):
         f = tmp_path / "launch.sh"
         f.write_text("#!/bin/sh\nexec python3 -m sglang.launch_server --tp 1\n" + "#" * (2 << 20) + "\n")
     fix = "overlap-off" if opt == "--launch-file" else "fp8-kv-cast"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "fix", fix, opt, str(f), "--state-dir", str(tmp_path / "st"),
-                        "--port", "0"], capture_output=True, text=True, cwd=REPO, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(REPO), "PERFSCOPE_MAX_FIX_FILE_MB": "1"})
+    r = invoke("fix", fix, opt, f, "--state-dir", tmp_path / "st", "--port", "0", cwd=REPO,
+               env={**os.environ, "PERFSCOPE_MAX_FIX_FILE_MB": "1"})
     line = one_line(r.stderr)
     assert r.returncode == 2, r.stderr
     if kind == "big":
@@ -252,7 +233,7 @@ def test_launch_words_the_shell_expands_into_flags_are_refused(tmp_path, line, r
     p = tmp_path / "launch.sh"
     p.write_text("#!/bin/sh\n" + line)
     before = p.read_bytes()
-    r = _fix("overlap-off", "--launch-file", p, "--state-dir", tmp_path / "st", "--port", "0", "--apply")
+    r = invoke("fix", "overlap-off", "--launch-file", p, "--state-dir", tmp_path / "st", "--port", "0", "--apply")
     if refused:
         assert r.returncode == 4 and "the shell expands it" in one_line(r.stderr), r.stdout + r.stderr
         assert p.read_bytes() == before
@@ -269,13 +250,13 @@ def test_revert_under_another_fix_names_that_fix(tmp_path):
                  "--disable-cuda-graph\n")
     original = p.read_bytes()
     st = ["--launch-file", p, "--state-dir", tmp_path / "st", "--port", "0"]
-    assert _fix("overlap-off", *st, "--apply").returncode == 0
-    assert _fix("eager-decode", *st, "--apply").returncode == 0
+    assert invoke("fix", "overlap-off", *st, "--apply").returncode == 0
+    assert invoke("fix", "eager-decode", *st, "--apply").returncode == 0
     both = p.read_bytes()
-    r = _fix("overlap-off", *st, "--revert")
+    r = invoke("fix", "overlap-off", *st, "--revert")
     line = one_line(r.stderr)
     assert r.returncode == 4 and "patched again by perfscope fix eager-decode" in line and "reinstalled" not in line
     assert p.read_bytes() == both
-    assert _fix("eager-decode", *st, "--revert").returncode == 0
-    assert _fix("overlap-off", *st, "--revert").returncode == 0
+    assert invoke("fix", "eager-decode", *st, "--revert").returncode == 0
+    assert invoke("fix", "overlap-off", *st, "--revert").returncode == 0
     assert p.read_bytes() == original

@@ -7,15 +7,13 @@ the way a hostile trace (or a traced server) would write them."""
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from markdown_it import MarkdownIt
 
+from clirun import invoke
 from paths import H200, topen
 
 # set the window title, clear the screen, an OSC 8 hyperlink, a bidi override, a C1 CSI
@@ -40,8 +38,7 @@ def hostile_trace(path, payload, device_payload=None, formula=False):
 
 
 def run(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return invoke(*args, env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 def no_terminal_controls(text: str) -> bool:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from clirun import invoke
 from browser import load_page, png_colours  # the chromium and open_page fixtures: tests/conftest.py
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
@@ -144,11 +143,6 @@ def test_write_html_refuses_a_folder(tmp_path):
 
 # ---- the CLI --------------------------------------------------------------------------------- #
 
-def perfscope(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
-
-
 def test_cli_report_of_a_run_folder_shows_config_and_tpot(tmp_path):
     run = tmp_path / "run"
     (run / "traces").mkdir(parents=True)
@@ -157,7 +151,7 @@ def test_cli_report_of_a_run_folder_shows_config_and_tpot(tmp_path):
               server_info={"model_path": "deepseek-ai/DeepSeek-V3", "kv_cache_dtype": "fp8_e4m3",
                            "attention_backend": "flashinfer", "tp_size": 1, "max_total_num_tokens": 495000},
               timings={"ttft_ms": 120.0, "tpot_ms": 58.25}, files=[{"path": "traces/1730000000.0-TP-0-DECODE.trace.json.gz"}])
-    r = perfscope("report", run)
+    r = invoke("report", run)
     assert r.returncode == 0, r.stderr
     html = (run / "report.html").read_text()
     for text in ("deepseek-ai/DeepSeek-V3", "fp8_e4m3", "58.25 ms", "TPOT measured by the client",
@@ -167,14 +161,14 @@ def test_cli_report_of_a_run_folder_shows_config_and_tpot(tmp_path):
 
 
 def test_cli_report_default_name_and_diagnose_html(tmp_path):
-    r = perfscope("report", H200 / "mla_fp8_graph.json.xz", cwd=tmp_path)
+    r = invoke("report", H200 / "mla_fp8_graph.json.xz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "mla_fp8_graph.report.html").is_file() and "report written" in r.stderr
-    r = perfscope("diagnose", H200 / "mla_pool_graph.json.xz", "--html", tmp_path / "d.html")
+    r = invoke("diagnose", H200 / "mla_pool_graph.json.xz", "--html", tmp_path / "d.html")
     assert r.returncode == 0, r.stderr
     assert "fp8-kv-cast" in r.stdout, "the tables still print"
     assert blob(tmp_path / "d.html")["diagnosis"]["findings"][0]["id"] == "fp8-kv-cast"
-    r = perfscope("report", H200 / "mla_fp8_graph.json.xz", "-o", tmp_path)
+    r = invoke("report", H200 / "mla_fp8_graph.json.xz", "-o", tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "is a folder" in r.stderr
 
 
@@ -269,7 +263,7 @@ def test_cli_report_with_a_capture_trace_names_the_source(tmp_path):
     """SGLang decode replayed from a CUDA/HIP graph: the capture trace gives the ops their source lines."""
     s = QWEN / "inference" / "sglang_decode"
     out = tmp_path / "cap.html"
-    r = perfscope("report", s / "sglang_Qwen3-8B_decode.json.xz", "--capture-trace",
+    r = invoke("report", s / "sglang_Qwen3-8B_decode.json.xz", "--capture-trace",
                   s / "capture_traces" / "bs_32_rank0.json.xz", "-o", out)
     assert r.returncode == 0, r.stderr
     html = out.read_text()

@@ -5,10 +5,10 @@ fold a kernel name over many lines, no raw Markdown backticks, and the chart on 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
+from clirun import invoke
 from browser import load_page  # the chromium fixture: tests/conftest.py
 from paths import GPU_LOOP, H200, REPO
 from perfscope.analysis.compare import compare
@@ -115,15 +115,11 @@ def test_a_cost_and_its_saving_say_why_they_differ_in_the_page_and_markdown(chro
     larger, as the terminal does."""
     import json
     import re
-    import subprocess
-    import sys
 
     from runs import host_bubble_run
 
     run = host_bubble_run(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(run), "--json", "--html",
-                        str(tmp_path / "d.html"), "--markdown", str(tmp_path / "s.md")], capture_output=True, text=True,
-                       timeout=300)
+    r = invoke("diagnose", run, "--json", "--html", tmp_path / "d.html", "--markdown", tmp_path / "s.md")
     assert r.returncode == 0, r.stderr
     f = next(x for x in json.loads(r.stdout)["findings"] if x["id"] == "host-bubble")
     ev = f["evidence"]
@@ -136,8 +132,7 @@ def test_a_cost_and_its_saving_say_why_they_differ_in_the_page_and_markdown(chro
     assert why in re.sub(r"\\(.)", r"\1", md), md[:1500]
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"), "--json",
-                        "--html", str(tmp_path / "c.html")], capture_output=True, text=True, timeout=300)
+    r = invoke("compare", runs / "bug", runs / "pages", "--json", "--html", tmp_path / "c.html")
     assert r.returncode == 0, r.stderr
     pr = next(x for x in json.loads(r.stdout)["predictions"] if x["finding"] == "fp8-kv-cast")
     e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]

@@ -5,9 +5,8 @@ labelled as stages. (CPU wording of a compare of CPU-only traces: tests/test_dem
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+from clirun import invoke
 from paths import H200, TRACELENS
 from perfscope.report.html import rank_labels
 from perfscope.report.wording import gpu_arch, graph_word
@@ -17,9 +16,7 @@ VLLM_MI300X = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"  
 
 
 def run(*args):
-    env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return invoke(*args, env={**os.environ, "COLUMNS": "160"})
 
 
 def test_amd_gpu_named_with_its_gfx_arch_and_hip_graphs(tmp_path):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import gzip
-import subprocess
-import sys
 
 import pytest
 
+from clirun import invoke
 from paths import H200, TRACELENS, topen
 from perfscope.errors import InputError
 from perfscope.load.reader import load_trace, parse
@@ -40,8 +39,7 @@ def test_repaired_trace_is_diagnosed_with_a_note(tmp_path):
     j = raw.index(b'",', i)
     p = tmp_path / "broken.json.gz"
     p.write_bytes(gzip.compress(raw[:j] + b' "x"' + raw[j:]))
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(p), "--json"], capture_output=True,
-                       text=True, timeout=120)
+    r = invoke("diagnose", p, "--json")
     assert r.returncode == 0, r.stderr
     d = __import__("json").loads(r.stdout)
     assert any("unescaped quotes" in n for n in d["notes"])
@@ -105,15 +103,13 @@ def test_a_folder_with_a_json_array_beside_the_trace_skips_it_with_a_note(tmp_pa
     ts = discover([tmp_path])
     assert [f.path.name for f in ts.files] == ["sglang_Qwen3-8B_decode.json.xz"]
     assert [s["why"] for s in ts.skipped] == ["not a profiler trace (not a JSON object)"]
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(tmp_path)], capture_output=True,
-                       text=True, timeout=300)
+    r = invoke("diagnose", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "skipped 1 JSON file that is not a profiler trace: execution_details.json" in r.stdout
     only = tmp_path / "only"
     only.mkdir()
     (only / "execution_details.json").write_text("[]")
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(only)], capture_output=True, text=True,
-                       timeout=120)
+    r = invoke("diagnose", only)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "no trace files" in r.stderr and "execution_details.json" in r.stderr and "Traceback" not in r.stderr
 
@@ -135,22 +131,18 @@ def test_tracelens_capture_folder_with_its_execution_details_is_read_as_shipped(
     assert (folder / "capture_traces" / rows[0]["file"].replace(".json.gz", ".json.xz")).is_file()
     note = "note: skipped 1 JSON file that is not a profiler trace: execution_details.json"
     for cols in (80, 200):
-        r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder)], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "COLUMNS": str(cols)})
+        r = invoke("diagnose", folder, env={**os.environ, "COLUMNS": str(cols)})
         assert r.returncode == 0, r.stderr
         assert note in r.stdout.splitlines(), r.stdout
         assert "capture_32_FULL" in r.stdout and r.stderr == ""
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder / "graph_execution.json.xz"),
-                        "--capture-trace", str(folder / "capture_traces"), "--json"], capture_output=True, text=True,
-                       timeout=300)
+    r = invoke("diagnose", folder / "graph_execution.json.xz", "--capture-trace", folder / "capture_traces", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert any("421 of 421 kernels" in n and "capture_32_FULL" in n for n in d["notes"]), d["notes"]
     # the Markdown summary and the HTML page (drawn in Chromium) carry the same note
     from browser import load_page
 
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder), "--markdown", str(tmp_path / "s.md"),
-                        "--html", str(tmp_path / "d.html")], capture_output=True, text=True, timeout=300)
+    r = invoke("diagnose", folder, "--markdown", tmp_path / "s.md", "--html", tmp_path / "d.html")
     assert r.returncode == 0, r.stderr
     said = "kipped 1 JSON file that is not a profiler trace: execution_details.json"
     assert said in (tmp_path / "s.md").read_text().replace("\\", "")

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
+from clirun import invoke
 from paths import H200, HTA
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "perfscope", "diagnose", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+    return invoke("diagnose", *args)
 
 
 def test_markdown_summary_and_csv_tables(tmp_path):

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from clirun import invoke
 from paths import GPU_LOOP, HTA, REPO
 from perfscope import rundir
-from perfscope.cli import main
 from perfscope.cluster import onhost
 from perfscope.errors import InputError, RemoteError
 from perfscope.remote.hostio import SSHHost
@@ -41,13 +41,6 @@ def _rank_trace(r: int) -> bytes:
     b = lzma.open(HTA / "trace_filter" / f"sampled_rank-{r % 2}.json.xz").read()
     b = b.replace(b'"rank": %d,' % (r % 2), b'"rank": %d,' % r, 1)
     return gzip.compress(b, mtime=0)
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ei:
-        main(argv)
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
 
 
 def ssh_opts(sshd) -> list[str]:
@@ -94,7 +87,7 @@ def _same(stored: bytes, local: bytes) -> None:
     assert dumps(a) == dumps(b)
 
 
-def test_four_ranks_on_host_equal_the_local_diagnosis(sshd, tmp_path, capsys):
+def test_four_ranks_on_host_equal_the_local_diagnosis(sshd, tmp_path):
     s, io = _host(sshd)
     label = s.target.label
     run, remote = _four_ranks(tmp_path, label)
@@ -111,25 +104,25 @@ def test_four_ranks_on_host_equal_the_local_diagnosis(sshd, tmp_path, capsys):
     for e in data["remote_files"]:  # each raw trace listed where it stays, with its sha256 and size
         raw = Path(e["remote_path"]).read_bytes()
         assert e["sha256"] == hashlib.sha256(raw).hexdigest() and e["bytes"] == len(raw) and e["host"] == label
-    rc, stored, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    rc, stored, err = invoke("diagnose", str(run), "--json")
     assert rc == 0, err
     # a per-rank option needs the traces: one line, exit 2
-    rc, _, err = run_cli(["diagnose", str(run), "--batch", "8"], capsys)
+    rc, _, err = invoke("diagnose", str(run), "--batch", "8")
     assert rc == 2 and "--batch" in err and "trace --fetch" in err and len(err.strip().splitlines()) == 1, err
-    rc, _, err = run_cli(["report", str(run), "-o", str(tmp_path / "r.html")], capsys)  # reads traces: says where
+    rc, _, err = invoke("report", str(run), "-o", str(tmp_path / "r.html"))  # reads traces: says where
     assert rc == 2 and "stay on" in err and "trace --fetch" in err and len(err.strip().splitlines()) == 1, err
     # fetched later: the same folder is an ordinary run folder, analysed here
-    rc, out, err = run_cli(["trace", "--fetch", str(run), *ssh_opts(sshd), "--json"], capsys)
+    rc, out, err = invoke("trace", "--fetch", str(run), *ssh_opts(sshd), "--json")
     assert rc == 0, err
     assert json.loads(out)["bytes"] == trace_bytes
     assert rundir.read_run(run, verify=True).files
-    rc, local, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    rc, local, err = invoke("diagnose", str(run), "--json")
     assert rc == 0, err
     _same(stored.encode(), local.encode())
     assert len(json.loads(local)["ranks"]) == 4
 
 
-def test_run_folder_with_host_timing_and_bench(sshd, tmp_path, capsys):
+def test_run_folder_with_host_timing_and_bench(sshd, tmp_path):
     """A real H200 run folder (DECODE and EXTEND files, its GPU-only host-timing profile, its bench): the
     host timing is read on the host, the predictions are the local ones."""
     src = GPU_LOOP / "h200-2026-12-02-predict/dense-495000-c1/bug"
@@ -144,12 +137,12 @@ def test_run_folder_with_host_timing_and_bench(sshd, tmp_path, capsys):
                     {p.name: p.read_bytes() for p in sorted((src / "host-timing/traces").iterdir())}, ht_like)
     with s:
         onhost.analyse_run(io, run, python=PY, label=label)
-    rc, stored, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    rc, stored, err = invoke("diagnose", str(run), "--json")
     assert rc == 0, err
-    rc, _, err = run_cli(["trace", "--fetch", str(run), *ssh_opts(sshd)], capsys)
+    rc, _, err = invoke("trace", "--fetch", str(run), *ssh_opts(sshd))
     assert rc == 0, err
     assert rundir.read_run(run / "host-timing", verify=True).files
-    rc, local, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    rc, local, err = invoke("diagnose", str(run), "--json")
     assert rc == 0, err
     _same(stored.encode(), local.encode())
     d = json.loads(stored)
@@ -157,7 +150,7 @@ def test_run_folder_with_host_timing_and_bench(sshd, tmp_path, capsys):
     assert d["ranks"][0]["steps"].get("count")
 
 
-def test_host_python_without_msgspec_is_one_line(sshd, tmp_path, capsys):
+def test_host_python_without_msgspec_is_one_line(sshd, tmp_path):
     py = "/usr/bin/python3"
     if subprocess.run([py, "-c", "import msgspec"], capture_output=True).returncode == 0:
         pytest.fail(f"{py} has msgspec here: this test needs a Python without it")
@@ -170,7 +163,7 @@ def test_host_python_without_msgspec_is_one_line(sshd, tmp_path, capsys):
     assert onhost.pick_python(_host(sshd)[1], ["/nonexistent/python", py, PY], "h") == PY
 
 
-def test_rank_file_missing_on_host_is_one_line(sshd, tmp_path, capsys):
+def test_rank_file_missing_on_host_is_one_line(sshd, tmp_path):
     s, io = _host(sshd)
     run, remote = _four_ranks(tmp_path, s.target.label)
     gone = remote / "1790000000.1-TP-2.trace.json.gz"
@@ -180,7 +173,7 @@ def test_rank_file_missing_on_host_is_one_line(sshd, tmp_path, capsys):
     msg = str(ei.value)
     assert "\n" not in msg and "missing on" in msg and "rank 2" in msg and str(gone) in msg
     assert not (run / onhost.RESULTS).exists()
-    rc, _, err = run_cli(["diagnose", str(run)], capsys)  # never diagnosed as if complete
+    rc, _, err = invoke("diagnose", str(run))  # never diagnosed as if complete
     assert rc == 2 and "did not finish" in err and len(err.strip().splitlines()) == 1, err
 
 
@@ -264,28 +257,26 @@ def test_dependencies_are_what_the_analysis_imports(tmp_path):
     assert len(onhost.package_zip()) < onhost.MAX_ZIP_BYTES
 
 
-def test_cli_refuses_bad_combinations(tmp_path, capsys):
-    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--analyse-on-host", "--out", str(tmp_path / "r")],
-                         capsys)
+def test_cli_refuses_bad_combinations(tmp_path):
+    rc, _, err = invoke("trace", "--url", "http://127.0.0.1:1", "--analyse-on-host", "--out", str(tmp_path / "r"))
     assert rc == 2 and "--analyse-on-host goes with --host" in err
-    rc, _, err = run_cli(["trace", "--fetch", str(REPO / "nonexistent")], capsys)
+    rc, _, err = invoke("trace", "--fetch", str(REPO / "nonexistent"))
     assert rc == 2 and len(err.strip().splitlines()) == 1
 
 
 repro_server = test_trace.repro_server  # the real reproduction server on CPU (a module fixture of test_trace.py)
 
 
-def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, capsys, monkeypatch):
+def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, monkeypatch):
     """``perfscope trace --analyse-on-host`` through sshd to the real reproduction server: the server's own
     interpreter (it runs as this user) analyses the traces; the run folder holds results only; diagnose of
     it is the diagnose of the traces fetched later."""
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
-    rc, stdout, err = run_cli(
-        ["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
+    rc, stdout, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
          "--known-hosts", str(sshd.known_hosts), "--port", str(repro_server), "--steps", "4", "--input-len", "16",
          "--output-len", "24", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--analyse-on-host",
-         "--out", str(out), "--json"], capsys)
+         "--out", str(out), "--json")
     assert rc == 0, err
     assert "--keep-remote implied" in err
     summary = json.loads(stdout)
@@ -300,17 +291,17 @@ def test_trace_analyse_on_host_end_to_end(sshd, repro_server, tmp_path, capsys, 
         trace_bytes += e["bytes"]
     assert a["trace_bytes"] == trace_bytes and a["results_bytes"] < trace_bytes
     assert data["profile"]["remote_dir_kept"] is True
-    rc, stored, err = run_cli(["diagnose", str(out), "--json"], capsys)
+    rc, stored, err = invoke("diagnose", str(out), "--json")
     assert rc == 0, err
-    rc, _, err = run_cli(["trace", "--fetch", str(out), *ssh_opts(sshd)], capsys)
+    rc, _, err = invoke("trace", "--fetch", str(out), *ssh_opts(sshd))
     assert rc == 0, err
-    rc, local, err = run_cli(["diagnose", str(out), "--json"], capsys)
+    rc, local, err = invoke("diagnose", str(out), "--json")
     assert rc == 0, err
     _same(stored.encode(), local.encode())
     shutil.rmtree(data["profile"]["output_dir"], ignore_errors=True)  # the host's folder this test made
 
 
-def test_two_hosts_folder_equals_the_local_diagnosis(sshd, tmp_path, capsys):
+def test_two_hosts_folder_equals_the_local_diagnosis(sshd, tmp_path):
     """A run folder of two hosts (``trace --host a --host b --analyse-on-host``: one member folder each,
     analysed on its host; the top run.json lists them as trace() writes it): the stored diagnosis is the
     one of the traces fetched from both hosts."""
@@ -327,21 +318,21 @@ def test_two_hosts_folder_equals_the_local_diagnosis(sshd, tmp_path, capsys):
     rundir.write_run(run, command=["perfscope", "trace"], kind="multi", host=labels[0], hosts=labels, files=[],
                      members=[{"host": h, "dir": d} for h, d in zip(labels, ("h1", "h2"))],
                      extra={"remote_files": remote_all, "analysis": {"where": "host", "status": "done"}})
-    rc, stored, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    rc, stored, err = invoke("diagnose", str(run), "--json")
     assert rc == 0, err
     kh = tmp_path / "known_hosts"
     shutil.copy(sshd.known_hosts, kh)
-    rc, _, err = run_cli(["trace", "--fetch", str(run), "--identity", str(sshd.user_key), "--known-hosts", str(kh),
-                          "--accept-new-host-key"], capsys)
+    rc, _, err = invoke("trace", "--fetch", str(run), "--identity", str(sshd.user_key), "--known-hosts", str(kh),
+                          "--accept-new-host-key")
     assert rc == 0, err
-    rc, local, err = run_cli(["diagnose", str(run), "--json"], capsys)
+    rc, local, err = invoke("diagnose", str(run), "--json")
     assert rc == 0, err
     _same(stored.encode(), local.encode())
     d = json.loads(stored)
     assert [r["meta"]["host"] for r in d["ranks"]] == [labels[0]] * 2 + [labels[1]] * 2
 
 
-def test_trace_whose_host_analysis_dies_keeps_the_list_of_traces(sshd, repro_server, tmp_path, capsys, monkeypatch):
+def test_trace_whose_host_analysis_dies_keeps_the_list_of_traces(sshd, repro_server, tmp_path, monkeypatch):
     """``trace --analyse-on-host`` whose analysis on the host is killed (SIGKILL, as a dying node or the OOM
     killer does): one line, exit 3, the run folder marked incomplete, and it still lists every trace left on
     the host with its path and sha256 (nothing the user had is lost: the traces can be fetched by hand)."""
@@ -350,11 +341,10 @@ def test_trace_whose_host_analysis_dies_keeps_the_list_of_traces(sshd, repro_ser
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
     t, killed = _kill_the_next_analysis(180)
-    rc, _, err = run_cli(
-        ["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
+    rc, _, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port), "--identity", str(sshd.user_key),
          "--known-hosts", str(sshd.known_hosts), "--port", str(repro_server), "--steps", "4", "--input-len", "16",
          "--output-len", "24", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--analyse-on-host",
-         "--out", str(out)], capsys)
+         "--out", str(out))
     t.join(5)
     assert killed and rc == 3, err
     assert len(err.strip().splitlines()[-1]) > 0 and "Traceback" not in err

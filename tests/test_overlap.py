@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
-import gzip
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from clirun import invoke
 from paths import H200, HTA, TRACELENS, topen
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.load.reader import load_trace
@@ -91,8 +89,7 @@ def test_no_communication_no_overlap_figures():
 
 def test_exposed_communication_in_the_reports(tmp_path):
     html = tmp_path / "r.html"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(TWO_STREAMS), "--html", str(html)],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"})
+    r = invoke("diagnose", TWO_STREAMS, "--html", html, env={**os.environ, "COLUMNS": "120"})
     assert r.returncode == 0, r.stderr
     assert "exposed (15% hidden)" in r.stdout
     assert "% hidden behind other kernels)" in html.read_text()
@@ -100,13 +97,11 @@ def test_exposed_communication_in_the_reports(tmp_path):
 
 def test_compare_shows_exposed_communication_before_and_after():
     other = HTA / "trace_filter/sampled_rank-1.json.xz"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(TWO_STREAMS), str(other), "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = invoke("compare", TWO_STREAMS, other, "--json")
     assert r.returncode == 0, r.stderr
     row = next(b for b in json.loads(r.stdout)["buckets"] if b["bucket"] == "communication")
     assert row["before_exposed_ms"] == pytest.approx(_comm(TWO_STREAMS)["exposed_ms_per_step"], abs=1e-3)
     assert row["after_exposed_ms"] == pytest.approx(_comm(other)["exposed_ms_per_step"], abs=1e-3)
     assert row["delta_exposed_ms"] == pytest.approx(row["after_exposed_ms"] - row["before_exposed_ms"], abs=1e-3)
-    h200 = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(H200 / "mla_pool_graph.json.xz"),
-                           str(H200 / "mla_fp8_graph.json.xz"), "--json"], capture_output=True, text=True, timeout=120)
+    h200 = invoke("compare", H200 / "mla_pool_graph.json.xz", H200 / "mla_fp8_graph.json.xz", "--json")
     assert all("before_exposed_ms" not in b for b in json.loads(h200.stdout)["buckets"])  # no collectives

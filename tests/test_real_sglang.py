@@ -11,9 +11,6 @@ running, or fails."""
 
 from __future__ import annotations
 
-from paths import topen
-
-import gzip
 import json
 import re
 import threading
@@ -22,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from clirun import invoke
+from paths import topen
 from perfscope.bench.vocab import SAFE_IDS, token_ids
-from perfscope.cli import main
 from perfscope.errors import InputError
 from perfscope.remote.hostio import LocalHost
 from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, gpu_trace_after_note, profile_activities
@@ -31,13 +29,6 @@ from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, gpu_trace
 pytestmark = [pytest.mark.usefixtures("no_agent"), pytest.mark.slow, pytest.mark.timeout(900)]  # a real SGLang on CPU
 
 LOAD = ["--input-len", "16", "--output-len", "48"]
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ei:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
 
 
 def healthy_and_idle(srv) -> None:
@@ -84,13 +75,12 @@ def test_load_ids_come_from_the_models_config_not_a_key_only_the_emulator_has(sg
     assert token_ids({"model_path": "Qwen/Qwen2-7B"}, LocalHost())[0] == SAFE_IDS
 
 
-def test_trace_url_keeps_a_vocab_4096_server_alive(sglang_server, tmp_path, capsys):
+def test_trace_url_keeps_a_vocab_4096_server_alive(sglang_server, tmp_path):
     """The first real meeting crashed the server (ids up to 10000 into a 4096-row embedding).
     Now: by-stage files (default for 0.4.7+), the server healthy, no profiler left running, and
     no /stop_profile sent after a num_steps profile that stopped by itself."""
     before = stop_profile_calls(sglang_server)
-    rc, out, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "3", *LOAD, "-o", tmp_path / "run"],
-                           capsys)
+    rc, out, err = invoke("trace", "--url", sglang_server.url, "--steps", "3", *LOAD, "-o", tmp_path / "run")
     assert rc == 0, err
     assert "vocab 4096 from" in err
     names = files_of(tmp_path / "run")
@@ -109,26 +99,25 @@ def test_trace_url_keeps_a_vocab_4096_server_alive(sglang_server, tmp_path, caps
     healthy_and_idle(sglang_server)
 
 
-def test_trace_steps_without_stages_and_with_a_profile_prefix(sglang_server, tmp_path, capsys):
-    rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "4", "--no-by-stage", *LOAD,
-                          "-o", tmp_path / "one"], capsys)
+def test_trace_steps_without_stages_and_with_a_profile_prefix(sglang_server, tmp_path):
+    rc, _, err = invoke("trace", "--url", sglang_server.url, "--steps", "4", "--no-by-stage", *LOAD,
+                          "-o", tmp_path / "one")
     assert rc == 0, err
     (name,) = files_of(tmp_path / "one")
     assert re.fullmatch(r"\d+\.\d+-TP-0\.trace\.json\.gz", name), name
     assert len(step_names(tmp_path / "one" / "traces" / name)) == 4  # start_step=1 + num_steps=4: exactly 4
-    rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "2", "--profile-prefix", "pfx", *LOAD,
-                          "-o", tmp_path / "pre"], capsys)
+    rc, _, err = invoke("trace", "--url", sglang_server.url, "--steps", "2", "--profile-prefix", "pfx", *LOAD,
+                          "-o", tmp_path / "pre")
     assert rc == 0, err
     names = files_of(tmp_path / "pre")
     assert len(names) == 2 and all(re.fullmatch(r"pfx-\d+\.\d+-TP-0-(DECODE|EXTEND)\.trace\.json\.gz", n)
                                    for n in names), names
-    rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--profile-prefix", "a/b", "-o", tmp_path / "x"],
-                         capsys)
+    rc, _, err = invoke("trace", "--url", sglang_server.url, "--profile-prefix", "a/b", "-o", tmp_path / "x")
     assert rc == 2 and "--profile-prefix" in err and "Traceback" not in err
     healthy_and_idle(sglang_server)
 
 
-def test_a_busy_real_sglang_is_traced_in_one_file_per_rank(sglang_server, tmp_path, capsys):
+def test_a_busy_real_sglang_is_traced_in_one_file_per_rank(sglang_server, tmp_path):
     """Other clients' requests streaming: the real server's /v1/loads reports them, and trace profiles
     --steps forward steps in one file rather than by stage (SGLang starts the DECODE file at the first
     decode batch after /start_profile: on a busy server that comes first, and a prefill during that
@@ -154,11 +143,10 @@ def test_a_busy_real_sglang_is_traced_in_one_file_per_rank(sglang_server, tmp_pa
         while seen[1] < 20 and time.monotonic() < deadline and ths[1].is_alive():
             time.sleep(0.02)
         assert other.requests_in_server() >= 1, (seen, [t.is_alive() for t in ths])
-        rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "3", "--by-stage", *LOAD,
-                              "-o", tmp_path / "refused"], capsys)
+        rc, _, err = invoke("trace", "--url", sglang_server.url, "--steps", "3", "--by-stage", *LOAD,
+                              "-o", tmp_path / "refused")
         assert rc == 2 and "--by-stage:" in err and "Traceback" not in err, err
-        rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "3", *LOAD, "-o", tmp_path / "run"],
-                             capsys)
+        rc, _, err = invoke("trace", "--url", sglang_server.url, "--steps", "3", *LOAD, "-o", tmp_path / "run")
         assert rc == 0, err
         assert re.search(r"\d request\(s\) in the server: profiling 3 forward steps", " ".join(err.split())), err
         (name,) = files_of(tmp_path / "run")
@@ -172,10 +160,10 @@ def test_a_busy_real_sglang_is_traced_in_one_file_per_rank(sglang_server, tmp_pa
     healthy_and_idle(sglang_server)
 
 
-def test_trace_host_through_sshd(sglang_server, sshd, tmp_path, capsys):
-    rc, _, err = run_cli(["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", sshd.port, "--identity",
+def test_trace_host_through_sshd(sglang_server, sshd, tmp_path):
+    rc, _, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", sshd.port, "--identity",
                           sshd.user_key, "--known-hosts", sshd.known_hosts, "--port", sglang_server.port,
-                          "--steps", "2", *LOAD, "-o", tmp_path / "run"], capsys)
+                          "--steps", "2", *LOAD, "-o", tmp_path / "run")
     assert rc == 0, err
     assert "vocab 4096 from" in err  # the config read over SSH
     names = files_of(tmp_path / "run")
@@ -191,7 +179,7 @@ def test_trace_host_through_sshd(sglang_server, sshd, tmp_path, capsys):
 # ------------------------------------------------------------------ what the real server does
 
 
-def test_a_running_profile_is_not_restarted_nor_stopped(sglang_server, tmp_path, capsys):
+def test_a_running_profile_is_not_restarted_nor_stopped(sglang_server, tmp_path):
     """A plain second /start_profile silently throws a running profile away and starts anew
     (checked here on the real server). perfscope arms with start_step (or by stage), which real
     SGLang refuses while a profile runs: one line, exit 3, and the other profile still runs."""
@@ -204,8 +192,8 @@ def test_a_running_profile_is_not_restarted_nor_stopped(sglang_server, tmp_path,
     assert c.start_profile(output_dir=str(theirs), **quick) == "Start profiling."  # the silent restart
     try:
         before = stop_profile_calls(sglang_server)
-        rc, _, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "2", "--no-by-stage", *LOAD,
-                              "-o", tmp_path / "run"], capsys)
+        rc, _, err = invoke("trace", "--url", sglang_server.url, "--steps", "2", "--no-by-stage", *LOAD,
+                              "-o", tmp_path / "run")
         assert rc == 3, err
         lines = [ln for ln in err.splitlines() if ln.startswith("perfscope: error:")]
         assert len(lines) == 1 and "refused /start_profile (HTTP 500)" in lines[0], err
@@ -252,9 +240,9 @@ def test_stop_profile_after_num_steps_answers_500_and_trace_copes(sglang_server,
 # ------------------------------------------------------------------ bench, diagnose, report, compare
 
 
-def test_bench_from_the_real_stream(sglang_server, tmp_path, capsys):
-    rc, out, err = run_cli(["bench", "--url", sglang_server.url, "--input-len", "16", "--output-len", "12",
-                            "--num-requests", "3", "--warmup", "1", "--json"], capsys)
+def test_bench_from_the_real_stream(sglang_server, tmp_path):
+    rc, out, err = invoke("bench", "--url", sglang_server.url, "--input-len", "16", "--output-len", "12",
+                            "--num-requests", "3", "--warmup", "1", "--json")
     assert rc == 0, err
     d = json.loads(out)
     assert d["requests"] == 3 and d["failed"] == 0 and d["output_tokens"] == 36
@@ -269,30 +257,29 @@ def test_bench_from_the_real_stream(sglang_server, tmp_path, capsys):
 def two_runs(sglang_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     for name, conc in (("a", "1"), ("b", "2")):
-        with pytest.raises(SystemExit) as ei:
-            main(["trace", "--url", sglang_server.url, "--steps", "4", "--concurrency", conc, *LOAD,
-                  "-o", str(base / name)])
-        assert ei.value.code in (0, None)
+        r = invoke("trace", "--url", sglang_server.url, "--steps", "4", "--concurrency", conc, *LOAD,
+                   "-o", str(base / name))
+        assert r.returncode == 0, r.stderr
     return base / "a", base / "b"
 
 
-def test_diagnose_and_report_of_a_real_trace(two_runs, tmp_path, capsys):
+def test_diagnose_and_report_of_a_real_trace(two_runs, tmp_path):
     a, _ = two_runs
-    rc, out, err = run_cli(["diagnose", a, "--json"], capsys)
+    rc, out, err = invoke("diagnose", a, "--json")
     assert rc == 0, err
     d = json.loads(out)
     assert d["steps"]["method"] == "sglang-annotation" and d["steps"]["phase"] == "decode"
     assert d["steps"]["count"] == 4
     assert d["run"]["versions"]["server"] == "0.5.23"
-    rc, _, err = run_cli(["report", a, "-o", tmp_path / "r.html"], capsys)
+    rc, _, err = invoke("report", a, "-o", tmp_path / "r.html")
     assert rc == 0, err
     html = (tmp_path / "r.html").read_text()
     assert "0.5.23" in html and "step[DECODE" not in html[:200]
 
 
-def test_compare_two_real_runs(two_runs, capsys):
+def test_compare_two_real_runs(two_runs):
     a, b = two_runs
-    rc, out, err = run_cli(["compare", a, b, "--json"], capsys)
+    rc, out, err = invoke("compare", a, b, "--json")
     assert rc == 0, err
     d = json.loads(out)
     assert d["before"]["step_count"] == 4 and d["after"]["step_count"] == 4
@@ -300,20 +287,20 @@ def test_compare_two_real_runs(two_runs, capsys):
     assert d["step"]["before_ms"] > 0 and d["step"]["after_ms"] > 0 and d["verdict"]
 
 
-def test_trace_bench_holds_the_profiled_step_to_the_unprofiled_one(sglang_server, tmp_path, capsys):
+def test_trace_bench_holds_the_profiled_step_to_the_unprofiled_one(sglang_server, tmp_path):
     """`trace --bench` on the real SGLang on CPU, where every step is host work: the bench runs before
     the profiler is armed, and diagnose holds the profiled trace to it. The torch profiler slows this
     server's steps (CPU ops recorded, each with its cost): the profiled step cycle is longer than the
     bench's step, and diagnose says by how much, from the two files alone. No idle finding claims more
     idle than the bench leaves beside the step's work."""
     run = tmp_path / "run"
-    rc, out, err = run_cli(["trace", "--url", sglang_server.url, "--steps", "6", "--concurrency", "1", *LOAD,
-                            "--bench", "4", "--out", run], capsys)
+    rc, out, err = invoke("trace", "--url", sglang_server.url, "--steps", "6", "--concurrency", "1", *LOAD,
+                            "--bench", "4", "--out", run)
     assert rc == 0, err
     assert err.index("TPOT without the profiler") < err.index("profiler armed")  # benched first
     healthy_and_idle(sglang_server)
     bench = json.loads((run / "run.json").read_text())["timings"]["bench"]
-    rc, out, err = run_cli(["diagnose", run, "--json"], capsys)
+    rc, out, err = invoke("diagnose", run, "--json")
     assert rc == 0, err
     d = json.loads(out)
     u = d["steps"]["unprofiled"]

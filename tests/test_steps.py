@@ -5,12 +5,11 @@ with no GPU kernels at all."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
+from clirun import invoke
 from paths import H200, HTA, TRACELENS, topen
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.steps import find_steps
@@ -117,8 +116,7 @@ def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():
     notes = [n for n in a.notes if "GPU kernels" in n]
     assert len(notes) == 1 and "CPU ops" in notes[0]
     # and on the command line: exit 0, the note, no traceback
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(CPU_ONLY), "--json"], capture_output=True,
-                       text=True, timeout=120)
+    r = invoke("diagnose", CPU_ONLY, "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert sum("no GPU kernels" in n for n in d["notes"]) == 1
@@ -162,7 +160,6 @@ def test_old_kineto_format_profiler_steps_are_steps():
     # Kineto's 2021 format (pytorch/kineto's ResNet-50 sample): every CPU range is `cat: "Operator"`,
     # the 6 ProfilerStep#N too; GPU work `Kernel`/`Memcpy`/`Memset`, launches `Runtime`. Read as "no step
     # markers", one 928 ms window; recounted from the raw JSON by name: 6 steps of 112-122 ms GPU span
-    import gzip
 
     from paths import REPO
 
@@ -198,7 +195,6 @@ def test_vllm_model_runner_frames_are_the_steps_without_annotations(path):
     # hold the model runner's `execute_model` calls. The MI300X piecewise trace replays 25 graph pieces with
     # eager attention between them in its one step: read as 25 "decode steps" of one graph launch each
     # (graph-replay), its eager kernels in none. Recounted from the raw JSON by name.
-    import gzip
 
     with topen(path) as f:
         ev = json.load(f)["traceEvents"]
@@ -244,7 +240,6 @@ def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
     # (the first and the last replay other kernels than the 23 identical middle ones), with vLLM's eager
     # attention (reshape_and_cache + unified attention) between them. Read as 25 one-launch "decode steps"
     # holding none of the attention. Recounted from the raw JSON by name and correlation.
-    import gzip
 
     with topen(VLLM_PIECE) as f:
         ev = json.load(f)["traceEvents"]
@@ -276,7 +271,6 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
     # HTA's trace_compare base trace: its 2 ProfilerSteps launch one 4 us kernel; the H2D copies, memsets
     # and fills outside them are the GPU work. Was: buckets of the steps only (elementwise 100%).
     # Recounted from the raw JSON by name and correlation.
-    import gzip
 
     from paths import REPO
 

@@ -9,18 +9,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
+from clirun import invoke
 from paths import H200, HTA, TRACELENS, gz_bytes
 
 
 def screen(*args, columns=80) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
     env.pop("NO_COLOR", None)
-    return subprocess.run([sys.executable, "-m", "perfscope", "diagnose", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, env=env)
+    return invoke("diagnose", *args, env=env)
 
 
 def test_first_screen_tells_the_story():
@@ -108,8 +107,7 @@ def test_folder_with_traces_and_other_json_is_analysed_and_the_rest_skipped(tmp_
     r = screen(folder, columns=120)
     assert r.returncode == 0, r.stderr
     assert "skipped 2 JSON files that are not a profiler trace: measured.json, notes.json" in r.stdout
-    js = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(folder), "--json"], capture_output=True,
-                        text=True, timeout=300)
+    js = invoke("diagnose", folder, "--json")
     import json
 
     d = json.loads(js.stdout)
@@ -143,8 +141,7 @@ def test_host_bound_prediction_is_shown_with_its_range_the_measured_after_falls_
 
     res = GPU_LOOP / "h200-2026-12-01-sglang" / "pool495000-restart" / "runs"
     bug = res / "495000-bug"
-    d = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(bug), "--json"],
-                                  capture_output=True, text=True, timeout=300).stdout)
+    d = json.loads(invoke("diagnose", bug, "--json").stdout)
     f = d["findings"][0]
     model = f["evidence"]["prediction"]
     assert f["id"] == "fp8-kv-cast" and model["bound"] == "host"
@@ -160,9 +157,7 @@ def test_host_bound_range_reads_the_same_in_markdown_and_html(tmp_path):
     from paths import GPU_LOOP
 
     bug = GPU_LOOP / "h200-2026-12-01-sglang" / "pool495000-restart" / "runs" / "495000-bug"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(bug), "--json", "--markdown",
-                        str(tmp_path / "d.md"), "--html", str(tmp_path / "d.html")], capture_output=True, text=True,
-                       timeout=300)
+    r = invoke("diagnose", bug, "--json", "--markdown", tmp_path / "d.md", "--html", tmp_path / "d.html")
     assert r.returncode == 0, r.stderr
     import json
 
@@ -203,8 +198,7 @@ def test_compare_tables_fit_80_columns(tmp_path):
     """`perfscope compare` on an 80-column screen: the changed-ops table was wider than the screen
     and rich cut its last column (n/step) and the right border off every row."""
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", H200 / "mla_pool_graph.json.xz",
-                        H200 / "mla_pages_graph.json.xz"], capture_output=True, text=True, timeout=300, env=env)
+    r = invoke("compare", H200 / "mla_pool_graph.json.xz", H200 / "mla_pages_graph.json.xz", env=env)
     assert r.returncode == 0, r.stderr
     assert "Top ops that changed" in r.stdout and "n/step" in r.stdout, r.stdout
     assert boxed_lines_cropped(r.stdout) == [], r.stdout
@@ -221,8 +215,7 @@ def test_a_cost_between_steps_says_why_the_step_saves_less(tmp_path):
     from runs import host_bubble_run
 
     run = host_bubble_run(tmp_path)
-    f = next(x for x in json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(run), "--json"],
-                                                  capture_output=True, text=True, timeout=300).stdout)["findings"]
+    f = next(x for x in json.loads(invoke("diagnose", run, "--json").stdout)["findings"]
              if x["id"] == "host-bubble")
     ev = f["evidence"]
     for cols in (80, 200):
@@ -261,8 +254,7 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
     flats = []
     for cols in (80, 200):  # piped
         env = {**os.environ, "COLUMNS": str(cols)}
-        r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
-                           capture_output=True, text=True, timeout=300, env=env)
+        r = invoke("compare", runs / "bug", runs / "pages", env=env)
         assert r.returncode == 0, r.stderr
         assert max(map(len, r.stdout.splitlines())) <= cols
         lines = r.stdout.splitlines()
@@ -277,8 +269,7 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
         flats.append(" ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split()))
     import json
 
-    c = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"),
-                                   "--json"], capture_output=True, text=True, timeout=300).stdout)
+    c = json.loads(invoke("compare", runs / "bug", runs / "pages", "--json").stdout)
     pr = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")
     e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
     assert abs(e) > abs(e0) and pr["measured_tpot_ms"]  # held to AFTER's bench: the error grew with the kernels
@@ -308,9 +299,7 @@ def test_floor_lines_keep_their_indent_when_they_wrap_and_names_are_cut_at_a_bou
     assert len(ops) >= 4, block  # each op line and its continuation, indented
     import json
 
-    js = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(H200 / "mla_pool_eager.json.xz"), "--json",
-                         "--model-config", str(REPO / "examples" / "h200_mla_repro.config.json"), "--context", "4096"],
-                        capture_output=True, text=True, timeout=300)
+    js = invoke("diagnose", H200 / "mla_pool_eager.json.xz", "--json", "--model-config", REPO / "examples" / "h200_mla_repro.config.json", "--context", "4096")
     names = [o.get("short") or o["name"] for o in json.loads(js.stdout)["roofline"]["ops"]]
     cut = [ln.strip().split("…")[0] for ln in ops if "…" in ln]
     assert cut, ops  # this trace's copy kernel has a long name
@@ -377,8 +366,7 @@ def test_kernel_names_in_the_op_tables_wrap_at_their_separators(columns):
     trace = H200 / "mla_pool_eager.json.xz"
     r = screen(trace, columns=columns)
     assert r.returncode == 0, r.stderr
-    ops = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(trace), "--json"],
-                                    capture_output=True, text=True, timeout=300).stdout)["ops"][:10]
+    ops = json.loads(invoke("diagnose", trace, "--json").stdout)["ops"][:10]
     table = r.stdout[r.stdout.index("Dominant ops"):]
     used: set = set()
     got = _name_breaks(table, [o["short"] for o in ops], used)
@@ -392,11 +380,9 @@ def test_kernel_names_in_the_op_tables_wrap_at_their_separators(columns):
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
     env = {**os.environ, "COLUMNS": str(columns)}
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages")],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = invoke("compare", runs / "bug", runs / "pages", env=env)
     assert r.returncode == 0, r.stderr
-    c = json.loads(subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / "bug"), str(runs / "pages"),
-                                   "--json"], capture_output=True, text=True, timeout=300).stdout)
+    c = json.loads(invoke("compare", runs / "bug", runs / "pages", "--json").stdout)
     names = [o["short"] + {"gone": " (gone)", "new": " (new)"}.get(o["status"], "") for o in c["ops"][:10]]
     got = _name_breaks(r.stdout[r.stdout.index("Top ops that changed"):], names)
     assert len(got) == len(names), (sorted(got), names)
@@ -434,8 +420,7 @@ def test_the_files_written_are_named_on_one_line_whole(tmp_path, columns):
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
 
     def run(*args):
-        r = subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                           timeout=300, env=env)
+        r = invoke(*args, env=env)
         assert r.returncode == 0, r.stderr
         return r.stderr.splitlines()
 
