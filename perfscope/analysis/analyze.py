@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
-from perfscope.analysis import hosttime
+from perfscope.analysis import cpuhost, hosttime
 from perfscope.analysis.floor import annotate_findings, compute_floor
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.cpu_ops import NOTE as CPU_ONLY_NOTE, cpu_ops_as_kernels
@@ -171,6 +171,8 @@ def pass_metrics(st: State) -> None:
     }
     unprof = hosttime.unprofiled_step(st.stepset.steps, st.config.get("bench"))
     if unprof:
+        if st.cpu_only and cpuhost.on_cpu(st.config):  # a CPU server: the profiler's cost per event
+            unprof["cpu_host"] = cpuhost.profiler_cost(st.trace, st.stepset.steps, st.config.get("bench"))
         st.out["steps"]["unprofiled"] = unprof
         if unprof["profiler_slowdown"] > 1 + 2 * hosttime.BENCH_NOISE:  # beyond two benches' noise
             st.notes.append(f"the profiled step cycle ({unprof['profiled_cycle_ms']:.2f} ms) is "

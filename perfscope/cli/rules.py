@@ -30,7 +30,13 @@ slow-down of the host measured on the H200, `perfscope.analysis.hosttime`; or th
 measured the host), plus the bench's TPOT-ITL tail. `evidence.prediction` gives its parts: `bound`
 (gpu / host), `range_ms` (the model's measured uncertainty, and the fix's other outcomes, e.g.
 fp8-kv-cast's native strategy), the kernel-only answer, a lower bound and what it `assumes` of the
-kernels it leaves alone.
+kernels it leaves alone. On a server that runs on the CPU (its trace analysed on CPU ops, every step
+host work) with a bench, it is the bench's TPOT less the profiled self time of the ops the fix
+removes, less the profiler's cost per recorded event on them (the profiled step cycle less the
+bench's step, over the CPU ops and Python frames recorded per cycle: `steps.unprofiled.cpu_host`,
+`perfscope.analysis.cpuhost`); a fix that removes more than half of that step leaves one the bench did
+not measure: the profiled step left x the bench's TPOT over the profiled cycle. Without a bench, the
+profiled step less that self time.
 The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps), a
 diffusion pipeline (xDiT / diffusers) or a convolution-heavy non-LLM one none of them runs, and
 `steps.workload` (`steps.workload_model`) says what the trace is.

@@ -53,16 +53,26 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
     CPU launch timeline (perfscope.analysis.stepmodel), with the host's own time as the server spends
     it without the profiler (perfscope.analysis.hosttime): the fixed step is the larger of the GPU work
     left and that host time."""
-    if f.new_duration is None or not ctx.steps:
+    if not ctx.steps:
         return
-    from perfscope.analysis import hosttime
+    from perfscope.analysis import cpuhost, hosttime
     from perfscope.analysis.stepmodel import predict_after, predict_after_serial
 
+    # a server on the CPU with a bench: its steps are host work, held to the bench's unprofiled step
+    cpu = cpuhost.profiler_cost(ctx.trace, ctx.stepset.steps, ctx.config.get("bench")) \
+        if not ctx.gpu_timeline and cpuhost.on_cpu(ctx.config) else None
+    if f.new_duration is None:
+        if cpu is not None and f.predicted_step_ms_after_fix is not None:
+            _on_cpu_host(f, cpu, ctx.step_ms - f.predicted_step_ms_after_fix, 0.0, None)
+        return
     if ctx.gpu_timeline:
         p = predict_after(ctx.trace, ctx.steps, ctx.step_ms, f.new_duration, f.added_us_per_step)
     else:  # CPU-only trace analysed on its ops: no launch timeline, each step's thread is serial
         p = predict_after_serial(ctx.trace, ctx.steps, f.new_duration, f.added_us_per_step)
     if not p:
+        return
+    if cpu is not None:
+        _on_cpu_host(f, cpu, p["kernel_time_saved_ms"], cpuhost.changed_ops(ctx.trace, ctx.steps, f.new_duration), p)
         return
     if f.assumes:
         p["assumes"] = f.assumes
@@ -130,6 +140,32 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         f.summary += (f" The profiled host looks busier ({host.profiled_ms:.2f} ms per step) than the fixed GPU work, but "
                       f"the profiler slows the host: without it, ~{host.point:.2f} ms ({host.how}), so the GPU "
                       f"bounds the step; expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
+
+
+def _on_cpu_host(f: Finding, cost: dict, saved_ms: float, ops: float, p: Optional[dict]) -> None:
+    """A finding's prediction on a server that runs on the CPU, from the bench's unprofiled step
+    (perfscope.analysis.cpuhost.after_fix); ``p``: the profiled timeline's prediction, kept beside it."""
+    from perfscope.analysis import cpuhost
+
+    a = cpuhost.after_fix(cost, saved_ms, ops, p["predicted_step_ms"] if p else None)
+    before = f.predicted_step_ms_after_fix
+    a["profiled"] = {k: p[k] for k in ("predicted_step_ms", "kernel_time_saved_ms") if k in p} if p else \
+        {"predicted_step_ms": before}
+    if p:
+        a["model"] = p["model"] + "; " + "held to the bench's step without the profiler (perfscope.analysis.cpuhost)"
+        if f.assumes:
+            a["assumes"] = f.assumes
+    f.evidence["prediction"] = a
+    f.predicted_step_ms_after_fix = a["predicted_step_ms"]
+    if before is not None and f.summary:
+        for old in (f"~{before:.1f} ms", f"{before:.1f} ms"):
+            if old in f.summary:
+                f.summary = f.summary.replace(old, old[0] * (old[0] == "~") + f"{a['predicted_step_ms']:.1f} ms")
+                break
+    if f.summary:
+        f.summary += (f" Without the profiler a token takes {cost['tpot_ms']:.2f} ms (the bench; the trace's step "
+                      f"cycle: {cost['profiled_cycle_ms']:.2f} ms): fixed, ~{a['predicted_step_ms']:.2f} ms "
+                      f"(expect {a['range_ms'][0]:.2f}-{a['range_ms'][1]:.2f} ms).")
 
 
 def rule_ids() -> list[str]:
