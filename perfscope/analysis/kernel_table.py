@@ -19,8 +19,8 @@ TORCH_SORT = re.compile(r"RadixSort|radix_sort|radixSort|bitonicSort|segmented_s
 
 
 class KernelTable:
-    """Per kernel index of ``trace.kernels``: ``pair`` (bucket, sub-bucket), ``bucket``, ``gemm`` (a kernel
-    whose bucket is gemm; memcpy/memset never), ``torch_sort`` (its name is a torch sort / top-k),
+    """Per kernel index of ``trace.kernels``: ``pair`` (bucket, sub-bucket), ``bucket``, ``gemm`` (1: a kernel
+    whose bucket is gemm; memcpy/memset never), ``torch_sort`` (1: its name is a torch sort / top-k),
     ``key`` (its distinct (name, kind), numbered); ``first``: the first kernel of each key."""
 
     __slots__ = ("pair", "bucket", "gemm", "torch_sort", "key", "first")
@@ -46,7 +46,8 @@ class KernelTable:
             gemm.append(row[2])
             sort.append(row[3])
             keys.append(row[4])
-        self.pair, self.bucket, self.gemm, self.torch_sort = pair, bucket, gemm, sort
+        # the yes/no answers a byte per kernel (read as 0 or 1)
+        self.pair, self.bucket, self.gemm, self.torch_sort = pair, bucket, bytes(gemm), bytes(sort)
         # the distinct (name, kind) of each kernel as a number, and the first kernel of each: a question
         # of the name is asked once per number (RuleContext.time_of)
         self.key, self.first = keys, first

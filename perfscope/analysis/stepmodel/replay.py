@@ -11,6 +11,16 @@ from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Launch, Trace
 
 
+_SLOTS: list[int] = []  # the slot numbers 0, 1, ...: one int object each, shared by every replay's plan
+
+
+def _slots(n: int) -> list[int]:
+    """The slot numbers 0 .. n-1 (ints above 256 are objects of their own: made once, not per step)."""
+    if len(_SLOTS) < n:
+        _SLOTS.extend(range(len(_SLOTS), n))
+    return _SLOTS[:n]
+
+
 class StepReplay:
     """One step's kernels and the runtime calls around them, ready to be replayed with new durations."""
 
@@ -158,7 +168,7 @@ class StepReplay:
         ninf = float("-inf")
         delay, first_on_stream, dep, graph_dep = self.delay, self.first_on_stream, self.dep, self.graph_dep
         kidx = self.step.kernels
-        slot = {i: n for n, i in enumerate(kidx)}
+        slot = dict(zip(kidx, _slots(len(kidx))))
         none = len(kidx)  # the -inf slot
         ks_ = [kern[i] for i in kidx]
         rec_end = [k.ts + k.dur for k in ks_] + [ninf]
