@@ -21,6 +21,23 @@ def _slots(n: int) -> list[int]:
     return _SLOTS[:n]
 
 
+class _Flat4:
+    """A launch's kernel plan as one flat list (slot, anchor, gap, extra, slot, ...), iterated as 4-tuples:
+    a CUDA graph launch plans hundreds of kernels, and a tuple each would take twice the memory."""
+
+    __slots__ = ("flat",)
+
+    def __init__(self, flat: list):
+        self.flat = flat
+
+    def __iter__(self):
+        it = iter(self.flat)
+        return zip(it, it, it, it)
+
+
+_FLAT_FROM = 16  # kernels in one launch from which its plan is kept flat (fewer: a tuple per kernel)
+
+
 class StepReplay:
     """One step's kernels and the runtime calls around them, ready to be replayed with new durations."""
 
@@ -181,7 +198,7 @@ class StepReplay:
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
-            kplan: list = []  # per kernel, flat: its slot, its anchor's slot, the gap after it, its extra anchors
+            kplan: list = []  # per kernel: its slot, its anchor's slot, the gap after it, its extra anchors
             ss = []  # the event's kernels' slots
             for i in ks:
                 k = kern[i]
@@ -208,7 +225,7 @@ class StepReplay:
                 if graph and gd is None and prev is not None and prev[2] == n:
                     gap = kts - prev[1]
                     add = gap if gap > 0.0 else 0.0
-                kplan += (p, a, add, extra)
+                kplan.append((p, a, add, extra))
                 prev_on[st] = (p, kend, n)
                 if kend > orig_done:
                     orig_done = kend
@@ -219,7 +236,8 @@ class StepReplay:
                 extra = l.ts + l.dur - orig_done
                 wait_extra = extra if extra > 0.0 else 0.0
             events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
-                           bool(ks) and launch, wait_extra, ss, kplan))
+                           bool(ks) and launch, wait_extra, ss,
+                           _Flat4([x for t in kplan for x in t]) if len(kplan) >= _FLAT_FROM else kplan))
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
         orphans = [(slot[i], kern[i].ts) for i in self.orphans]
         plan = self._plan_cache = (events, ops, orphans, rec_end, durs, [e[9] for e in events])
@@ -290,8 +308,7 @@ class StepReplay:
             if launched and t > last_launch:
                 last_launch = t
             ready = t + latency
-            it = iter(kplan)
-            for p, a, add, extra in zip(it, it, it, it):
+            for p, a, add, extra in kplan:
                 start = ne[a] + add
                 if ready > start:
                     start = ready
