@@ -60,8 +60,6 @@ def test_a_damaged_xz_trace_gets_one_line_and_exit_2(tmp_path):
     one line naming the file and what is wrong, exit 2; stream padding and several streams read."""
     import os
 
-    from paths import REPO
-
     data = (TRACES / "h200-mla-fp8-kv" / "mla_pool_graph.json.xz").read_bytes()
     cases = {"truncated.json.xz": (data[: len(data) // 2], {}, "truncated xz file"),
              "corrupt.json.xz": (data[:100] + bytes(100) + data[200:], {}, "corrupt xz data"),
@@ -69,7 +67,7 @@ def test_a_damaged_xz_trace_gets_one_line_and_exit_2(tmp_path):
              "big.json.xz": (data, {"PERFSCOPE_MAX_TRACE_GB": "0.001"}, "PERFSCOPE_MAX_TRACE_GB")}
     for name, (body, env, want) in cases.items():
         (tmp_path / name).write_bytes(body)
-        r = invoke("diagnose", tmp_path / name, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+        r = invoke("diagnose", tmp_path / name, env={**os.environ, **env})
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and want in lines[0] and name in lines[0], (name, r.stderr)
     padded = tmp_path / "padded.json.xz"  # stream padding (4 zero bytes) after the stream: valid xz

@@ -7,8 +7,8 @@ port; never only what the finding would imply."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
+from clirun import invoke, run
 from paths import H200, REPO
 from perfscope.fixengine import engine
 from perfscope.fixengine.host import LocalFixHost
@@ -17,8 +17,7 @@ from perfscope.fixengine.registry import get
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    return run(*args, cwd=REPO)
 
 
 def test_local_fix_check_reads_the_server_on_the_port(sglang_server):
@@ -76,8 +75,7 @@ def test_demo_bad_options_are_one_line_exit_2_and_leave_nothing(tmp_path):
     """`perfscope demo --device tpu` started the server anyway and failed with exit 3 ("the
     reproduction server did not start", a torch traceback in its log) and left a run folder."""
     def demo(*args):
-        return subprocess.run([sys.executable, "-m", "perfscope", "demo", *args], capture_output=True, text=True,
-                              timeout=120, cwd=tmp_path)
+        return invoke("demo", *args, cwd=tmp_path)
 
     cases = [(["--device", "tpu"], "--device tpu: expected cpu, cuda or cuda:N"),
              (["--strategy", "bogus"], "--strategy bogus: expected auto, native or pages")]

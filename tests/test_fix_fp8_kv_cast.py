@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from clirun import invoke
 from perfscope.fixengine import engine
 from perfscope.fixengine.host import LocalFixHost
 from perfscope.fixengine.model import Environment
@@ -350,11 +351,7 @@ def test_switching_strategy_needs_a_revert(tmp_path):
 
 
 def _fix_cli(*args):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "perfscope", "fix", "fp8-kv-cast", *args], capture_output=True,
-                          text=True, timeout=120)
+    return invoke("fix", "fp8-kv-cast", *args)
 
 
 def test_cli_a_fix_that_does_not_apply_exits_4_and_says_it_once(tmp_path):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import run
 from net import free_port
 from paths import REPO
 
@@ -31,8 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real engines starte
 
 
 def cli(*args, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfscope", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return run(*args, cwd=REPO, timeout=timeout)
 
 
 def restart_script(work: Path, launch: Path, slow_unless: str = "") -> Path:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 import need
-
+from clirun import invoke
 from perfscope.fixengine import engine
 from perfscope.fixengine.host import LocalFixHost
 from perfscope.fixengine.registry import get
@@ -182,7 +182,7 @@ def test_repro_server_module_patched_runs_and_matches(tmp_path, strategy):
 
 
 def _cli(args):
-    r = subprocess.run([sys.executable, "-m", "perfscope", "fix", *args], capture_output=True, text=True, timeout=300)
+    r = invoke("fix", *args)
     return r.returncode, r.stdout, r.stderr
 
 

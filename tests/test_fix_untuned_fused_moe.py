@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import invoke
 from perfscope.analysis.moe_config import LOADER_RELDIR, config_file_name, lookup, scan_log, version_dir
 from perfscope.errors import InputError
 from real_engines import engine_python
@@ -236,13 +237,8 @@ def test_apply_makes_the_triton_folder_and_revert_removes_it(install_copy, tmp_p
 def test_budget_is_refused_where_it_means_nothing(tmp_path):
     """--budget bounds GPU time a fix spends on the server: only untuned-fused-moe's tuning has one;
     out of 10-3600 s, or on another fix: one line, exit 2, nothing read or changed."""
-    import sys
-
-    from paths import REPO
-
     for args, want in ((["fp8-kv-cast", "--budget", "60"], "fp8-kv-cast spends no GPU time"),
                        (["untuned-fused-moe", "--budget", "3"], "expected 10-3600 seconds")):
-        r = subprocess.run([sys.executable, "-m", "perfscope", "fix", *args], capture_output=True, text=True,
-                           cwd=tmp_path, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+        r = invoke("fix", *args, cwd=tmp_path)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and want in lines[0], r.stderr

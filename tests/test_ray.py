@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import need
+from clirun import run
 from paths import GPU_LOOP, HTA
 
 ray = need.module("ray")
@@ -132,22 +133,21 @@ def test_cli_json_is_the_local_json(cluster, tmp_path):
     prof = _profile(tmp_path / "prof", 2)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
 
-    def cli(*argv):
-        return subprocess.run([sys.executable, "-m", "perfscope", "diagnose", *argv], capture_output=True,
-                              env=env, timeout=300)
+    def cli(*argv):  # a process of its own: Ray's client state and logging are the subject
+        return run("diagnose", *argv, env=env)
 
     r = cli(str(prof), "--ray", c.address, "--json")
-    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
     local = cli(str(prof), "--json")
     a, b = json.loads(r.stdout), json.loads(local.stdout)
     assert a.pop("parallel")["bound"] == "ray"
     b.pop("parallel")
     assert dumps(a) == dumps(b)
-    assert r.stderr.decode().strip() == ""  # Ray's own logging stays quiet
+    assert r.stderr.strip() == ""  # Ray's own logging stays quiet
     # --ray right before a path (not an address): the cluster this machine is part of
     r = cli("--ray", str(tmp_path / "nowhere"), "--json")
     assert r.returncode in (2, 3), r.stderr
-    assert len(r.stderr.decode().strip().splitlines()) == 1
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_a_rank_file_missing_on_its_node_is_one_line(cluster, tmp_path):
@@ -162,8 +162,7 @@ def test_a_rank_file_missing_on_its_node_is_one_line(cluster, tmp_path):
     # a run folder whose run.json lists a file no node has: the CLI says so in one line, exit 2
     run_dir = _run_folder(tmp_path / "run", ["a", "b"])
     (run_dir / "traces/1790000000.1-TP-1.trace.json.gz").unlink()
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(run_dir), "--ray", c.address],
-                       capture_output=True, text=True, timeout=300)
+    r = run("diagnose", run_dir, "--ray", c.address)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "TP-1" in lines[0] and "missing" in lines[0] and "Ray node" in lines[0], lines

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import need
+from clirun import run
 
 from perfscope import rundir
 from test_fix_restart import BENCH, MARKER, site  # noqa: F401  (the fixture: a restartable repro server)
@@ -26,8 +26,7 @@ LOAD = ["--steps", "3", "--input-len", "16", "--output-len", "12", "--timeout", 
 
 def _run(cwd: Path, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "perfscope", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return run(*args, env=env, cwd=cwd, timeout=timeout)
 
 
 def test_relative_and_home_paths_in_every_writing_command(site, tmp_path):  # noqa: F811

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import pytest
 
+from clirun import invoke
 from paths import H200, HTA, TRACELENS
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.rules import RULES, rule_ids
@@ -436,12 +437,9 @@ def test_new_rules_run_on_every_shared_trace_without_error():
 # ---- `perfscope rules` and docs/rules.md ---------------------------------------------------------
 
 def test_docs_rules_md_is_generated_and_current():
-    import subprocess
-    import sys
 
     from paths import REPO
-    r = subprocess.run([sys.executable, "-m", "perfscope", "rules", "--markdown"], capture_output=True, text=True,
-                       timeout=120)
+    r = invoke("rules", "--markdown")
     assert r.returncode == 0, r.stderr
     doc = (REPO / "docs" / "rules.md").read_text()
     assert doc == r.stdout, "docs/rules.md is stale: run `perfscope rules --markdown > docs/rules.md`"
@@ -451,13 +449,10 @@ def test_docs_rules_md_is_generated_and_current():
 
 def test_rules_json_and_table():
     import json
-    import subprocess
-    import sys
-    r = subprocess.run([sys.executable, "-m", "perfscope", "rules", "--json"], capture_output=True, text=True,
-                       timeout=120)
+    r = invoke("rules", "--json")
     assert r.returncode == 0
     assert [d["id"] for d in json.loads(r.stdout)["rules"]] == rule_ids()
-    r = subprocess.run([sys.executable, "-m", "perfscope", "rules"], capture_output=True, text=True, timeout=120)
+    r = invoke("rules")
     assert r.returncode == 0 and "fp8-kv-cast" in r.stdout
 
 
@@ -507,21 +502,16 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
 
 def test_diagnose_server_log_option(tmp_path):
     # --server-log: a missing file is one line, exit 2; a log is read (its tail) into the rule's facts
-    import subprocess
-    import sys
 
     from paths import KERNEL_MIX
     t = KERNEL_MIX / "sample_argmax.json.gz"
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log",
-                        str(tmp_path / "nope.log")], capture_output=True, text=True, timeout=120)
+    r = invoke("diagnose", t, "--json", "--server-log", tmp_path / "nope.log")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no such file" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log",
-                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    r = invoke("diagnose", t, "--json", "--server-log", tmp_path)
     assert r.returncode == 2 and "not a regular file" in r.stderr and "Traceback" not in r.stderr
     log = tmp_path / "server.log"
     log.write_text("x" * 100 + "\nUsing MoE kernel config from /a/E=1,N=2,device_name=X.json.\n")
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(t), "--json", "--server-log", str(log)],
-                       capture_output=True, text=True, timeout=120)
+    r = invoke("diagnose", t, "--json", "--server-log", log)
     assert r.returncode == 0, r.stderr
     from perfscope.analysis.moe_config import read_log
     assert read_log(log).endswith("device_name=X.json.\n")

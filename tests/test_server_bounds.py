@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import one_line
 from net import StubHandler
 from paths import REPO, TRACELENS, gz_bytes
 
@@ -146,19 +146,13 @@ def _trace(port, tmp_path, env=None, timeout="60"):
     return p.returncode, err, secs, int(rss[0].split()[1]) / 1024 if rss else 0.0
 
 
-def _one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.startswith("perfscope:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
 def test_endless_server_info_body_is_cut_at_the_reply_bound(hostile, tmp_path):
     """An endless /server_info body was read until memory ran out (exit 70 at 5.8 GB): now perfscope
     holds at most the bound (here 4 MB), says it and how to raise it, and never arms the profiler."""
     H, port = hostile
     H.mode = "endless_info"
     rc, err, _, rss = _trace(port, tmp_path, env={"PERFSCOPE_MAX_REPLY_MB": "4"})
-    line = _one_line(err)
+    line = one_line(err)
     assert rc == 3 and "larger than 4 MB" in line and "PERFSCOPE_MAX_REPLY_MB" in line, err
     assert "/start_profile" not in H.calls
     assert rss < 400, rss  # the interpreter and perfscope's imports, not the endless body
@@ -168,7 +162,7 @@ def test_reply_announcing_a_huge_length_is_refused_before_reading(hostile, tmp_p
     H, port = hostile
     H.mode = "huge_length_info"
     rc, err, secs, _ = _trace(port, tmp_path)
-    line = _one_line(err)
+    line = one_line(err)
     assert rc == 3 and "1,099,511,627,776 bytes announced" in line and "PERFSCOPE_MAX_REPLY_MB" in line, err
 
 
@@ -178,7 +172,7 @@ def test_trickling_server_meets_the_total_deadline(hostile, tmp_path):
     H, port = hostile
     H.mode = "trickle_info"
     rc, err, secs, _ = _trace(port, tmp_path, env={"PERFSCOPE_HTTP_DEADLINE_S": "3"})
-    line = _one_line(err)
+    line = one_line(err)
     assert rc == 3 and "within 3s" in line and "PERFSCOPE_HTTP_DEADLINE_S" in line, err
     assert secs < 60, secs  # the deadline, not the 300 s of the test's own guard
 
@@ -189,7 +183,7 @@ def test_endless_stream_line_is_cut_and_the_profiler_stopped(hostile, tmp_path):
     H, port = hostile
     H.mode = "endless_sse"
     rc, err, _, rss = _trace(port, tmp_path, env={"PERFSCOPE_MAX_REPLY_MB": "2"})
-    line = _one_line(err)
+    line = one_line(err)
     assert rc == 3 and "stream line" in line and "PERFSCOPE_MAX_REPLY_MB" in line, err
     assert "/stop_profile" in H.calls[H.calls.index("/start_profile"):]
     assert rss < 400, rss
@@ -203,7 +197,7 @@ def test_trickling_stream_line_stops_the_profiler(hostile, tmp_path):
     H, port = hostile
     H.mode = "trickle_sse"
     rc, err, secs, _ = _trace(port, tmp_path, env={"PERFSCOPE_HTTP_DEADLINE_S": "2"})
-    line = _one_line(err)
+    line = one_line(err)
     assert rc == 3 and "complete stream line within 2s" in line, err
     assert "/stop_profile" in H.calls[H.calls.index("/start_profile"):]
 

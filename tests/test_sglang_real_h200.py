@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from clirun import invoke
 from paths import REPO
 from perfscope.analysis.diagnose import diagnose
 
@@ -78,9 +79,7 @@ def test_real_sglang_trace_one_launch_per_cast_pool_from_server_info():
 
 
 def test_real_sglang_trace_floor_with_a_dense_config_that_lists_experts(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "perfscope", "diagnose", str(REAL), "--json", "--model-config",
-                        str(MODEL), "--batch", "1", "--context", "2032"], capture_output=True, text=True, cwd=REPO,
-                       timeout=300)
+    r = invoke("diagnose", REAL, "--json", "--model-config", MODEL, "--batch", "1", "--context", "2032", cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     fl = json.loads(r.stdout)["floor"]
     assert fl["available"] and 0.1 < fl["floor_ms"] < 1.0 and fl["worst_bucket"] == "copy"
@@ -136,8 +135,7 @@ def test_real_sglang_pages_patch_tpot_and_the_cast_gone_from_the_trace():
     assert "fp8-kv-cast" not in [f["id"] for f in after["findings"]]
     # the GPU work the step model predicted (the step itself is host-bound: tests/test_stepmodel.py)
     pred = _cast(diagnose([REAL]))["evidence"]["prediction"]["gpu_prediction_ms"]
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(REAL), str(PAGES / "runs" / "495000-pages"),
-                        "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    r = invoke("compare", REAL, PAGES / "runs" / "495000-pages", "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     c = json.loads(r.stdout)
     assert [f["id"] for f in c["findings"]["gone"]] == ["fp8-kv-cast"]
@@ -350,8 +348,7 @@ def test_prediction_against_the_measured_fix(name):
     loop's later bench (after a probe and a trace) is compare's AFTER TPOT: on the default pool it was
     taken on a machine whose host ran 1.4x slower, above the range (1.96 ms)."""
     _, P, runs = _loop(name)
-    r = subprocess.run([sys.executable, "-m", "perfscope", "compare", str(runs / f"{name}-bug"),
-                        str(runs / f"{name}-pages"), "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    r = invoke("compare", runs / f"{name}-bug", runs / f"{name}-pages", "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     c = json.loads(r.stdout)
     assert [f["id"] for f in c["findings"]["gone"]] == ["fp8-kv-cast"]

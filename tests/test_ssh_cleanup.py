@@ -11,25 +11,23 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from clirun import one_line, popen
 from paths import REPO, TRACELENS, gz_bytes
-from test_server_bounds import _one_line, hostile  # noqa: F401 - the fixture
+from test_server_bounds import hostile  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
 
 
 def _ssh_trace(sshd, port, srv, out, timeout="40") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "perfscope", "trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}",
-                             "-i", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts), "--port", str(port),
-                             "--remote-dir", str(srv), "--steps", "2", "--output-len", "4", "--input-len", "4",
-                             "--timeout", timeout, "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return popen(["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "-i", str(sshd.user_key), "--known-hosts",
+                  str(sshd.known_hosts), "--port", str(port), "--remote-dir", str(srv), "--steps", "2", "--output-len", "4",
+                  "--input-len", "4", "--timeout", timeout, "--out", str(out)], cwd=REPO)
 
 
 def _children(pid: int) -> list[int]:
@@ -84,7 +82,7 @@ def test_profiler_stopped_over_a_fresh_connection_when_ssh_dies(sshd, hostile, t
     for pid in set(_children(sshd.proc.pid)) - before:
         os.kill(pid, signal.SIGKILL)
     _, err = p.communicate(timeout=120)
-    line = _one_line(err)
+    line = one_line(err)
     assert p.returncode == 3, err
     assert "fresh one" in err and line
     assert "/stop_profile" in H.calls[H.calls.index("/start_profile"):]
@@ -136,12 +134,10 @@ def test_disk_full_during_the_copy_names_the_local_path(sshd, hostile, tmp_path,
     if how == "ssh":
         p = _ssh_trace(sshd, port, srv, out)
     else:
-        p = subprocess.Popen([sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}",
-                              "--remote-dir", str(srv), "--steps", "2", "--output-len", "4", "--input-len", "4",
-                              "--timeout", "40", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        p = popen(["trace", "--url", f"http://127.0.0.1:{port}", "--remote-dir", str(srv), "--steps", "2", "--output-len",
+                   "4", "--input-len", "4", "--timeout", "40", "--out", str(out)], cwd=REPO)
     _, err = p.communicate(timeout=180)
-    line = _one_line(err)
+    line = one_line(err)
     assert p.returncode == 2 and str(out / "traces" / "1700000000-TP-0.trace.json.gz") in line, err
     assert "No space left" in line
     assert list(srv.iterdir()) == []

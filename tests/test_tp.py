@@ -9,14 +9,13 @@ lead; see the TP section of examples/repro_server/README.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import need
 
+from clirun import run
 from reproserver import start_repro
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the reproduction server at tensor parallel 2
@@ -29,7 +28,7 @@ STRAGGLER_MS = 400.0  # above 3x the step noise of a loaded 2-core CI box (106 m
 
 
 def _cli(*argv: str, timeout: float = 300) -> str:
-    r = subprocess.run([sys.executable, "-m", "perfscope", *argv], capture_output=True, text=True, timeout=timeout)
+    r = run(*argv, timeout=timeout)
     assert r.returncode == 0, f"perfscope {' '.join(argv)}: rc {r.returncode}\n{r.stderr[-3000:]}"
     return r.stdout
 
