@@ -17,6 +17,7 @@ import pytest
 from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES, topen
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
 from perfscope.load.reader import load_trace
+from realtraces import real_diagnosis, real_trace
 
 SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et", "908_results")  # a duplicate of a smaller file; not Kineto (x2)
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"  # DeepSeek's H800 DualPipe trace
@@ -31,7 +32,7 @@ OTHER_MAX_SHARE = 0.01
 def names_of(path: Path) -> dict[tuple[str, str], float]:
     """{(kernel name, kind): summed duration in us} of one trace."""
     out: Counter = Counter()
-    for k in load_trace(path).kernels:
+    for k in real_trace(path).kernels:
         out[(k.name, k.kind)] += k.dur
     return dict(out)
 
@@ -277,7 +278,6 @@ def test_real_sglang_sampling_lands_in_its_step():
 
 
 def _raw_events(path: Path) -> list:
-    import gzip
     import json
 
     with topen(path) as f:
@@ -349,15 +349,14 @@ def test_moe_router_topk_is_not_sampling(name):
     # `bitonicSortKVInPlace`) -> softmax -> gather -> expert GEMMs. Those top-k kernels share their names
     # with torch sampling's, but a GEMM follows them in the step: routing, not sampling (which runs on the
     # logits after the step's last GEMM). They read 18% "sampling", and made the file look like an LLM.
-    from perfscope.analysis.diagnose import diagnose
 
     path = MOE_B300 / f"{name}.json.xz"
-    t = load_trace(path)
+    t = real_trace(path)
     sorts = [k for k in t.kernels if re.search(r"gatherTopK|bitonicSort", k.name)]
     assert sorts and all(classify(k.name, k.kind)[0] == "sampling" for k in sorts)  # by name alone
     gemm_starts = [k.ts for k in t.kernels if classify(k.name, k.kind)[0] == "gemm"]
     assert all(any(g >= k.ts + k.dur for g in gemm_starts) for k in sorts)  # each has a GEMM after it
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     assert d["buckets"]["sampling"]["ms_per_step"] == 0
     n = max(d["steps"]["count"], 1)
     want = sum(k.dur for k in sorts) / 1e3 / n
@@ -391,13 +390,12 @@ def test_torch_native_moe_layer_is_the_moe_bucket(name):
     # real B300 torch-native MoE layers, each inside a GPU range `MoE[experts=.., topk=..]`: by name their
     # kernels are GEMMs (nvjet), gathers, top-k and elementwise work; by place they are the MoE layer, its
     # GEMMs `moe/gemm` and the rest `moe/other` / `moe/routing` (the top-k)
-    from perfscope.analysis.diagnose import diagnose
 
     path = MOE_B300 / f"{name}.json.xz"
-    t = load_trace(path)
+    t = real_trace(path)
     inside = _in_ranges(t, r"^MoE\[")
     assert inside and {classify(k.name, k.kind)[0] for k in inside} >= {"gemm", "copy"}  # by name alone
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     n = max(d["steps"]["count"], 1)
     gemm_us = sum(k.dur for k in inside if classify(k.name, k.kind)[0] == "gemm")
     assert d["sub_buckets"]["moe/gemm"]["ms_per_step"] == pytest.approx(gemm_us / 1e3 / n, rel=1e-3, abs=1e-4)
@@ -413,13 +411,12 @@ def test_torch_native_moe_layer_is_the_moe_bucket(name):
 def test_expert_gemms_are_moe_not_gemm(path, sub):
     # vLLM gpt-oss decode (Triton-kernels matmul_ogs), the B200 TRT-LLM-gen MoE, DeepSeek's H800 training
     # trace: the expert GEMMs are the moe bucket's `moe/gemm`, the dense GEMMs stay `gemm`
-    from perfscope.analysis.diagnose import diagnose
 
-    t = load_trace(path)
+    t = real_trace(path)
     experts = sum(k.dur for k in t.kernels if re.search(sub, k.name))
     dense = sum(k.dur for k in t.kernels if classify(k.name, k.kind)[0] == "gemm")
     assert experts > 0 and dense > 0
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     assert d["sub_buckets"]["moe/gemm"]["ms_per_step"] > 0
     assert d["buckets"]["moe"]["ms_per_step"] > d["sub_buckets"]["moe/gemm"]["ms_per_step"]  # routing, combine
     assert d["buckets"]["moe"]["share"] > d["buckets"]["gemm"]["share"] > 0
@@ -428,11 +425,10 @@ def test_expert_gemms_are_moe_not_gemm(path, sub):
 def test_mid_step_topk_without_moe_layer_stays_other():
     # a recommendation model's training rank (HTA sampled_rank-0: no MoE kernel, no MoE range): its torch
     # top-k mid-step is no expert routing
-    from perfscope.analysis.diagnose import diagnose
 
     path = HTA / "trace_filter/sampled_rank-0.json.xz"
-    t = load_trace(path)
+    t = real_trace(path)
     assert not any(classify(k.name, k.kind)[0] == "moe" for k in t.kernels) and not _in_ranges(t, r"(?i)moe|expert")
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     assert d["sub_buckets"]["other/topk-mid-step"]["ms_per_step"] > 0
     assert d["buckets"]["moe"]["ms_per_step"] == 0

@@ -16,20 +16,14 @@ from perfscope.rundir import write_run
 
 from clirun import invoke
 from paths import TRACES, gz_bytes, topen
+from realtraces import real_diagnosis
 H200 = TRACES / "h200-mla-fp8-kv"
 QWEN = TRACES / "public" / "TraceLens" / "tests" / "traces"
 
 
 @pytest.fixture(scope="module")
 def diag():
-    cache: dict = {}
-
-    def get(path: Path):
-        if path not in cache:
-            cache[path] = diagnose([path])
-        return cache[path]
-
-    return get
+    return real_diagnosis
 
 
 @pytest.mark.parametrize("after", ["mla_fp8_graph", "mla_pages_graph"])

@@ -8,7 +8,6 @@ recounts from the raw JSON by name what it asserts perfscope found.
 
 from __future__ import annotations
 
-import gzip
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from paths import H200, KERNEL_MIX, REPO, TRACELENS, topen
-from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 
 HF = REPO / "tests" / "traces" / "tracelens-hf"
 BERT = HF / "gaunernst_bert-small-uncased__1016001.json.gz"
@@ -29,7 +28,7 @@ QWEN_FORWARDS = [TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz",
 
 @lru_cache(maxsize=None)
 def diag(path: Path) -> dict:
-    return diagnose([path]).to_dict()
+    return real_diagnosis(path).to_dict()
 
 
 @lru_cache(maxsize=None)

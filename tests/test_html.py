@@ -20,6 +20,7 @@ from perfscope.report.html import idle_gaps, render_compare, render_diagnosis, t
 from perfscope.rundir import write_run
 
 from paths import TRACES  # noqa: E402
+from realtraces import real_diagnosis  # noqa: E402
 H200 = TRACES / "h200-mla-fp8-kv"
 PUBLIC = TRACES / "public"
 QWEN = PUBLIC / "TraceLens" / "tests" / "traces"
@@ -28,14 +29,7 @@ BLOB = re.compile(r'<script id="perfscope-data" type="application/json">(.*?)</s
 
 @pytest.fixture(scope="module")
 def diag():
-    cache: dict = {}
-
-    def get(*paths: Path):
-        if paths not in cache:
-            cache[paths] = diagnose(list(paths))
-        return cache[paths]
-
-    return get
+    return real_diagnosis
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from paths import GPU_LOOP, HTA, REPO, TRACELENS
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.names import short_name
-from perfscope.load.reader import load_trace
+from realtraces import real_diagnosis, real_trace
 
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
 A100 = HTA / "negative_queue_length_values_check/rank0.json.xz"
@@ -29,7 +29,7 @@ GENERIC = {"device_kernel", "Kernel", "Kernel2", "kentry", "kernel", "ck_tile::k
 
 @lru_cache(maxsize=None)
 def names(path):
-    return sorted({k.name for k in load_trace(path).kernels})
+    return sorted({k.name for k in real_trace(path).kernels})
 
 
 def test_deepseek_grouped_gemms_are_named_by_their_kernel_type():
@@ -118,7 +118,7 @@ def test_anonymous_namespaces_and_return_types_are_not_the_name(path, pattern, w
 
 def test_no_dominant_op_of_a_real_trace_reads_as_a_namespace_or_return_type():
     for path in (SGL_POOL, SGL_GRAPH, H100, B200):
-        d = diagnose([path]).to_dict()
+        d = real_diagnosis(path).to_dict()
         for o in d["ops"]:
             head = o["short"].split(" [")[0]
             assert "anonymous namespace" not in head and not head.startswith(("enable_if", "std::", "at::")), o["short"]

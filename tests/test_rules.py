@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from functools import lru_cache
 
 import pytest
 
@@ -20,7 +19,7 @@ from perfscope.analysis.rules import RULES, rule_ids
 from perfscope.analysis.rules.base import CONFIDENCE
 from perfscope.analysis.steps import find_steps
 from perfscope.load.model import Trace
-from perfscope.load.reader import load_trace
+from realtraces import real_trace
 
 SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
 SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
@@ -28,11 +27,6 @@ VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"
 V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"
 CONTROL = HTA / "trace_diff/control/control.json.xz"
 H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
-
-
-@lru_cache(maxsize=None)
-def trace(path) -> Trace:
-    return load_trace(path)
 
 
 def findings(t: Trace, config: dict | None = None) -> dict[str, dict]:
@@ -92,7 +86,7 @@ def merged(parts: list[Trace]) -> Trace:
 def sglang_sequence(phases: list[tuple[str, float]]) -> Trace:
     """Real SGLang MI300X steps placed one after another: ("D", t) puts a copy of the DECODE trace at
     t seconds, ("E", t) a copy of the EXTEND (prefill) trace."""
-    d, e = trace(SGL_DECODE), trace(SGL_PREFILL)
+    d, e = real_trace(SGL_DECODE), real_trace(SGL_PREFILL)
     d0 = min(a.ts for a in d.annotations)
     e0 = min(a.ts for a in e.annotations)
     parts = []
@@ -105,7 +99,7 @@ def sglang_sequence(phases: list[tuple[str, float]]) -> Trace:
 def with_sort_every_step(t: Trace) -> Trace:
     """Each step of ``t`` followed by the real cub radix-sort kernels of one step of the A100
     control trace (same names and durations), launched by that step's launch."""
-    c = trace(CONTROL)
+    c = real_trace(CONTROL)
     cs = find_steps(c).steps[1]
     sort = [c.kernels[i] for i in cs.kernels if "RadixSort" in c.kernels[i].name]
     assert sort
@@ -151,7 +145,7 @@ def test_registry_ids_unique_and_documented():
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_fp8_kv_cast_fires_on_pool_traces(mode):
-    f = findings(trace(H200 / f"mla_pool_{mode}.json.xz"))["fp8-kv-cast"]
+    f = findings(real_trace(H200 / f"mla_pool_{mode}.json.xz"))["fp8-kv-cast"]
     check_finding(f)
     assert f["evidence"]["pool_tokens"] == 495000
     assert f["evidence"]["casts_per_step"] == 60
@@ -160,31 +154,31 @@ def test_fp8_kv_cast_fires_on_pool_traces(mode):
 
 @pytest.mark.parametrize("name", ["mla_pages_eager", "mla_pages_graph", "mla_fp8_eager", "mla_fp8_graph"])
 def test_fp8_kv_cast_quiet_on_fixed_traces(name):
-    assert "fp8-kv-cast" not in findings(trace(H200 / f"{name}.json.xz"))
+    assert "fp8-kv-cast" not in findings(real_trace(H200 / f"{name}.json.xz"))
 
 
 def test_eager_decode_fires_on_eager_traces():
-    f = findings(trace(H200 / "mla_fp8_eager.json.xz"))["eager-decode"]
+    f = findings(real_trace(H200 / "mla_fp8_eager.json.xz"))["eager-decode"]
     check_finding(f)
     assert f["evidence"]["graph_launches_per_step"] == 0 and f["evidence"]["launches_per_step"] >= 100
-    assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(trace(H200 / "mla_fp8_eager.json.xz")).steps["median_ms"]
+    assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(real_trace(H200 / "mla_fp8_eager.json.xz")).steps["median_ms"]
 
 
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H200 / "mla_pages_graph.json.xz",
                                   H200 / "mla_pool_graph.json.xz", SGL_DECODE, VLLM_FULL])
 def test_eager_decode_quiet_on_graph_traces(path):
-    assert "eager-decode" not in findings(trace(path))
+    assert "eager-decode" not in findings(real_trace(path))
 
 
 def test_nccl_allreduce_quiet_on_the_v100_training_rank():
     # a training rank's NCCL all-reduces are gradient syncs: no server-flag advice (tests/test_workload.py)
-    assert "nccl-allreduce" not in findings(trace(V100_NCCL))
+    assert "nccl-allreduce" not in findings(real_trace(V100_NCCL))
 
 
 def test_nccl_allreduce_fires_on_the_v100_nccl_kernels():
     # DERIVED: the V100 rank's real kernels with its autograd and optimizer markers removed, so that it
     # is analysed as inference: the rule's own logic on 2,020 real NCCL kernels
-    t = trace(V100_NCCL)
+    t = real_trace(V100_NCCL)
     t = replace(t, cpu_ops=[o for o in t.cpu_ops if "Backward" not in o.name and "autograd" not in o.name
                             and not o.name.startswith("Optimizer.")],
                 annotations=[a for a in t.annotations if not a.name.startswith("Optimizer.")])
@@ -196,16 +190,16 @@ def test_nccl_allreduce_fires_on_the_v100_nccl_kernels():
 
 @pytest.mark.parametrize("name", ["mla_pool_graph", "mla_pool_eager", "mla_fp8_graph", "mla_pages_eager"])
 def test_nccl_allreduce_quiet_on_h200(name):
-    assert "nccl-allreduce" not in findings(trace(H200 / f"{name}.json.xz"))
+    assert "nccl-allreduce" not in findings(real_trace(H200 / f"{name}.json.xz"))
 
 
 def test_nccl_allreduce_quiet_on_custom_allreduce_b200():
-    assert "nccl-allreduce" not in findings(trace(TRACELENS / "b200/eager_trace.json.xz"))
+    assert "nccl-allreduce" not in findings(real_trace(TRACELENS / "b200/eager_trace.json.xz"))
 
 
 def test_warmup_fires_on_a_cold_first_step():
     # DERIVED: mla_fp8_graph with its first step's kernels made 5x longer
-    f = findings(slow_first_step(trace(H200 / "mla_fp8_graph.json.xz")))["warmup-in-window"]
+    f = findings(slow_first_step(real_trace(H200 / "mla_fp8_graph.json.xz")))["warmup-in-window"]
     check_finding(f)
     assert f["evidence"]["outlier_steps"] == [0]
 
@@ -213,7 +207,7 @@ def test_warmup_fires_on_a_cold_first_step():
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H100])
 def test_warmup_quiet_on_steady_traces(path):
     # the H100 trace has 168 real cudaFuncGetAttributes calls in its step: 0.4 ms of 35, below the bar
-    assert "warmup-in-window" not in findings(trace(path))
+    assert "warmup-in-window" not in findings(real_trace(path))
 
 
 # ---- host-bubble (real traces) ----------------------------------------------------------------
@@ -224,7 +218,7 @@ def test_host_bubble_fires_on_short_graph_steps(name):
     # The bubble that counts is the unprofiled one: with a bench whose step cycle is the profiled one
     # (the host as slow unprofiled), it fires with that bubble; without a bench the host's time scaled
     # by the profiler's measured slow-down (perfscope.analysis.hosttime) leaves less than 10% idle
-    t = trace(H200 / f"{name}.json.xz")
+    t = real_trace(H200 / f"{name}.json.xz")
     assert "host-bubble" not in findings(t)
     gpu = analyze_trace(t).steps["median_ms"]
     f = findings(t, {"bench": {"tpot_ms": gpu + 1.2, "concurrency": 1}})["host-bubble"]
@@ -245,7 +239,7 @@ def test_host_bubble_fires_on_short_graph_steps(name):
 def test_host_bubble_quiet(path):
     # pool: the same ~1 ms gap is 2% of a 57 ms step; eager: eager-decode's case; SGLang: one step;
     # the A100 training trace: a few graphs inside mostly eager steps
-    assert "host-bubble" not in findings(trace(path))
+    assert "host-bubble" not in findings(real_trace(path))
 
 
 # ---- overlap-off (derived: real graph steps under SGLang's step annotation) -------------------
@@ -253,7 +247,7 @@ def test_host_bubble_quiet(path):
 def test_overlap_off_fires_when_config_says_so():
     # DERIVED: mla_fp8_graph's ProfilerStep ranges renamed `step[DECODE bs=1]`; a bench whose step is the
     # GPU work plus 1.2 ms of serial host time per step
-    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
+    t = as_sglang_steps(real_trace(H200 / "mla_fp8_graph.json.xz"))
     gpu = analyze_trace(t).steps["median_ms"]
     fs = findings(t, {"disable_overlap_schedule": True, "bench": {"tpot_ms": gpu + 1.2, "itl_p50_ms": gpu + 1.2}})
     f = fs["overlap-off"]
@@ -280,7 +274,7 @@ def test_overlap_off_idle_is_the_unprofiled_hosts():
     from perfscope.analysis.hosttime import SCALE
     from perfscope.analysis.rules.overlap_off import OverlapOff
 
-    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
+    t = as_sglang_steps(real_trace(H200 / "mla_fp8_graph.json.xz"))
     assert "overlap-off" not in findings(t, {"disable_overlap_schedule": True})
     # a bench at the GPU work says the host hides nothing: no finding either
     gpu = analyze_trace(t).steps["median_ms"]
@@ -297,39 +291,39 @@ def test_overlap_off_idle_is_the_unprofiled_hosts():
 
 
 def test_overlap_off_quiet_when_overlap_is_on_or_gap_small():
-    t = as_sglang_steps(trace(H200 / "mla_fp8_graph.json.xz"))
+    t = as_sglang_steps(real_trace(H200 / "mla_fp8_graph.json.xz"))
     gpu = analyze_trace(t).steps["median_ms"]
     fs = findings(t, {"disable_overlap_schedule": False, "bench": {"tpot_ms": gpu + 1.2, "concurrency": 1}})
     assert "overlap-off" not in fs and "host-bubble" in fs  # overlap on, still a bubble (the bench says so)
-    assert "overlap-off" not in findings(as_sglang_steps(trace(H200 / "mla_pool_graph.json.xz")),
+    assert "overlap-off" not in findings(as_sglang_steps(real_trace(H200 / "mla_pool_graph.json.xz")),
                                          {"disable_overlap_schedule": True})
-    assert "overlap-off" not in findings(trace(SGL_DECODE))  # real SGLang, overlap kernels present
+    assert "overlap-off" not in findings(real_trace(SGL_DECODE))  # real SGLang, overlap kernels present
 
 
 # ---- torch-sampling (derived) -----------------------------------------------------------------
 
 def test_torch_sampling_fires_when_every_step_sorts():
     # DERIVED: each mla_fp8_graph step followed by the real radix-sort kernels of an A100 trace
-    f = findings(with_sort_every_step(trace(H200 / "mla_fp8_graph.json.xz")), {"sampling_backend": "pytorch"})[
+    f = findings(with_sort_every_step(real_trace(H200 / "mla_fp8_graph.json.xz")), {"sampling_backend": "pytorch"})[
         "torch-sampling"]
     check_finding(f)
     assert f["evidence"]["steps_with_sort_fraction"] == 1.0
     assert f["confidence"] == "high"
-    assert f["predicted_step_ms_after_fix"] < analyze_trace(trace(H200 / "mla_fp8_graph.json.xz")).steps[
+    assert f["predicted_step_ms_after_fix"] < analyze_trace(real_trace(H200 / "mla_fp8_graph.json.xz")).steps[
         "median_ms"] + f["ms_per_step"]
 
 
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", SGL_DECODE, CONTROL])
 def test_torch_sampling_quiet(path):
     # SGLang decode samples with one argmax; the A100 control trace sorts each step but for 1.6%
-    assert "torch-sampling" not in findings(trace(path))
+    assert "torch-sampling" not in findings(real_trace(path))
 
 
 # ---- untuned-fused-moe (derived) ---------------------------------------------------------------
 
 def test_untuned_fused_moe_fires():
     # DERIVED: vLLM decode with its MoE expert GEMMs (_matmul_ogs_*) renamed to Triton's fused_moe_kernel
-    t = renamed(trace(VLLM_FULL), r"^_matmul_ogs_", "fused_moe_kernel")
+    t = renamed(real_trace(VLLM_FULL), r"^_matmul_ogs_", "fused_moe_kernel")
     f = findings(t)["untuned-fused-moe"]
     check_finding(f)
     assert f["evidence"]["fused_moe_calls_per_step"] == 48
@@ -346,7 +340,7 @@ def test_untuned_fused_moe_names_the_missing_file_and_reads_the_log():
     # DERIVED as above, with SGLang's step labels; the log line in SGLang 0.5.13.post1's own wording
     from perfscope.analysis.moe_config import config_file_name
 
-    t = renamed(trace(VLLM_FULL), r"^_matmul_ogs_", "fused_moe_kernel")
+    t = renamed(real_trace(VLLM_FULL), r"^_matmul_ogs_", "fused_moe_kernel")
     t = replace(t, meta=replace(t.meta, device_name="NVIDIA H200"))  # the trace has no device name
     dev = t.meta.device_name
     want = config_file_name(64, 1408, dev)
@@ -374,15 +368,15 @@ def test_untuned_fused_moe_names_the_missing_file_and_reads_the_log():
 
 
 def test_untuned_fused_moe_quiet_on_other_moe_kernels():
-    assert "untuned-fused-moe" not in findings(trace(VLLM_FULL))
-    assert "untuned-fused-moe" not in findings(trace(H200 / "mla_fp8_graph.json.xz"))
+    assert "untuned-fused-moe" not in findings(real_trace(VLLM_FULL))
+    assert "untuned-fused-moe" not in findings(real_trace(H200 / "mla_fp8_graph.json.xz"))
 
 
 # ---- triton-block-fp8-gemm (derived) ------------------------------------------------------------
 
 def test_triton_block_fp8_gemm_fires():
     # DERIVED: the H200 trace's nvjet GEMMs renamed to SGLang's Triton block-FP8 kernel
-    t = renamed(trace(H200 / "mla_fp8_graph.json.xz"), r"^nvjet_", "_w8a8_block_fp8_matmul")
+    t = renamed(real_trace(H200 / "mla_fp8_graph.json.xz"), r"^nvjet_", "_w8a8_block_fp8_matmul")
     f = findings(t)["triton-block-fp8-gemm"]
     check_finding(f)
     assert f["evidence"]["deepgemm_supported_gpu"] is True and f["confidence"] == "high"
@@ -390,8 +384,8 @@ def test_triton_block_fp8_gemm_fires():
 
 
 def test_triton_block_fp8_gemm_quiet():
-    assert "triton-block-fp8-gemm" not in findings(trace(H200 / "mla_fp8_graph.json.xz"))
-    assert "triton-block-fp8-gemm" not in findings(trace(SGL_DECODE))
+    assert "triton-block-fp8-gemm" not in findings(real_trace(H200 / "mla_fp8_graph.json.xz"))
+    assert "triton-block-fp8-gemm" not in findings(real_trace(SGL_DECODE))
 
 
 # ---- chunked-prefill-interference (derived) ------------------------------------------------------
@@ -414,7 +408,7 @@ def test_chunked_prefill_quiet():
     assert "chunked-prefill-interference" not in findings(sglang_sequence([("D", 0), ("D", 1), ("D", 2)]))
     # the prefill comes first: nothing is interrupted
     assert "chunked-prefill-interference" not in findings(sglang_sequence([("E", 0), ("D", 1), ("D", 2), ("D", 3)]))
-    assert "chunked-prefill-interference" not in findings(trace(SGL_PREFILL))
+    assert "chunked-prefill-interference" not in findings(real_trace(SGL_PREFILL))
 
 
 # ---- no rule fires without reason on the real traces --------------------------------------------
@@ -422,7 +416,7 @@ def test_chunked_prefill_quiet():
 @pytest.mark.parametrize("path", [SGL_DECODE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.xz", H100,
                                   TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"])
 def test_healthy_real_traces_have_no_findings(path):
-    assert findings(trace(path)) == {}
+    assert findings(real_trace(path)) == {}
 
 
 def test_new_rules_run_on_every_shared_trace_without_error():
@@ -430,7 +424,7 @@ def test_new_rules_run_on_every_shared_trace_without_error():
     for p in sorted(TRACES.rglob("*.json.xz")):
         if "120steps" in p.name or "_et." in p.name or "908_results" in p.name:  # the last two: not Kineto
             continue
-        for f in findings(trace(p)).values():
+        for f in findings(real_trace(p)).values():
             check_finding(f)
 
 
@@ -460,13 +454,13 @@ def test_deepgemm_check_reads_vendor_and_compute_capability():
     # real trace metadata: an AMD MI210 reports compute capability "9.0"; the B300 is 10.3
     from perfscope.analysis.rules.triton_block_fp8_gemm import deepgemm_supported
 
-    assert trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz").meta.compute_capability == "9.0"
-    assert not deepgemm_supported(trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz").meta)
-    assert not deepgemm_supported(trace(TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz").meta)
-    b300 = trace(TRACELENS.parent.parent / "evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.xz").meta
+    assert real_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz").meta.compute_capability == "9.0"
+    assert not deepgemm_supported(real_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz").meta)
+    assert not deepgemm_supported(real_trace(TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz").meta)
+    b300 = real_trace(TRACELENS.parent.parent / "evals/unit_tests_nv/moe/nv_moe_01_many_experts_few_tokens.json.xz").meta
     assert b300.compute_capability == "10.3" and deepgemm_supported(b300)
-    assert deepgemm_supported(trace(H200 / "mla_fp8_graph.json.xz").meta)
-    assert deepgemm_supported(trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz").meta)
+    assert deepgemm_supported(real_trace(H200 / "mla_fp8_graph.json.xz").meta)
+    assert deepgemm_supported(real_trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz").meta)
 
 
 def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames():
@@ -481,7 +475,7 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
 
     run = GPU_LOOP / "h200-2026-12-01-sglang/pool495000-pages/runs/495000-pages"
     assert json.loads((run / "run.json").read_text())["server_info"]["disable_overlap_schedule"] is False
-    t = trace(next((run / "traces").glob("*-DECODE.trace.json.xz")))
+    t = real_trace(next((run / "traces").glob("*-DECODE.trace.json.xz")))
     assert not any("resolve_future_token_ids" in k.name for k in t.kernels)
     assert any(f.name.endswith(": event_loop_overlap") for f in t.frames)
     fs = findings(t)
@@ -495,9 +489,9 @@ def test_overlap_off_reads_sglang_0_5_23_scheduler_loop_from_its_python_frames()
     assert hb["predicted_step_ms_after_fix"] < 0.6 * ev["step_gpu_ms"]
     # the same server's CPU trace ran the normal loop (overlap off on CPU): the frames say so
     from perfscope.analysis.rules.shared import scheduler_loop
-    assert scheduler_loop(trace(REPO / "tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz")) == "normal"
+    assert scheduler_loop(real_trace(REPO / "tests/fixtures/real-sglang-0.5.23-cpu-TP-0-DECODE.trace.json.gz")) == "normal"
     assert scheduler_loop(t) == "overlap"
-    assert scheduler_loop(trace(H200 / "mla_fp8_graph.json.xz")) is None  # no scheduler: no evidence
+    assert scheduler_loop(real_trace(H200 / "mla_fp8_graph.json.xz")) is None  # no scheduler: no evidence
 
 
 def test_diagnose_server_log_option(tmp_path):

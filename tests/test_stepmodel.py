@@ -22,19 +22,20 @@ from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.steps import find_steps
 from perfscope.analysis.stepmodel import StepReplay
 from perfscope.load.reader import load_trace
+from realtraces import real_diagnosis
 
 MEASURED = json.loads((H200 / "measured.json").read_text())
 
 
 def cast_finding(name):
-    d = diagnose([H200 / name]).to_dict()
+    d = real_diagnosis(H200 / name).to_dict()
     return d, next(f for f in d["findings"] if f["id"] == "fp8-kv-cast")
 
 
 def test_eager_prediction_is_held_up_by_the_launch_timeline():
     _, f = cast_finding("mla_pool_eager.json.xz")
     p = f["evidence"]["prediction"]
-    after_trace = diagnose([H200 / "mla_fp8_eager.json.xz"]).to_dict()["steps"]["median_ms"]
+    after_trace = real_diagnosis(H200 / "mla_fp8_eager.json.xz").to_dict()["steps"]["median_ms"]
     # the old kernel-only answer (step minus the casts) is far below what the fix measured
     assert p["kernel_only_prediction_ms"] == pytest.approx(7.02, abs=0.05)
     assert p["kernel_only_prediction_ms"] < 0.75 * MEASURED["eager"]["fp8"]["median_ms"]
@@ -119,8 +120,8 @@ def test_torch_sampling_stays_quiet_on_greedy_and_fused_sampling(name):
 def test_compare_shows_the_prediction_error_against_the_measured_after(mode, rel):
     from perfscope.analysis.compare import compare
 
-    before = diagnose([H200 / f"mla_pool_{mode}.json.xz"])
-    after = diagnose([H200 / f"mla_fp8_{mode}.json.xz"])
+    before = real_diagnosis(H200 / f"mla_pool_{mode}.json.xz")
+    after = real_diagnosis(H200 / f"mla_fp8_{mode}.json.xz")
     c = compare(before, after)
     p = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")  # listed: it is gone in AFTER
     assert p["measured_step_ms"] == pytest.approx(after.primary.steps["median_ms"], abs=0.01)

@@ -16,6 +16,7 @@ import pytest
 
 from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS, topen
 from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis, real_trace
 
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
 XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.xz"  # 62 MB of JSON: diagnosed once
@@ -25,7 +26,7 @@ PUBLIC_TRACES = sorted(p for p in PUBLIC.rglob("*.json.xz") if not any(s in p.na
 
 @lru_cache(maxsize=None)
 def diag(path: Path) -> dict:
-    return diagnose([path]).to_dict()
+    return real_diagnosis(path).to_dict()
 
 TRAINING = [
     HTA / "df_index_resolver/df_index_resolver.json.xz",
@@ -67,7 +68,7 @@ def test_training_gradient_allreduce_is_not_a_server_flag_finding():
 
 @pytest.mark.parametrize("path", LLM, ids=[p.name[:40] for p in LLM])
 def test_llm_traces_stay_llm(path):
-    d = diagnose([path]).to_dict()
+    d = diag(path)
     assert d["steps"]["workload"] == "llm-inference", d["steps"]["workload_how"]
     assert d["steps"]["phase"] in ("decode", "prefill", "mixed")
 
@@ -119,7 +120,6 @@ def test_optimizer_steps_count_each_iteration_once(path):
     # once; zero_grad (df_index_resolver: 5 + 5 read as 10), the GPU-side copy of the range
     # (ns_resolution: 10) and a second optimizer of the same iteration (sampled_rank: Shampoo then an
     # EMA, 4) are not more iterations
-    import gzip
     import json
     from collections import Counter
 
@@ -143,18 +143,16 @@ def test_training_iterations_from_optimizer_steps_without_profiler_steps(path):
     # a training loop profiled without torch.profiler's schedule has no ProfilerStep#N: its iterations end
     # with their Optimizer.step (was: the whole trace, one "step"). With the ProfilerSteps of these real
     # traces dropped, the iterations found are the same GPU work; their count recounted from the raw JSON.
-    import gzip
     import json
     from dataclasses import replace
 
     from perfscope.analysis.analyze import analyze_trace
     from perfscope.analysis.steps import find_steps
-    from perfscope.load.reader import load_trace
 
     with topen(path) as f:
         ev = json.load(f)["traceEvents"]
     opt = [e for e in ev if e.get("cat") in ("user_annotation", "Operator") and e["name"].startswith("Optimizer.step#")]
-    t = load_trace(path)
+    t = real_trace(path)
     marked = find_steps(t)
     assert marked.method == "ProfilerStep" and len(marked.steps) == len(opt)
     bare = replace(t, annotations=[a for a in t.annotations if not a.name.startswith("ProfilerStep#")])

@@ -1,0 +1,47 @@
+"""Real traces read and diagnosed once per test session (tests/ is on sys.path).
+
+``real_trace(name)`` is the :class:`perfscope.load.model.Trace` of one trace file, read by
+perfscope's reader; ``real_diagnosis(*names, config=None)`` the ``diagnose`` of one or more inputs
+(files, folders, run folders) with that config. A name is a path, or a path relative to the corpus
+(``tests/traces/corpus``, e.g. ``"h200-mla-fp8-kv/mla_pool_graph.json.xz"``).
+
+Each is computed the first time a test asks and then shared by every test of the session: read
+them, never change them (derive a changed copy with ``dataclasses.replace`` or ``copy.deepcopy``).
+A test that is about reading or diagnosing itself (its errors, its notes, its memory) calls the
+reader or ``diagnose`` directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from paths import TRACES
+from perfscope.analysis.diagnose import diagnose
+from perfscope.load.reader import load_trace
+
+_TRACES: dict[Path, Any] = {}
+_DIAGNOSES: dict[tuple, Any] = {}
+
+
+def path_of(name) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else TRACES / p
+
+
+def real_trace(name):
+    """The trace file ``name`` as perfscope reads it (read once per session)."""
+    p = path_of(name)
+    if p not in _TRACES:
+        _TRACES[p] = load_trace(p)
+    return _TRACES[p]
+
+
+def real_diagnosis(*names, config: Optional[dict] = None):
+    """``diagnose([names...], config)`` (computed once per session for the same inputs and config)."""
+    paths = tuple(path_of(n) for n in names)
+    key = (paths, json.dumps(config, sort_keys=True, default=str) if config is not None else None)
+    if key not in _DIAGNOSES:
+        _DIAGNOSES[key] = diagnose(list(paths), config) if config is not None else diagnose(list(paths))
+    return _DIAGNOSES[key]
