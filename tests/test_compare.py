@@ -120,7 +120,7 @@ def test_predictions_are_held_to_account(tmp_path, diag):
     prediction against the fixed run's measured step, with the error in %."""
     c = compare(diag(H200 / "mla_pool_graph.json.xz"), diag(H200 / "mla_fp8_graph.json.xz"))
     (pr,) = c["predictions"]
-    pred = next(f for f in diag(H200 / "mla_pool_graph.json.xz").primary.findings if f["id"] == "fp8-kv-cast")
+    pred = next(f.to_dict() for f in diag(H200 / "mla_pool_graph.json.xz").primary.findings if f.id == "fp8-kv-cast")
     assert pr["finding"] == "fp8-kv-cast" and pr["predicted_step_ms"] == round(pred["predicted_step_ms_after_fix"], 4)
     assert pr["measured_step_ms"] == c["step"]["after_ms"]
     assert pr["error_pct"] == round((pr["predicted_step_ms"] - pr["measured_step_ms"]) / pr["measured_step_ms"] * 100, 1)

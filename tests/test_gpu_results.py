@@ -47,7 +47,7 @@ def test_bug_trace_alone_without_server_config_still_fires(RUNS):
 @pytest.mark.parametrize("run", ["native", "pages"])
 def test_fixed_runs_have_no_cast_and_compare_uses_bench_tpot(RUNS, run):
     after = diagnose([RUNS / run])
-    assert "fp8-kv-cast" not in [x["id"] for x in after.primary.findings]
+    assert "fp8-kv-cast" not in [x.id for x in after.primary.findings]
     c = compare(diagnose([RUNS / "bug"]), after)
     assert c["tpot"]["before_ms"] == pytest.approx(_bench_tpot(RUNS, "bug"), abs=1e-3)  # not the profiled 78 ms
     assert c["tpot"]["after_ms"] == pytest.approx(_bench_tpot(RUNS, run), abs=1e-3)

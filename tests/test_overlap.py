@@ -66,7 +66,7 @@ def test_collectives_on_an_idle_gpu_are_all_exposed():
                             and not o.name.startswith("Optimizer.")],
                 annotations=[a for a in t.annotations if not a.name.startswith("Optimizer.")])
     r = analyze_trace(t)
-    f = next(x for x in r.findings if x["id"] == "nccl-allreduce")
+    f = next(x.to_dict() for x in r.findings if x.id == "nccl-allreduce")
     assert f["evidence"]["communication_exposed_share"] == 1.0
     # the prediction is the step model's (the faster all-reduces replayed on the CPU launch timeline):
     # this rank's step is bound by its launches, so it predicts a step between the launch lower bound

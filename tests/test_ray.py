@@ -125,7 +125,7 @@ def test_run_folder_with_host_timing_and_bench(cluster):
     d, _ = rd.diagnose_on_ray([run_dir])
     local = diagnose([run_dir])
     _same(d, local)
-    assert [f for f in d.primary.findings if f.get("id") == "fp8-kv-cast"]
+    assert [f for f in d.primary.findings if f.id == "fp8-kv-cast"]
 
 
 def test_cli_json_is_the_local_json(cluster, tmp_path):

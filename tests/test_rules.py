@@ -30,7 +30,7 @@ H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
 
 
 def findings(t: Trace, config: dict | None = None) -> dict[str, dict]:
-    return {f["id"]: f for f in analyze_trace(t, config or {}).findings}
+    return {f.id: f.to_dict() for f in analyze_trace(t, config or {}).findings}
 
 
 def check_finding(f: dict) -> None:
@@ -396,7 +396,7 @@ def test_chunked_prefill_fires_when_extend_runs_between_decodes():
     t = sglang_sequence([("D", 0), ("D", 1), ("D", 2), ("E", 3), ("D", 4.5), ("D", 5.5)])
     a = analyze_trace(t)
     assert {p["phase"]: p["count"] for p in a.phases} == {"decode": 5, "prefill": 1}
-    f = {x["id"]: x for x in a.findings}["chunked-prefill-interference"]
+    f = {x.id: x.to_dict() for x in a.findings}["chunked-prefill-interference"]
     check_finding(f)
     ev = f["evidence"]
     assert ev["prefill_steps_between_decodes"] == 1 and ev["decode_steps"] == 5

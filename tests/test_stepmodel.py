@@ -197,7 +197,7 @@ def test_graph_decode_fixed_is_bound_by_the_host():
 
     bug = SGL / "pool495000-restart/runs/495000-bug"
     before, after = diagnose([bug]), diagnose([SGL / "pool495000-restart/runs/495000-pages"])
-    f = next(x for x in before.primary.findings if x["id"] == "fp8-kv-cast")
+    f = next(x.to_dict() for x in before.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
     assert p["bound"] == "host" and p["host"]["source"] == "full"
     assert p["gpu_work_ms"] == pytest.approx(after.primary.kernel_ms_per_step, rel=0.15)  # GPU work: right
@@ -277,7 +277,7 @@ def test_prefill_prediction_states_its_assumption_and_spans_both_strategies(run)
     _, pages = _extend_pair(run, "pages")
     before = diagnose([b])
     assert before.primary.steps["phase"] == "prefill"
-    f = next(x for x in before.primary.findings if x["id"] == "fp8-kv-cast")
+    f = next(x.to_dict() for x in before.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
     assert "every other kernel keeps its time" in p["assumes"] and "(every other kernel as it is)" in f["summary"]
     assert "native" in f["summary"] and "1.89x" in f["summary"]
@@ -422,7 +422,7 @@ def test_host_bound_range_holds_every_real_sglang_fix(bug, fixrun):
     (the point, 0.38, is 49% and 26% high here: a GPU-only profile is what narrows it), and the
     kernel-only answer this replaced was below it."""
     b = diagnose([SGL / bug])
-    f = next(x for x in b.primary.findings if x["id"] == "fp8-kv-cast")
+    f = next(x.to_dict() for x in b.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
     r = json.loads((SGL / fixrun / "restart.json").read_text())
     assert r["outcome"] == "applied" and not r["reverted"]

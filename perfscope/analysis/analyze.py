@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from perfscope.analysis.attribution import Attributor
 from perfscope.analysis.buckets import BUCKETS, classify
@@ -29,6 +29,9 @@ from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
 from perfscope.load.model import Trace
 
+if TYPE_CHECKING:
+    from perfscope.analysis.capture_map import CaptureSet
+
 TIMELINE_MAX_KERNELS = 6000
 
 
@@ -39,8 +42,8 @@ class State:
     file: str = ""
     rank: Optional[int] = None
     stage: Optional[str] = None
-    capture: Optional[object] = None  # capture_map.CaptureSet: attributes graph-replayed kernels
-    stepset: Optional[StepSet] = None
+    capture: Optional[CaptureSet] = None  # attributes graph-replayed kernels
+    stepset: StepSet = field(default_factory=lambda: StepSet("none", []))  # pass_steps finds them
     phase: str = "unknown"
     steps: list[Step] = field(default_factory=list)  # analysed steps (primary phase, with GPU work)
     metrics: list[StepMetrics] = field(default_factory=list)
@@ -67,7 +70,7 @@ def pass_steps(st: State) -> None:
         marked = st.stepset
         st.stepset = find_steps(st.trace, whole=True)
         st.stepset.note = f"the whole trace as one window ({marked.method} ranges hold almost none of its GPU work)"
-        st.notes.append(f"the {len(marked.steps)} step(s) found ({marked.note}) hold {st.window['steps_gpu_share']:.1%} "
+        st.notes.append(f"the {len(marked.steps)} step(s) found ({marked.how}) hold {st.window['steps_gpu_share']:.1%} "
                         f"of the trace's GPU time ({st.window['gpu_ms_total']:.2f} ms, {st.window['outside_top']} outside "
                         "them): the whole trace is analysed as one window")
     st.workload = classify_workload(st.trace)
@@ -76,13 +79,15 @@ def pass_steps(st: State) -> None:
         for s in st.stepset.steps:
             if s.phase in ("decode", "unknown"):
                 s.phase = "train"
-        st.stepset.note = st.stepset.note.replace("(taken as decode steps)", "(training iterations)")
+        if st.stepset.taken_as:
+            st.stepset.taken_as = "training iterations"
     elif not st.workload["serving_rules"]:
         # non-LLM inference (a diffusion pipeline, a CNN): its iterations are no decode steps either
         for s in st.stepset.steps:
             if s.phase in ("decode", "unknown"):
                 s.phase = "inference"
-        st.stepset.note = st.stepset.note.replace("(taken as decode steps)", "(inference iterations)")
+        if st.stepset.taken_as:
+            st.stepset.taken_as = "inference iterations"
     if not st.workload["serving_rules"]:
         st.notes.append(f"This is {st.workload['how']}.")
     st.phase = st.stepset.primary_phase
@@ -123,11 +128,11 @@ def analysed_window(trace: Trace, stepset: StepSet) -> dict:
     if total and share < STEPS_MIN_GPU_SHARE and stepset.method != "whole-trace" and \
             any(k.kind != "cpu" for k in trace.kernels):
         inside = {i for s in stepset.steps for i in s.kernels}
-        by: Counter = Counter()
+        by: defaultdict[str, float] = defaultdict(float)
         for i, k in enumerate(trace.kernels):
             if i not in inside:
                 by[classify(k.name, k.kind)[0]] += k.dur
-        b, us = by.most_common(1)[0]
+        b, us = max(by.items(), key=lambda kv: kv[1])
         out.update(analysed="whole-trace", outside_top=f"{us / (total - held):.0%} {b}")
     return out
 
@@ -157,7 +162,7 @@ def pass_metrics(st: State) -> None:
     cpu = [m.cpu_ms for m in st.metrics]
     st.out["steps"] = {
         "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
-        "method": st.stepset.method, "how": st.stepset.note, "window": st.window,
+        "method": st.stepset.method, "how": st.stepset.how, "window": st.window,
         "workload": st.workload.get("kind"), "workload_how": st.workload.get("how"),
         "workload_model": st.workload.get("model"),
         "workload_evidence": st.workload.get("evidence"),
@@ -222,6 +227,7 @@ def pass_ops(st: State) -> None:
 
 
 def pass_findings(st: State) -> None:
+    assert st.attributor is not None, "pass_ops runs first"
     ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
                       step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
                       ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only,
@@ -275,7 +281,7 @@ def pass_timeline(st: State) -> None:
         return
     m, s = min(with_k, key=lambda ms: abs(ms[0].gpu_ms - st.step_ms))
     kern = st.trace.kernels
-    t0 = s.gpu_start
+    t0 = s.gpu_start if s.gpu_start is not None else min(kern[i].ts for i in s.kernels)  # set: it has kernels
     rows = []
     over = step_overrides(st.trace, s, serving=bool(st.workload.get("serving_rules")))
     for i in s.kernels[:TIMELINE_MAX_KERNELS]:
@@ -293,15 +299,15 @@ def pass_cpu_ops(st: State) -> None:
         hi = max(s.cpu_end for s in st.steps)
     else:
         lo, hi = float("-inf"), float("inf")
-    tot: Counter = Counter()
-    cnt: Counter = Counter()
+    tot: defaultdict[str, float] = defaultdict(float)
+    cnt: Counter[str] = Counter()
     for o in st.trace.cpu_ops:
         if lo <= o.ts <= hi:
             tot[o.name] += o.dur
             cnt[o.name] += 1
     n = max(len(st.steps), 1)
     st.out["cpu_ops"] = [{"name": k, "ms_per_step": round(v / n / 1e3, 4), "count_per_step": cnt[k] / n}
-                         for k, v in tot.most_common(15)]
+                         for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:15]]
 
 
 PASSES: tuple[Callable[[State], None], ...] = (
@@ -331,7 +337,7 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
         steps=st.out["steps"], phases=st.out["phases"], buckets=st.out["buckets"],
         sub_buckets=st.out["sub_buckets"], kernel_ms_total=round(kernel_total, 4), gpu_ms_total=round(gpu_total, 4),
         kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
-        ops=[o.to_dict() for o in st.ops], findings=[f.to_dict() for f in st.findings],
+        ops=[o.to_dict() for o in st.ops], findings=[f.settled() for f in st.findings],
         per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
         notes=st.notes, floor=st.out.get("floor", {}), roofline=st.out.get("roofline", {}),
     )

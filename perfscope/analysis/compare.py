@@ -38,6 +38,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from perfscope.analysis import change as chg
+from perfscope.analysis.compare_ops import moved_together, ops_diff, ratio as _ratio, rounded as _r, step_samples
+from perfscope.analysis.compare_predictions import held_to_account
+from perfscope.analysis.finding import Finding
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis
 
@@ -48,16 +51,6 @@ CONFIG_KEYS = ("model_path", "dtype", "quantization", "kv_cache_dtype", "attenti
                "decode_attention_backend", "tp_size", "ep_size", "dp_size", "page_size", "disable_cuda_graph",
                "cuda_graph_max_bs", "disable_custom_all_reduce", "disable_overlap_schedule",
                "chunked_prefill_size", "sampling_backend", "max_total_num_tokens")
-
-
-def _r(x: Optional[float], nd: int = 4) -> Optional[float]:
-    return None if x is None else round(float(x), nd)
-
-
-def _ratio(before: Optional[float], after: Optional[float]) -> Optional[float]:
-    if not before or after is None:
-        return None
-    return round(after / before, 4)
 
 
 def _server_info(d: Diagnosis, config: Optional[dict] = None) -> dict:
@@ -111,7 +104,7 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
         "tpot_samples_ms": timings.get("tpot_samples_ms"),
         "versions": (d.run or {}).get("versions") or {},
         "config": {k: info[k] for k in CONFIG_KEYS if k in info},
-        "findings": [f["id"] for f in p.findings],
+        "findings": [f.id for f in p.findings],
     }
 
 
@@ -160,184 +153,20 @@ def _buckets(pb: dict, pa: dict) -> list[dict]:
     return rows
 
 
-def _findings(fb: list[dict], fa: list[dict]) -> dict:
-    ib = {f["id"]: f for f in fb}
-    ia = {f["id"]: f for f in fa}
+def _findings(fb: list[Finding], fa: list[Finding]) -> dict:
+    ib = {f.id: f for f in fb}
+    ia = {f.id: f for f in fa}
 
-    def brief(f: dict) -> dict:
-        return {"id": f["id"], "title": f.get("title"), "summary": f.get("summary"),
-                "ms_per_step": _r(f.get("ms_per_step")), "share": _r(f.get("share")),
-                "confidence": f.get("confidence"), "fix": f.get("fix")}
+    def brief(f: Finding) -> dict:
+        return {"id": f.id, "title": f.title, "summary": f.summary, "ms_per_step": _r(f.ms_per_step),
+                "share": _r(f.share), "confidence": f.confidence, "fix": f.fix}
 
     return {
         "gone": [brief(ib[k]) for k in ib if k not in ia],
         "new": [brief(ia[k]) for k in ia if k not in ib],
-        "kept": [{**brief(ia[k]), "before_ms": _r(ib[k].get("ms_per_step")), "after_ms": _r(ia[k].get("ms_per_step"))}
+        "kept": [{**brief(ia[k]), "before_ms": _r(ib[k].ms_per_step), "after_ms": _r(ia[k].ms_per_step)}
                  for k in ia if k in ib],
     }
-
-
-def _unchanged_check(ob: list[dict], oa: list[dict], changed: list[str]) -> Optional[dict]:
-    """What a kernel-level prediction assumes and AFTER can check: the ops on both sides that the fix
-    does not change (``changed``: the kernel names it does) keep their time. Their summed change per
-    step, and the largest."""
-    skip = set(changed)
-    kb = _ops_by_key([o for o in ob if o.get("name") not in skip])
-    ka = _ops_by_key([o for o in oa if o.get("name") not in skip])
-    both = [k for k in kb if k in ka]
-    if not both:
-        return None
-    deltas = sorted(((ka[k]["ms"] - kb[k]["ms"], k) for k in both), key=lambda x: -abs(x[0]))
-    return {"delta_ms": sum(d for d, _ in deltas),
-            "largest": [{"short": k[0], "bucket": k[1], "before_ms": _r(kb[k]["ms"]), "after_ms": _r(ka[k]["ms"]),
-                         "delta_ms": _r(d)} for d, k in deltas[:3]]}
-
-
-def _predictions(fb: list[dict], fa: list[dict], step_before: Optional[float], step_after: Optional[float],
-                 tpot_before: Optional[float], tpot_after: Optional[float],
-                 ops: Optional[tuple] = None, host: Optional[tuple] = None, after_unprofiled: bool = False,
-                 gpu_after: Optional[float] = None) -> list[dict]:
-    """Predictions held to account: what BEFORE said the step would take once each of its findings
-    was fixed, against what AFTER measured (for the findings AFTER no longer has). A prediction with
-    the host's unprofiled time in it (``prediction.host``, perfscope.analysis.hosttime) is of the TPOT
-    without the profiler: it is held to AFTER's bench when AFTER has one (``error_pct``), else to the
-    profiled step, said as such (``measured_under_profiler``), with its GPU work held to AFTER's."""
-    after_ids = {f["id"] for f in fa}
-    out = []
-    for f in fb:
-        pred = f.get("predicted_step_ms_after_fix")
-        if f["id"] in after_ids or pred is None or pred <= 0 or not step_after:
-            continue  # (a predicted step of 0 ms: the finding's time was the whole step, no prediction)
-        if step_before and pred >= 0.99 * step_before:
-            continue  # it predicted no faster step (host-side bubbles lie between steps): nothing to hold it to
-        if step_before and step_after > 1.05 * step_before and f.get("share_of") == "the step cycle":
-            # an idle-time finding (a share of the step cycle) that left because the step grew around the same
-            # idle (e.g. a slower kernel mix), not because its cause was fixed: nothing to hold it to
-            continue
-        row = {"finding": f["id"], "predicted_step_ms": _r(pred), "measured_step_ms": _r(step_after),
-               "error_pct": round((pred - step_after) / step_after * 100, 1)}
-        model = (f.get("evidence") or {}).get("prediction") or {}  # the step model's parts (stepmodel.py)
-        if model.get("bound"):
-            row["bound"] = model["bound"]
-        if "host" in model:  # a prediction of the unprofiled TPOT
-            if model.get("gpu_work_ms") and gpu_after:
-                row.update({"predicted_gpu_work_ms": _r(model["gpu_work_ms"]), "measured_gpu_work_ms": _r(gpu_after),
-                            "gpu_work_error_pct": round((model["gpu_work_ms"] - gpu_after) / gpu_after * 100, 1)})
-            lo, hi = model.get("range_ms") or (pred, pred)
-            if tpot_after and after_unprofiled:
-                row.update({"predicted_tpot_ms": _r(pred), "measured_tpot_ms": _r(tpot_after),
-                            "error_pct": round((pred - tpot_after) / tpot_after * 100, 1),
-                            "tpot_error_pct": round((pred - tpot_after) / tpot_after * 100, 1),
-                            "predicted_tpot_range_ms": [_r(lo), _r(hi)], "tpot_within_range": lo <= tpot_after <= hi})
-            else:
-                row["measured_under_profiler"] = True
-        elif tpot_before and tpot_after and step_before:
-            ptpot = tpot_before * pred / step_before  # the step's saving, carried to the client's TPOT
-            row.update({"predicted_tpot_ms": _r(ptpot), "measured_tpot_ms": _r(tpot_after),
-                        "tpot_error_pct": round((ptpot - tpot_after) / tpot_after * 100, 1)})
-        meas = tpot_after if ("host" in model and tpot_after and after_unprofiled) else step_after
-        if model.get("kernel_only_prediction_ms") is not None:  # the kernel-only answer it replaced
-            ko = model["kernel_only_prediction_ms"]
-            row.update({"kernel_only_ms": _r(ko), "kernel_only_error_pct": round((ko - meas) / meas * 100, 1)})
-        if model.get("lower_bound_ms") is not None:
-            row["lower_bound_ms"] = _r(model["lower_bound_ms"])
-        if model.get("range_ms"):
-            lo, hi = model["range_ms"]
-            row.update({"predicted_range_ms": [_r(lo), _r(hi)],
-                        "within_range": lo * 0.95 <= meas <= hi * 1.05,
-                        "alternatives": {k: _r(v["predicted_step_ms"]) for k, v in (model.get("alternatives") or {}).items()}})
-        if model.get("assumes"):
-            row["assumes"] = model["assumes"]
-        unchanged = _unchanged_check(ops[0], ops[1], model["changed_kernels"]) \
-            if ops is not None and "changed_kernels" in model else None
-        if unchanged is not None:
-            # the kernels the prediction held constant, as AFTER measured them: the part of the error
-            # that is a broken assumption (another kernel got slower), not the step model
-            d = unchanged["delta_ms"]
-            row.update({"unchanged_kernels_delta_ms": _r(d), "unchanged_kernels_largest": unchanged["largest"]})
-            if model.get("bound") == "gpu" and str(model.get("launch_bound_steps", "")).startswith("0/"):
-                # a GPU-bound step moves with its kernels (a launch- or host-bound one does not)
-                row["error_with_measured_kernels_pct"] = round((pred + d - meas) / meas * 100, 1)
-        if host and host[0] and host[1]:
-            # the other half of the assumption: the host's own time per step (its CPU step range),
-            # which a GPU-side fix leaves alone; a fix that adds host work (Python, launches) breaks it
-            row["host_step_ms"] = [_r(host[0]), _r(host[1])]
-            row["host_work_added"] = host[1] > 1.2 * host[0] and host[1] - host[0] > 0.1 * step_after
-        out.append(row)
-    return out
-
-
-def _ops_by_key(ops: list[dict]) -> dict:
-    """Ops summed by (short name, bucket): what a reader sees as "the same op" on both sides."""
-    out: dict[tuple, dict] = {}
-    for o in ops:
-        key = (o.get("short") or o.get("name"), o.get("bucket"))
-        cur = out.get(key)
-        if cur is None:
-            out[key] = {"short": key[0], "bucket": key[1], "sub": o.get("sub"), "ms": o.get("ms_per_step") or 0.0,
-                        "count": o.get("count_per_step") or 0.0, "grid": o.get("grid")}
-        else:
-            cur["ms"] += o.get("ms_per_step") or 0.0
-            cur["count"] += o.get("count_per_step") or 0.0
-    return out
-
-
-def _ops(ob: list[dict], oa: list[dict], limit: int) -> list[dict]:
-    kb, ka = _ops_by_key(ob), _ops_by_key(oa)
-    rows = []
-    for key in list(dict.fromkeys(list(kb) + list(ka))):
-        b, a = kb.get(key), ka.get(key)
-        bms, ams = (b or {}).get("ms", 0.0), (a or {}).get("ms", 0.0)
-        status = "gone" if a is None else "new" if b is None else "changed"
-        rows.append({"short": key[0], "bucket": key[1], "sub": (a or b).get("sub"), "status": status,
-                     "before_ms": _r(bms) if b else None, "after_ms": _r(ams) if a else None,
-                     "delta_ms": _r(ams - bms), "ratio": _ratio(bms, ams) if a and b else None,
-                     "before_count": _r((b or {}).get("count"), 2) if b else None,
-                     "after_count": _r((a or {}).get("count"), 2) if a else None,
-                     "before_grid": (b or {}).get("grid"), "after_grid": (a or {}).get("grid")})
-    rows.sort(key=lambda r: -abs(r["delta_ms"] or 0.0))
-    return rows[:limit]
-
-
-MOVED = 1.2  # an op "moved" when its time per launch changed by this factor or more
-MOVED_SHARE = 0.6  # ... and ops that moved one way hold this share of the unexpected ops' time
-
-
-def step_samples(r) -> list[float]:
-    """The per-step times the step median is taken over (GPU work of steps that launched
-    kernels; else each step's CPU range), as the analysis computes it."""
-    gpu = [m["gpu_ms"] for m in r.per_step if m.get("kernels")]
-    return gpu or [m["cpu_ms"] for m in r.per_step]
-
-
-def _moved_together(ob: list[dict], oa: list[dict], expected: set, step_before: Optional[float]) -> Optional[dict]:
-    """Ops the fix was not expected to change (not in ``expected``, by kernel name) that moved
-    together: one direction, by MOVED or more per launch, MOVED_SHARE of those ops' time, at least
-    two ops and a tenth of the step. A fix changes its own kernels; when the others all move, the
-    machine did."""
-    kb = _ops_by_key([o for o in ob if o.get("name") not in expected])
-    ka = _ops_by_key([o for o in oa if o.get("name") not in expected])
-    rows = []
-    for k in kb:
-        if k not in ka:
-            continue
-        b, a = kb[k], ka[k]
-        if b["ms"] <= 0 or a["ms"] <= 0 or not b["count"] or not a["count"]:
-            continue
-        rows.append((b["ms"], (a["ms"] / a["count"]) / (b["ms"] / b["count"]), k))
-    total = sum(w for w, _, _ in rows)
-    if len(rows) < 2 or not total or (step_before and total < 0.1 * step_before):
-        return None
-    for way, test in (("faster", lambda r: r <= 1 / MOVED), ("slower", lambda r: r >= MOVED)):
-        moved = [(w, r, k) for w, r, k in rows if test(r)]
-        share = sum(w for w, _, _ in moved) / total
-        if len(moved) >= 2 and share >= MOVED_SHARE:
-            ratios = sorted(r for _, r, _ in moved)
-            med = ratios[len(ratios) // 2]
-            return {"direction": way, "ops": len(moved), "of_ops": len(rows), "share_of_time": round(share, 3),
-                    "median_factor": round(1 / med if way == "faster" else med, 2),
-                    "examples": [k[0] for _, _, k in sorted(moved, key=lambda x: -x[0])[:3]]}
-    return None
 
 
 def _fmt(ms: Optional[float]) -> str:
@@ -415,10 +244,10 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
         (tpot_samples[1] if tpot_samples else None) or sa.get("tpot_samples_ms")
     if samples[0] and samples[1]:
         change["tpot"] = chg.median_change(samples[0], samples[1])
-    after_ids = {f["id"] for f in pa.findings}
-    expected = {k for f in pb.findings if f["id"] not in after_ids
-                for k in ((f.get("evidence") or {}).get("prediction") or {}).get("changed_kernels") or []}
-    moved = _moved_together(pb.ops, pa.ops, expected, bms)
+    after_ids = {f.id for f in pa.findings}
+    expected = {k for f in pb.findings if f.id not in after_ids
+                for k in ((f.evidence or {}).get("prediction") or {}).get("changed_kernels") or []}
+    moved = moved_together(pb.ops, pa.ops, expected, bms)
     return {
         "tool": "perfscope",
         "kind": "compare",
@@ -432,11 +261,11 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
                                "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
         "buckets": buckets,
         "findings": findings,
-        "predictions": _predictions(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops),
+        "predictions": held_to_account(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops),
                                     (pb.steps.get("cpu_median_ms"), pa.steps.get("cpu_median_ms")),
                                     after_unprofiled=sa.get("tpot_source") == "bench",
                                     gpu_after=pa.kernel_ms_per_step),
-        "ops": _ops(pb.ops, pa.ops, top_ops),
+        "ops": ops_diff(pb.ops, pa.ops, top_ops),
         "change": change,
         "moved_together": moved,
         "setup": setup,

@@ -1,9 +1,14 @@
-"""What an analysis produces: plain data, JSON-ready, no events. Renderers read only this."""
+"""What an analysis produces: no events; typed findings (:class:`perfscope.analysis.finding.Finding`), the
+rest plain data. Renderers read only this; ``to_dict`` is the JSON, ``from_dict`` reads it back."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+import copy
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from perfscope.analysis.finding import Finding, FixCommand
 
 
 @dataclass
@@ -21,7 +26,7 @@ class RankAnalysis:
     kernel_ms_per_step: float
     idle_ms_per_step: float
     ops: list[dict]
-    findings: list[dict]
+    findings: list[Finding]
     per_step: list[dict]
     timeline: dict  # one representative step: {step, t0_us, kernels: [[stream, start_ms, dur_ms, short, bucket]]}
     cpu_ops: list[dict] = field(default_factory=list)  # top CPU ops (always; the analysis when no kernels)
@@ -30,11 +35,15 @@ class RankAnalysis:
     roofline: dict = field(default_factory=dict)  # perfscope.analysis.roofline: achieved TB/s, TFLOP/s per top op
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(replace(self, findings=[]))
+        d["findings"] = copy.deepcopy([f.to_dict() for f in self.findings])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankAnalysis":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        kw["findings"] = [Finding.from_dict(f) for f in d.get("findings") or []]
+        return cls(**kw)
 
 
 @dataclass
@@ -66,6 +75,22 @@ class Diagnosis:
         pool = [r for r in self.ranks if r.steps.get("phase") == "decode"] or self.ranks
         return max(pool, key=lambda r: r.steps.get("median_ms") or 0.0)
 
+    def fix_command(self, f: Finding) -> Optional[FixCommand]:
+        """The command that fixes finding ``f``, as every renderer prints it: aimed at the run's inputs
+        (:meth:`aim`), else at the host and port its run folder recorded."""
+        if not f.fix:
+            return None
+        return f.command or FixCommand.for_run(f.fix, self.run or {})
+
+    def aim(self, paths: Sequence[str | Path]) -> None:
+        """Aim every finding's fix command at the run (its recorded host and port) and at the one input
+        given (``--trace``): what ``--json`` and every renderer then carry."""
+        trace = str(paths[0]) if len(paths) == 1 else None
+        for r in self.ranks:
+            for f in r.findings:
+                if f.fix:
+                    f.command = FixCommand.for_run(f.fix, self.run or {}, trace)
+
     def to_dict(self) -> dict[str, Any]:
         p = self.primary
         d = {
@@ -79,7 +104,7 @@ class Diagnosis:
             "gpu_ms_total": round(sum(r.gpu_ms_total for r in self.ranks), 4),
             "kernel_ms_per_step": p.kernel_ms_per_step,
             "idle_ms_per_step": p.idle_ms_per_step,
-            "findings": p.findings,
+            "findings": [f.to_dict() for f in p.findings],
             "ops": p.ops,
             "device": {k: p.meta.get(k) for k in ("device_name", "compute_capability", "num_sms", "platform")},
             "notes": p.notes + self.warnings,

@@ -89,7 +89,15 @@ class Step:
 class StepSet:
     method: str  # "sglang-annotation" | "execute-annotation" | "model-runner-frames" | "ProfilerStep" | "graph-replay" | "whole-trace"
     steps: list[Step]
-    note: str = ""
+    note: str = ""  # how the steps were found
+    # what the ranges are taken as when the trace does not name their phase ("taken as decode steps",
+    # "training iterations"): said after the note, in brackets
+    taken_as: str = ""
+
+    @property
+    def how(self) -> str:
+        """How the steps were found, in words: the note, and what its ranges are taken as."""
+        return f"{self.note} ({self.taken_as})" if self.taken_as else self.note
 
     def phase(self, name: str) -> list[Step]:
         return [s for s in self.steps if s.phase == name]
@@ -102,7 +110,7 @@ class StepSet:
                 counts[s.phase] = counts.get(s.phase, 0) + 1
         if counts.get("decode"):
             return "decode"
-        return max(counts, key=counts.get) if counts else "unknown"
+        return max(counts, key=lambda p: counts[p]) if counts else "unknown"
 
 
 def _windows(trace: Trace) -> tuple[str, list[Step], str]:
@@ -118,12 +126,15 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     for a in cpu_ann:
         m = _EXECUTE.match(a.name)
         v = None if m else _VLLM_EXECUTE.match(a.name)
-        if m or v:
-            ctx, gen = (int(m.group(2)), int(m.group(3))) if m else (int(v.group(2)), int(v.group(4)))
-            # vLLM annotates an empty step too (execute_0_context_0(..)_generation_0(..)): idle, as SGLang's IDLE
-            phase = ("idle" if ctx == 0 and gen == 0 else "decode" if ctx == 0 else "prefill" if gen == 0
-                     else "mixed")
-            ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
+        if m is not None:
+            ctx, gen = int(m.group(2)), int(m.group(3))
+        elif v is not None:
+            ctx, gen = int(v.group(2)), int(v.group(4))
+        else:
+            continue
+        # vLLM annotates an empty step too (execute_0_context_0(..)_generation_0(..)): idle, as SGLang's IDLE
+        phase = "idle" if ctx == 0 and gen == 0 else "decode" if ctx == 0 else "prefill" if gen == 0 else "mixed"
+        ex.append(Step(0, phase, a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid))
     if ex:
         return "execute-annotation", ex, "vLLM execute_context_C_generation_G annotations"
     runner: dict = {}  # frame name -> a vLLM model-runner execute_model frame? (asked once per name)
@@ -139,7 +150,7 @@ def _windows(trace: Trace) -> tuple[str, list[Step], str]:
     ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
           if _PROFILER_STEP.match(a.name)]
     if ps:
-        return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges (taken as decode steps)"
+        return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges"
     it = _optimizer_iterations(trace)
     if it:
         return "optimizer-steps", it, "training iterations, each ending with its Optimizer.step"
@@ -196,7 +207,7 @@ def _graph_piece_steps(trace: Trace) -> list[Step]:
     gl = sorted((l for l in trace.launches if is_graph_launch(l.name)), key=lambda l: l.ts)
     if len(gl) < 4:
         return []
-    names: dict[int, list[str]] = {}
+    names: dict[Optional[int], list[str]] = {}
     for k in trace.kernels:
         names.setdefault(k.corr, []).append(k.name)
     sig = [tuple(names.get(l.corr, ())) for l in gl]
@@ -221,11 +232,11 @@ def _graph_piece_steps(trace: Trace) -> list[Step]:
     lasts = {sig[e - 1] for _, e in runs}
     firsts = {sig[b] for b, _ in runs}
     b0 = runs[0][0]
-    k = 0
-    while k < b0 and sig[k] in middles:
-        k += 1
-    if k and k < b0 and sig[k] in lasts:
-        runs.insert(0, (0, k + 1))  # cut at the start: middle pieces, then a last one
+    lead = 0
+    while lead < b0 and sig[lead] in middles:
+        lead += 1
+    if lead and lead < b0 and sig[lead] in lasts:
+        runs.insert(0, (0, lead + 1))  # cut at the start: middle pieces, then a last one
     e1 = runs[-1][1]
     if e1 < n and sig[e1] in firsts and e1 + 1 < n and all(x in middles for x in sig[e1 + 1:]):
         runs.append((e1, n))  # cut at the end: a first piece, then middle ones
@@ -265,8 +276,9 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
     steps = flat
     for i, s in enumerate(steps):
         s.index = i
+    taken_as = "taken as decode steps" if method == "ProfilerStep" else ""
     if not steps:
-        return StepSet(method, steps, note)
+        return StepSet(method, steps, note, taken_as)
 
     starts = [s.cpu_start for s in steps]
 
@@ -330,7 +342,7 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
             s.gpu_end = max(kern[i].ts + kern[i].dur for i in s.kernels)
     if method in ("model-runner-frames", "graph-pieces"):
         note = _runner_phases(steps, note)
-    return StepSet(method, steps, note)
+    return StepSet(method, steps, note, taken_as)
 
 
 def _runner_phases(steps: list[Step], note: str) -> str:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from perfscope.cli import _paths
 from perfscope.errors import InputError, PerfscopeError
+
+if TYPE_CHECKING:
+    from perfscope.analysis.result import Diagnosis
+    from perfscope.cli._diagnosis import DiagnosisOptions
 
 NAME = "compare"
 ORDER = 60
@@ -19,12 +23,12 @@ EXAMPLES = [
 ]
 
 
-def load_side(path: Path, which: str, config: Optional[dict] = None, workers: Optional[int] = None):
+def load_side(path: Path, which: str, opts: "DiagnosisOptions") -> "Diagnosis":
     """Diagnose one side; its errors say which side (``before: x.json.gz: not a Kineto trace``)."""
-    from perfscope.analysis.diagnose import diagnose
+    from perfscope.cli._diagnosis import build_diagnosis
 
     try:
-        return diagnose([path], config, workers=workers)
+        return build_diagnosis([path], opts)
     except PerfscopeError as e:
         msg = str(e)
         raise type(e)(f"{which}: {msg}" if str(path) in msg else f"{which} ({path}): {msg}") from None
@@ -54,22 +58,26 @@ def command(
     from perfscope.report.escape import Console
 
     from perfscope.analysis.compare import compare
-    from perfscope.cli.diagnose import _load_config
+    from perfscope.cli._diagnosis import DiagnosisOptions
     from perfscope.report import compare_terminal, jsonout
 
-    cb, ca = _load_config(config_before), _load_config(config_after)
+    ob = DiagnosisOptions(config=config_before, workers=workers)
+    oa = DiagnosisOptions(config=config_after, workers=workers)
+    cb, ca = ob.server_config, oa.server_config
     for p, which in ((before, "before"), (after, "after")):
         if not p.exists():
             raise InputError(f"{which} ({p}): no such file or folder")
-    db = load_side(before, "before", cb, workers)
-    da = load_side(after, "after", ca, workers)
+    db = load_side(before, "before", ob)
+    da = load_side(after, "after", oa)
     la, lb = label_of(after), label_of(before)
     if la == lb:
         la, lb = f"{la} (after)", f"{lb} (before)"
     from perfscope.bench.store import tpot_samples
 
-    samples = tuple(tpot_samples(p) if p.is_dir() and d.timings.get("source") == "bench" else None
-                    for p, d in ((before, db), (after, da)))
+    def samples_of(p: Path, d: "Diagnosis") -> Optional[list]:
+        return tpot_samples(p) if p.is_dir() and d.timings.get("source") == "bench" else None
+
+    samples = (samples_of(before, db), samples_of(after, da))
     c = compare(db, da, labels=(lb, la), configs=(cb, ca), top_ops=max(top, 15), tpot_samples=samples)
     if html is not None:
         from perfscope.report.html import render_compare, write_html

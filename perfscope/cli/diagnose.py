@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from perfscope.cli import _help, _paths
 from perfscope.errors import GateFailed, InputError
 from perfscope.report.escape import Console
+
+if TYPE_CHECKING:
+    from perfscope.analysis.finding import Finding
 
 NAME = "diagnose"
 ORDER = 20
@@ -42,14 +44,6 @@ class HELP_CLASS(_help.Command):
         return super().parse_args(ctx, args)
 
 
-def _load_config(path: Optional[Path]) -> dict:
-    if path is None:
-        return {}
-    from perfscope.util import jsonio
-
-    return jsonio.read(path, "server config: a JSON object, SGLang's /server_info", expect=dict)
-
-
 def fail_on_ids(fail_on: Optional[str]) -> set[str]:
     """The finding ids of ``--fail-on`` (comma-separated, or 'any'), each checked against the rule
     registry: a misspelt id would otherwise never match and silently pass a CI gate (InputError,
@@ -73,36 +67,14 @@ def fail_on_ids(fail_on: Optional[str]) -> set[str]:
     return wanted
 
 
-def gate(findings: list[dict], fail_on: Optional[str]) -> None:
+def gate(findings: list[Finding], fail_on: Optional[str]) -> None:
     """Raise GateFailed (exit 1) when a finding named in ``fail_on`` (or any, with 'any') was found."""
     wanted = fail_on_ids(fail_on)
     if not wanted:
         return
-    hit = [f["id"] for f in findings if "any" in wanted or f["id"] in wanted]
+    hit = [f.id for f in findings if "any" in wanted or f.id in wanted]
     if hit:
         raise GateFailed(f"gated finding(s) present: {', '.join(sorted(set(hit)))}")
-
-
-def _on_ray(paths, cfg: dict, address: str, capture, err: Console, quiet: bool):
-    """``--ray``: the ranks on the nodes that hold them, a progress bar of the results as they arrive;
-    retried and missing ranks said in one line each on stderr."""
-    from perfscope.cluster.ray_diagnose import diagnose_on_ray, import_ray
-
-    import_ray()  # not installed: one line, exit 2, before anything else
-    addr = None if address == "auto" else address
-    if quiet:
-        d, run = diagnose_on_ray(paths, cfg, address=addr, capture=capture)
-    else:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as prog:
-            task = prog.add_task("surveying the Ray nodes", total=None)
-            d, run = diagnose_on_ray(paths, cfg, address=addr, capture=capture,
-                                     on_done=lambda done, total: prog.update(
-                                         task, description=f"analysed {done}/{total} ranks on their nodes",
-                                         completed=done, total=total))
-    for line in run.retried + run.missing:
-        err.print(line, markup=False, highlight=False)
-    return d
 
 
 def command(
@@ -149,48 +121,18 @@ def command(
     bottlenecks with the fix that addresses each and the predicted step time once fixed.
 
     Exit codes: 0 ok, 1 a --fail-on finding was found, 2 unusable input."""
-    from perfscope.analysis.diagnose import diagnose
+    from perfscope.cli._diagnosis import DiagnosisOptions, build_diagnosis
     from perfscope.report import jsonout, terminal
 
     fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
     if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
         raise InputError(f"--csv {csv_dir}: exists and is not a folder")
     err = Console(stderr=True, soft_wrap=True)  # paths it names are never folded (a copy pastes back)
-    from perfscope.cluster import onhost
-
-    stored = onhost.on_host_folder(paths)
-    if stored is not None:  # trace --analyse-on-host: its results, made on the host, without these options
-        onhost.refuse_options(stored, [o for o, v in (("--config", config), ("--model-config", model_config),
-                                                      ("--batch", batch), ("--context", context),
-                                                      ("--server-log", server_log),
-                                                      ("--capture-trace", capture_trace), ("--ray", ray)) if v])
-    cfg = _load_config(config)
-    from perfscope.analysis.floor import with_floor_inputs
-
-    cfg = with_floor_inputs(cfg, model_config, batch, context)
-    if server_log is not None:
-        from perfscope.analysis.moe_config import read_log
-
-        cfg["server_log"] = read_log(server_log)
-    if stored is not None:
-        d = onhost.stored_diagnosis(stored)
-    elif ray is not None:
-        d = _on_ray(paths, cfg, ray, capture_trace, err, quiet=json_out or not err.is_terminal)
-    elif json_out or not err.is_terminal:
-        d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
-    else:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as prog:
-            task = prog.add_task("reading traces", total=None)
-            d = diagnose(paths, cfg, workers=workers, capture=capture_trace,
-                         on_read=lambda done, total: prog.update(
-                             task, description="reading trace" if done < total else "analysing",
-                             completed=done, total=total),
-                         on_done=lambda done, total: prog.update(
-                             task, description=f"analysed {done}/{total} trace files", completed=done, total=total))
-    from perfscope.report.fixcmd import point_at
-
-    point_at(d, paths)
+    opts = DiagnosisOptions(config=config, model_config=model_config, batch=batch, context=context,
+                            server_log=server_log, capture_trace=capture_trace, workers=workers, ray=ray,
+                            progress=None if json_out or not err.is_terminal else err)
+    d = build_diagnosis(paths, opts)
+    cfg = opts.server_config
     if html is not None:
         from perfscope.report.html import write_diagnosis_html
 

@@ -323,9 +323,9 @@ def command(
 
 def _trace_facts(trace: Path) -> dict:
     """The findings (and step numbers) of a trace, for a fix that picks its value from them."""
-    from perfscope.analysis.diagnose import diagnose
+    from perfscope.cli._diagnosis import build_diagnosis
 
-    d = diagnose([trace]).to_dict()
+    d = build_diagnosis([trace]).to_dict()
     si = (d.get("run") or {}).get("server_info")
     return {"trace": str(trace), "findings": d.get("findings") or [], "steps": d.get("steps") or {},
             "server_info": si if isinstance(si, dict) else {}}

@@ -48,15 +48,13 @@ def command(
     and every finding with its evidence and predicted step time."""
     from perfscope.report.escape import Console
 
-    from perfscope.analysis.diagnose import diagnose
-    from perfscope.cli.diagnose import _load_config
+    from perfscope.cli._diagnosis import DiagnosisOptions, build_diagnosis
     from perfscope.report.html import write_diagnosis_html
+    from perfscope.util.files import user_path
 
-    cfg = _load_config(config)
-    out = output or _paths.resolve(default_output(paths))
-    d = diagnose(paths, cfg, workers=workers, capture=capture_trace)
-    from perfscope.report.fixcmd import point_at
-
-    point_at(d, paths)
+    opts = DiagnosisOptions(config=config, workers=workers, capture_trace=capture_trace)
+    cfg = opts.server_config  # a bad --config is a bad option, before the output's path is resolved
+    out = output or user_path(default_output(paths))
+    d = build_diagnosis(paths, opts)
     write_diagnosis_html(out, d, cfg, announce=Console(stderr=True, soft_wrap=True))
     return 0

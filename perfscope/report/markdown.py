@@ -8,13 +8,14 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 from perfscope import __version__
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis
 from perfscope.report import wording
 from perfscope.report.escape import csv_row, md_code as _code, md_text as _text
-from perfscope.report.terminal import fix_commands, op_where, share_of
+from perfscope.report.terminal import op_where, share_of
 from perfscope.util.files import atomic_write_text
 
 
@@ -28,20 +29,18 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
            f"median {wording.ms(s.get('median_ms'))} ms", ""]
     if p.findings:
         f = p.findings[0]
-        line = (f"**Verdict: {_code(f['id'])} {_text(f['title'])}**: {wording.ms(f['ms_per_step'])} ms per step "
-                f"({wording.pct(f['share'])} of {share_of(f, cpu)}), confidence {f['confidence']}.")
-        cmds = fix_commands(d, f)
-        if cmds:
-            line += f" Fix: {_code(cmds[0])} (check + diff), then {_code(cmds[1])}."
-            from perfscope.report.fixcmd import where
-
-            if where(d):
-                line += f" ({where(d)[0].upper() + where(d)[1:]}.)"
-        elif f.get("remedy"):
-            line += f" Remedy: {_text(f['remedy'])}"
-        rng = wording.predicted_range(f)
-        if rng and s.get("median_ms"):
-            pred = f["predicted_step_ms_after_fix"]
+        line = (f"**Verdict: {_code(f.id)} {_text(f.title)}**: {wording.ms(f.ms_per_step)} ms per step "
+                f"({wording.pct(f.share)} of {share_of(f, cpu)}), confidence {f.confidence}.")
+        fc = d.fix_command(f)
+        if fc is not None:
+            line += f" Fix: {_code(fc.check)} (check + diff), then {_code(fc.apply)}."
+            if fc.where:
+                line += f" ({fc.where[0].upper() + fc.where[1:]}.)"
+        elif f.remedy:
+            line += f" Remedy: {_text(f.remedy)}"
+        rng = f.predicted_range()
+        pred = f.predicted_step_ms_after_fix
+        if rng and pred and s.get("median_ms"):
             basis = wording.prediction_basis(f)
             line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms"
                      + (f" (range {wording.ms_range(rng)})" if rng[0] < rng[1] else "")
@@ -74,12 +73,12 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     if p.findings:
         out += ["", "**Findings**", ""]
         for f in p.findings:
-            ev = wording.evidence_items({k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"})
-            out.append(f"- {_code(f['id'])} {_text(f['title'])}: {wording.ms(f['ms_per_step'])} ms/step, "
-                       f"{wording.pct(f['share'])} of {share_of(f, cpu)}, confidence {f['confidence']}"
-                       + (f"; predicted step after fix {wording.ms_range(wording.predicted_range(f))} ms"
-                          if wording.predicted_range(f) else "") + ".  ")
-            out.append(f"  {_text(f['summary'])}" + (f"  \n  Evidence: {'; '.join(_text(e) for e in ev)}." if ev else ""))
+            ev = wording.evidence_items({k: v for k, v in (f.evidence or {}).items() if k != "floor_step_ms"})
+            rng = f.predicted_range()
+            out.append(f"- {_code(f.id)} {_text(f.title)}: {wording.ms(f.ms_per_step)} ms/step, "
+                       f"{wording.pct(f.share)} of {share_of(f, cpu)}, confidence {f.confidence}"
+                       + (f"; predicted step after fix {wording.ms_range(rng)} ms" if rng else "") + ".  ")
+            out.append(f"  {_text(f.summary)}" + (f"  \n  Evidence: {'; '.join(_text(e) for e in ev)}." if ev else ""))
     if len(d.ranks) > 1:
         out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]
         for r in d.ranks:
@@ -102,7 +101,7 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
     as fractions), one header row each; written atomically."""
     p = d.primary
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [["bucket", "ms_per_step", "share"]]
+    rows: list[list[Any]] = [["bucket", "ms_per_step", "share"]]
     for b, v in sorted(p.buckets.items(), key=lambda kv: -kv[1]["ms_per_step"]):
         rows.append([b, round(v["ms_per_step"], 6), round(v["share"], 6)])
     rows.append(["(idle in step)", round(p.idle_ms_per_step or 0.0, 6), ""])

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
-from rich.cells import cell_len
 from rich.console import Group
-from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from perfscope.analysis.finding import Finding
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.report import wording
 from perfscope.report.escape import Console, markup as escape, term
+from perfscope.report.textfit import BoundaryText, cut_name as _cut_name, fit_title as _fit_title, hanging
 
 BUCKET_STYLE = {"copy": "red", "gemm": "blue", "attention": "magenta", "communication": "yellow",
                 "moe": "cyan", "sampling": "green", "elementwise": "bright_black", "other": "white"}
@@ -34,36 +33,17 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def fix_commands(d: Diagnosis, f: dict) -> Optional[tuple[str, str]]:
-    """(check command, apply command) for a finding's fix module: :func:`perfscope.report.fixcmd.command`,
+def fix_commands(d: Diagnosis, f: Finding) -> Optional[tuple[str, str]]:
+    """(check command, apply command) for a finding's fix module: :meth:`Diagnosis.fix_command`,
     the one every renderer prints."""
-    from perfscope.report.fixcmd import command
-
-    cmd = command(d, f)
-    return (cmd, cmd + " --apply") if cmd else None
+    fc = d.fix_command(f)
+    return (fc.check, fc.apply) if fc else None
 
 
-def share_of(f: dict, cpu: bool = False) -> str:
+def share_of(f: Finding, cpu: bool = False) -> str:
     """What a finding's share is of; a CPU-only trace has CPU op time where GPUs have kernel time."""
-    what = f.get("share_of") or "kernel time"
+    what = f.share_of or "kernel time"
     return "CPU op time" if cpu and what == "kernel time" else what
-
-
-# a panel's title sits between "╭─ " and " ─╮": what is left of the console's width for it
-_TITLE_CHROME = 6
-
-
-def _fit_title(parts: list[str], width: Optional[int]) -> tuple[str, str]:
-    """The verdict's title, "a · b · c", kept whole: the parts that do not fit in the panel's top
-    border (``width``: the console's) come back joined, for the panel's first line, rather than
-    cropped mid-word by the border."""
-    if not width:
-        return " · ".join(parts), ""
-    room = width - _TITLE_CHROME
-    n = len(parts)
-    while n > 1 and len(" · ".join(parts[:n])) > room:
-        n -= 1
-    return " · ".join(parts[:n]), " · ".join(parts[n:])
 
 
 def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
@@ -94,40 +74,38 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
         return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
                      expand=False)
     f = p.findings[0]
-    body = head + [f"[bold red]{escape(f['id'])}[/]  [bold]{escape(f['title'])}[/]",
-            f"costs [bold]{_fmt_ms(f['ms_per_step'])} ms[/] per step ({wording.pct(f['share'])} of {share_of(f, cpu)}), "
-            f"confidence {f['confidence']}"]
+    body = head + [f"[bold red]{escape(f.id)}[/]  [bold]{escape(f.title)}[/]",
+            f"costs [bold]{_fmt_ms(f.ms_per_step)} ms[/] per step ({wording.pct(f.share)} of {share_of(f, cpu)}), "
+            f"confidence {f.confidence}"]
+    fc = d.fix_command(f)
     cmds = fix_commands(d, f)
-    if cmds:
-        remote = not (d.run or {}).get("host")
+    if fc is not None and cmds:
         if _fits(cmds[0], width):
             body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
         else:
             body.append("fix:   [bold]the command under this box[/] [dim](one line, as long as it is)[/]")
         body.append("[dim]       (shows the diff, changes nothing; then add --apply)[/]")
-        if remote:
-            from perfscope.report.fixcmd import where
-
-            body.append(f"[dim]       ({escape(where(d, short=True) or '')})[/]")
-    elif f.get("remedy"):
-        body.append(f"remedy: {escape(f['remedy'])}")
-    pred = f.get("predicted_step_ms_after_fix")
+        if fc.where_short:
+            body.append(f"[dim]       ({escape(fc.where_short)})[/]")
+    elif f.remedy:
+        body.append(f"remedy: {escape(f.remedy)}")
+    pred = f.predicted_step_ms_after_fix
     if pred is not None and pred <= 0:  # a step of nothing is no prediction (the finding's time >= the step)
         body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
     elif pred is not None and step_ms:
-        lo, hi = wording.predicted_range(f)
+        lo, hi = f.predicted_range() or (pred, pred)
         fast = step_ms / pred >= 1.05
         speed = f" ({step_ms / pred:.1f}x faster)" if fast else ""
         rng = f" ({wording.ms_range((lo, hi))})" if lo < hi else ""
         body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted{rng}, from {_fmt_ms(step_ms)} ms{speed}")
         basis = wording.prediction_basis(f)
-        if basis and ((f.get("evidence") or {}).get("prediction") or {}).get("bound") == "host":
+        if basis and ((f.evidence or {}).get("prediction") or {}).get("bound") == "host":
             body.append(f"[dim]       ({basis})[/]")  # host-bound: what the point is made of
         why = wording.saving_note(f, step_ms)
         if why:
             body.append(f"[dim]       ({escape(why)})[/]")
     if len(p.findings) > 1:
-        body.append("[dim]also: " + ", ".join(f"{escape(x['id'])} ({_fmt_ms(x['ms_per_step'])} ms)" for x in p.findings[1:]) + "[/]")
+        body.append("[dim]also: " + ", ".join(f"{escape(x.id)} ({_fmt_ms(x.ms_per_step)} ms)" for x in p.findings[1:]) + "[/]")
     # a line that wraps keeps its indent (the fix's notes under "fix:", the prediction under "after:")
     return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
                  expand=False)
@@ -147,7 +125,7 @@ def long_finding_commands(d: Diagnosis, width: Optional[int]) -> list[tuple[str,
     for f in d.primary.findings:
         cmds = fix_commands(d, f)
         if cmds and not _fits(cmds[0], width):
-            out.append((f["id"], cmds[0]))
+            out.append((f.id, cmds[0]))
     return out
 
 
@@ -213,48 +191,6 @@ def bucket_table(p: RankAnalysis) -> Table:
     return t
 
 
-# a kernel name's pieces: opening brackets, a word, the separators after it (a line may break
-# after a piece: after `_`, a space, `,`, `>`, `:`, `/`, a closing bracket; before an opening one)
-_NAME_PIECE = re.compile(r"[\[(<]*[^_\s,<>:/\[\]()]*[_\s,>:/\])]*")
-
-
-class BoundaryText:
-    """A name (a kernel's) that a narrow table cell wraps at its own separators (after ``_``, a
-    space, ``,``, ``>``, ``:``, ``/``, a closing bracket; before an opening one), never mid-word: rich folds a word wider than its cell at
-    the cell's edge ("nvjet_..._split" / "K_NNT"). Only a piece wider than the cell alone is folded."""
-
-    def __init__(self, text: Text):
-        self.text = text
-
-    def _pieces(self) -> list[tuple[int, int]]:
-        return [m.span() for m in _NAME_PIECE.finditer(self.text.plain) if m.end() > m.start()]
-
-    def __rich_measure__(self, console, options) -> Measurement:
-        plain = self.text.plain
-        widest = max((cell_len(plain[a:b].rstrip()) for a, b in self._pieces()), default=1)
-        return Measurement(max(1, min(widest, options.max_width)), max(1, cell_len(plain)))
-
-    def __rich_console__(self, console, options):
-        width = max(1, options.max_width)
-        plain = self.text.plain
-        cuts: list[int] = []
-        used = 0
-        for a, b in self._pieces():
-            word = cell_len(plain[a:b].rstrip())
-            if used and used + word > width:
-                cuts.append(a)
-                used = 0
-            while word > width:  # one piece wider than the cell: folded, the only cut inside a word
-                a += width
-                cuts.append(a)
-                word -= width
-            used += cell_len(plain[a:b])
-        lines = self.text.divide(cuts)
-        for ln in lines:
-            ln.rstrip()
-        yield Text("\n").join(lines)
-
-
 def op_where(o: dict, graph: str = "CUDA graph") -> str:
     """One line: who launched the op, with which dtypes/shapes, from which source line. ``graph``:
     what the platform calls its graphs (``wording.graph_word``: HIP graph on ROCm)."""
@@ -317,21 +253,21 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
     cpu = p.steps.get("analysed_on") == "cpu-ops"
     if not p.findings:
         return None
-    parts = []
+    parts: list[Group | Text] = []
     for f in p.findings:
-        pred = f.get("predicted_step_ms_after_fix")
-        head = Text.assemble((f"[{term(f['id'])}] ", "bold red"), (term(f["title"]), "bold"),
-                             f"  {_fmt_ms(f['ms_per_step'])} ms/step, {wording.pct(f['share'])} of {share_of(f, cpu)}, "
-                             f"confidence {f['confidence']}")
-        lines = [head, Text(term(f["summary"]))]
+        pred = f.predicted_step_ms_after_fix
+        head = Text.assemble((f"[{term(f.id)}] ", "bold red"), (term(f.title), "bold"),
+                             f"  {_fmt_ms(f.ms_per_step)} ms/step, {wording.pct(f.share)} of {share_of(f, cpu)}, "
+                             f"confidence {f.confidence}")
+        lines = [head, Text(term(f.summary))]
         if pred is not None and pred > 0:
-            fl = (f.get("evidence") or {}).get("floor_step_ms")
-            model = (f.get("evidence") or {}).get("prediction") or {}
+            fl = (f.evidence or {}).get("floor_step_ms")
+            model = (f.evidence or {}).get("prediction") or {}
             rng = model.get("range_ms")
             rng = f"; range {_fmt_ms(rng[0])}-{_fmt_ms(rng[1])} ms" if rng and rng[0] != rng[1] else ""
             lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
                               + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(
-                                  model.get("bound"), "")
+                                  str(model.get("bound")), "")
                               + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
         cmds = fix_commands(d, f)
         if cmds and _fits(cmds[0], width):
@@ -339,9 +275,9 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
         elif cmds:
             lines.append(Text.assemble(("fix: ", "bold"), ("under this box, one line", "bold"),
                                        ("  (check + diff; then add --apply)", "dim")))
-        if f.get("remedy") and not cmds:
-            lines.append(Text.assemble(("remedy: ", "bold"), term(f["remedy"])))
-        ev = {k: v for k, v in (f.get("evidence") or {}).items() if k != "floor_step_ms"}
+        if f.remedy and not cmds:
+            lines.append(Text.assemble(("remedy: ", "bold"), term(f.remedy)))
+        ev = {k: v for k, v in (f.evidence or {}).items() if k != "floor_step_ms"}
         items = wording.evidence_items(ev)
         if items:
             lines.append(Text("evidence: " + " · ".join(term(i) for i in items), style="dim"))
@@ -364,40 +300,6 @@ def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
                    f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
                    f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
     return out
-
-
-def _cut_name(name: str, limit: int = 48) -> str:
-    """A kernel name cut at a word boundary (``_``, space, ``<``, ``:``) before ``limit``, with an
-    ellipsis; never mid-word."""
-    if len(name) <= limit:
-        return name
-    cut = max(name.rfind(ch, 0, limit) for ch in ("_", " ", "<", ":", ","))
-    return (name[:cut] if cut > limit // 2 else name[:limit]) + "…"
-
-
-_LABEL = re.compile(r"(?:fix|after|remedy): +")
-
-
-def hanging(markup: str, labels: bool = False):
-    """A line whose leading spaces stay the indent of every line it wraps onto (rich folds a long
-    line back to column 0); with ``labels``, a line led by ``fix:``, ``after:`` or ``remedy:`` wraps
-    under the text after its label."""
-    from rich.table import Table as _Grid
-
-    body = markup.lstrip(" ")
-    style = ""
-    if markup.startswith("[dim]") and markup.endswith("[/]"):  # the style wraps the whole line
-        style, body = "dim", markup[len("[dim]"):-len("[/]")]
-    m = _LABEL.match(body) if labels else None
-    lead = m.group(0) if m else " " * (len(body) - len(body.lstrip(" ")))
-    body = body[len(lead):]
-    if not lead:
-        return markup
-    g = _Grid.grid(padding=0)
-    g.add_column(width=len(lead), no_wrap=True, style=style)
-    g.add_column(style=style)
-    g.add_row(lead.rstrip() or "", body)
-    return g
 
 
 def floor_lines(p: RankAnalysis) -> list[str]:
@@ -426,7 +328,7 @@ def floor_lines(p: RankAnalysis) -> list[str]:
     return [
         f"[bold]floor[/] on {escape(str(g.get('name')))} ({g.get('mem_bw_tbs')} TB/s): [bold]{_fmt_ms(fl['floor_ms'])} ms[/]/step;"
         f" measured {_fmt_ms(fl['measured_ms'])} ms is [bold]{fl.get('ratio') or 0:.1f}x[/]; furthest above its floor: "
-        f"[bold {BUCKET_STYLE.get(w, 'white')}]{w}[/] (+{_fmt_ms(fl['worst_gap_ms'])} ms)",
+        f"[bold {BUCKET_STYLE.get(str(w), 'white')}]{w}[/] (+{_fmt_ms(fl['worst_gap_ms'])} ms)",
         f"[dim]  ms/step measured/floor: {rows}[/]",
         f"[dim]  reads {wording.nbytes(by.get('weights', 0))} weights + {wording.nbytes(by.get('kv', 0))} KV per step "
         f"(batch {i.get('batch')}, context {i.get('context')}, tp {i.get('tp_size')}, KV {i.get('kv_cache_dtype')})"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from perfscope.analysis.finding import Finding
+
 # torch / Kineto dtype spellings -> the short names engineers use
 _DTYPES = {
     "float8_e4m3fn": "fp8_e4m3", "float8_e4m3fnuz": "fp8_e4m3fnuz", "float8_e5m2": "fp8_e5m2",
@@ -17,30 +19,15 @@ _DTYPES = {
 }
 
 
-def predicted_range(f: dict) -> Optional[tuple[float, float]]:
-    """A finding's predicted step after its fix as (low, high) ms: the step model's range (its measured
-    uncertainty: the host's unprofiled time and the GPU work's error, perfscope.analysis.hosttime), or a
-    point (low == high) where the prediction has none. None: no prediction."""
-    pred = f.get("predicted_step_ms_after_fix")
-    if not isinstance(pred, (int, float)) or pred <= 0:
-        return None
-    model = (f.get("evidence") or {}).get("prediction") or {}
-    rng = model.get("range_ms")
-    if isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(x, (int, float)) for x in rng) \
-            and rng[0] <= pred <= rng[1] and rng[0] < rng[1]:
-        return float(rng[0]), float(rng[1])
-    return float(pred), float(pred)
-
-
-def prediction_basis(f: dict) -> Optional[str]:
+def prediction_basis(f: Finding) -> Optional[str]:
     """What a prediction is made of, in a line: the GPU work left and the host's own time per step
     without the profiler (and where that came from). None without the step model's host side."""
-    model = (f.get("evidence") or {}).get("prediction") or {}
+    model = (f.evidence or {}).get("prediction") or {}
     host, gpu = model.get("host"), model.get("gpu_work_ms")
     if not isinstance(host, dict) or not isinstance(gpu, (int, float)):
         return None
     src = {"bench": "measured by the bench", "gpu-only": "from the GPU-only profile, unprofiled",
-           "full": "from the trace, unprofiled"}.get(host.get("source"), "unprofiled")
+           "full": "from the trace, unprofiled"}.get(str(host.get("source")), "unprofiled")
     bound = "the host bounds it" if model.get("bound") == "host" else "the GPU bounds it"
     return f"GPU work ~{ms(gpu)} ms; the host's own work ~{ms(host.get('point'))} ms per step ({src}): {bound}"
 
@@ -53,21 +40,21 @@ def per_step_count(n: Optional[float]) -> str:
     return f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.2g}"
 
 
-def saving_note(f: dict, step_ms: Optional[float]) -> Optional[str]:
+def saving_note(f: Finding, step_ms: Optional[float]) -> Optional[str]:
     """Why a finding's cost and its predicted saving differ, when they do (None: they agree within
     20%). A cost between steps (a share of the step cycle) comes off the cycle, not off the step;
     anything else: the step model replays the step without it, and the rest is hidden."""
-    pred = f.get("predicted_step_ms_after_fix")
-    cost = f.get("ms_per_step")
+    pred = f.predicted_step_ms_after_fix
+    cost = f.ms_per_step
     if not isinstance(pred, (int, float)) or pred <= 0 or not step_ms or not isinstance(cost, (int, float)) \
             or cost <= 0:
         return None
     saving = step_ms - pred
     if abs(saving - cost) <= 0.2 * cost:
         return None
-    ev = f.get("evidence") or {}
+    ev = f.evidence or {}
     cycle, gap = ev.get("step_cycle_ms"), ev.get("gap_between_steps_ms")
-    if f.get("share_of") == "the step cycle" and isinstance(cycle, (int, float)) and isinstance(gap, (int, float)):
+    if f.share_of == "the step cycle" and isinstance(cycle, (int, float)) and isinstance(gap, (int, float)):
         return (f"the {ms(cost)} ms it costs is mostly between steps ({ms(gap)} ms): it comes off the step cycle "
                 f"({ms(cycle)} ms -> ~{ms(cycle - cost)} ms), while the step itself saves only its "
                 f"{ms(max(saving, 0.0))} ms inside")

@@ -113,33 +113,32 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
             hi = max([p["range_ms"][1]] + [a["range_ms"][1] for a in alt.values()])
             p["range_ms"] = [round(lo, 4), round(hi, 4)]
     f.evidence["prediction"] = p
-    before = f.predicted_step_ms_after_fix
     f.predicted_step_ms_after_fix = p["predicted_step_ms"]
-    if before is not None and f.summary:
-        # "~X ms" is the prediction; a bare "X ms" only when that is all there is ("0.0 ms" would
-        # also match inside "430.0 ms")
-        for old in (f"~{before:.1f} ms", f"{before:.1f} ms"):
-            if old in f.summary:
-                f.summary = f.summary.replace(old, old[0] * (old[0] == "~") + f"{p['predicted_step_ms']:.1f} ms")
-                break
-    if p.get("alternatives") and f.summary:
-        for name, a in p["alternatives"].items():
-            f.summary += f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})."
-    if p.get("anchored") and f.summary:
+    if f.summary:
+        f.summary = (f.summary_at(p["predicted_step_ms"]) if f.summary_at else f.summary) + _prediction_said(p, host)
+
+
+def _prediction_said(p: dict, host) -> str:
+    """The sentences a summary ends with about the step model's prediction ``p``: the fix's other
+    outcomes, the step measured without the profiler, or the host that bounds the fixed step."""
+    out = "".join(f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})."
+                  for name, a in (p.get("alternatives") or {}).items())
+    if p.get("anchored"):
         a = p["anchored"]
-        f.summary += (f" Without the profiler the step takes {a['measured_step_ms']:.2f} ms (the trace's "
-                      f"{a['profiled_step_ms']:.2f} ms is the profiler's): fixed, ~{p['predicted_step_ms']:.2f} ms "
-                      f"(the measured step less the {a['kernel_time_saved_ms']:.2f} ms of kernel time the fix saves; "
-                      f"expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms).")
-    elif host is not None and f.summary and p.get("bound") == "host":
-        f.summary += (f" Fixed, the host bounds the step: its GPU work would take ~{p['gpu_work_ms']:.1f} ms, the "
-                      f"host's own work ~{host.point:.2f} ms per step without the profiler ({host.how}); expect "
-                      f"{p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
-    elif host is not None and f.summary and host.source != "bench" and host.profiled_ms \
+        out += (f" Without the profiler the step takes {a['measured_step_ms']:.2f} ms (the trace's "
+                f"{a['profiled_step_ms']:.2f} ms is the profiler's): fixed, ~{p['predicted_step_ms']:.2f} ms "
+                f"(the measured step less the {a['kernel_time_saved_ms']:.2f} ms of kernel time the fix saves; "
+                f"expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms).")
+    elif host is not None and p.get("bound") == "host":
+        out += (f" Fixed, the host bounds the step: its GPU work would take ~{p['gpu_work_ms']:.1f} ms, the "
+                f"host's own work ~{host.point:.2f} ms per step without the profiler ({host.how}); expect "
+                f"{p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
+    elif host is not None and host.source != "bench" and host.profiled_ms \
             and host.profiled_ms > p["predicted_step_ms"]:
-        f.summary += (f" The profiled host looks busier ({host.profiled_ms:.2f} ms per step) than the fixed GPU work, but "
-                      f"the profiler slows the host: without it, ~{host.point:.2f} ms ({host.how}), so the GPU "
-                      f"bounds the step; expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
+        out += (f" The profiled host looks busier ({host.profiled_ms:.2f} ms per step) than the fixed GPU work, but "
+                f"the profiler slows the host: without it, ~{host.point:.2f} ms ({host.how}), so the GPU "
+                f"bounds the step; expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
+    return out
 
 
 def _on_cpu_host(f: Finding, cost: dict, saved_ms: float, ops: float, p: Optional[dict]) -> None:

@@ -9,7 +9,9 @@ from these docs (``perfscope rules --markdown``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional
+
+from perfscope.analysis.finding import Finding
 
 if TYPE_CHECKING:
     from perfscope.analysis.attribution import Attributor
@@ -19,41 +21,6 @@ if TYPE_CHECKING:
     from perfscope.load.model import Trace
 
 CONFIDENCE = ("low", "medium", "high")
-
-
-@dataclass
-class Finding:
-    id: str
-    title: str
-    summary: str  # one sentence a user can act on
-    ms_per_step: float
-    share: float  # kernel time: of the analysed steps' kernel time; idle time: of the step (cycle); <= 1
-    confidence: str
-    fix: Optional[str] = None  # id of the fix module that addresses it
-    remedy: str = ""  # what to do when there is no fix module (or in addition)
-    predicted_step_ms_after_fix: Optional[float] = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-    share_of: str = "kernel time"  # what ``share`` is a share of: "kernel time", "the step", "the step cycle"
-    # what the fix does to the kernels, for the step model (perfscope.analysis.stepmodel): the new
-    # duration in µs of kernel i (None: unchanged), and GPU time the fix adds per step. Not serialised.
-    new_duration: Optional[Callable[[int], Optional[float]]] = field(default=None, repr=False, compare=False)
-    added_us_per_step: float = field(default=0.0, repr=False, compare=False)
-    # what the prediction assumes of the kernels it does not change (said in --json and the summary),
-    # and other outcomes of the fix the step model also replays: {name: (new_duration, added µs, why)}.
-    # The prediction's range spans them. Not serialised (the results are, in evidence["prediction"]).
-    assumes: str = field(default="", repr=False, compare=False)
-    alternatives: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def fix_command(self) -> Optional[str]:
-        # the check (diff, nothing changed); diagnose adds --trace when it read one input
-        return f"perfscope fix {self.fix}" if self.fix else None
-
-    def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()
-             if k not in ("new_duration", "added_us_per_step", "assumes", "alternatives")}
-        d["fix_command"] = self.fix_command
-        return d
 
 
 @dataclass
@@ -147,6 +114,10 @@ class Rule:
         raise NotImplementedError
 
     def finding(self, **kw) -> Finding:
+        """This rule's finding; ``summary_at`` (a summary for a predicted step) writes the summary with
+        the rule's own prediction until the step model replaces it."""
+        if kw.get("summary_at") is not None and "summary" not in kw:
+            kw["summary"] = kw["summary_at"](kw["predicted_step_ms_after_fix"])
         kw.setdefault("fix", self.fix)
         kw.setdefault("remedy", self.remedy)
         kw.setdefault("share_of", self.share_of)

@@ -225,9 +225,12 @@ class Fp8KvCast(Rule):
         cast_ms = statistics.median(c for _, c in per_step) / 1e3  # <= the median step: each cast <= its step
         where = f" at {attr.source}" if attr.source else ""
         split = f", each in {launches_per_cast} launches (torch's 32-bit indexing)" if launches_per_cast > 1 else ""
-        summary = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
-                   f"{note}{where}{split}: {cast_ms:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
-                   f"fixed, the step should take ~{predicted:.1f} ms (every other kernel as it is).")
+        said = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
+                f"{note}{where}{split}: {cast_ms:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); ")
+
+        def summary_at(step_ms: float) -> str:
+            return said + f"fixed, the step should take ~{step_ms:.1f} ms (every other kernel as it is)."
+
         assumes = ("the casts go and every other kernel keeps its time: what the pages strategy does "
                    "(BF16 attention on the rows the batch reads, plus their small conversion)")
         alternatives = {}
@@ -248,7 +251,7 @@ class Fp8KvCast(Rule):
                 f"+{mla_ms * (x - 1):.1f} ms of attention")
             evidence["native_mla_slowdown"] = {"phase": phase, "factor": x, "attention_ms_per_step": round(mla_ms, 4),
                                                "source": NATIVE_MLA_SOURCE}
-        return self.finding(summary=summary, ms_per_step=ms_per_step, share=share, confidence=confidence,
+        return self.finding(summary_at=summary_at, ms_per_step=ms_per_step, share=share, confidence=confidence,
                             predicted_step_ms_after_fix=predicted, evidence=evidence,
                             new_duration=lambda i: 0.0 if i in removed else None,
                             assumes=assumes, alternatives=alternatives)
