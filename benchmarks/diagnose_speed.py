@@ -20,7 +20,12 @@ each with its target:
             in time and in its correlation / external / Python ids (Kineto's own layout, more steps)
   - growth: with several --graph-mb sizes (--growth: 50, 200 and 1000 MB), diagnose's CPU time per
             event and its ratio to the floor at each size: flat when diagnose grows linearly
-  - HTA and TraceLens on each trace beside it, when installed (perfscope's CPU time / theirs)
+  - HTA and TraceLens on each trace beside it, when installed (perfscope's CPU time / theirs): HTA's
+            TraceAnalysis(trace_dir).get_gpu_kernel_breakdown(), TraceLens'
+            TreePerfAnalyzer.from_file(f).get_df_kernel_launchers(). Both pull in pandas and more: install
+            them in a venv of their own beside perfscope (`pip install -e .[test] HolisticTraceAnalysis`;
+            TraceLens from its repository, github.com/AMD-AGI/TraceLens: `pip install --no-deps <its
+            checkout>` and `pip install pandas tqdm tabulate openpyxl`) and run this script with that venv
   - ranks:  for each N of --ranks (8 and 16), N rank files on this box's C cores: distinct ranks of
             the (first) CUDA-graph trace, each with its own rank (distributedInfo), GPU and process
             ids, so that perfscope reads N ranks, not one file N times (it reads byte-identical files
