@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.options import TraceOptions
 from perfscope.errors import PerfscopeError, RemoteError
-from perfscope.remote.hostio import HostIO
+if TYPE_CHECKING:
+    from perfscope.remote.hostio import HostIO
 
 
 def expected_files(info: dict, by_stage: bool) -> int:

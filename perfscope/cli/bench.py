@@ -6,15 +6,18 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 from rich.table import Table
 
-from perfscope.cli import _apikey, _paths
+from perfscope.cli import _apikey, _options, _paths
 from perfscope.errors import InputError
 from perfscope.report.escape import Console
+
+if TYPE_CHECKING:
+    from perfscope.bench.core import BenchResult
+    from perfscope.remote.hostio import HostIO
 
 NAME = "bench"
 ORDER = 60
@@ -25,9 +28,9 @@ EXAMPLES = [
 ]
 
 
-
 @contextlib.contextmanager
-def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> Iterator[tuple[str, Optional[str], object]]:
+def _endpoint(url: Optional[str], host: Optional[str], port: int,
+              ssh: _options.SSHOptions) -> Iterator[tuple[str, Optional[str], Optional[HostIO]]]:
     """(base URL, host label, file access on the server's host or None): ``url`` as is, or a
     local forward to ``host``'s loopback ``port``."""
     from perfscope.bench.vocab import is_loopback_url
@@ -36,9 +39,10 @@ def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> 
     if url:
         yield url.rstrip("/"), None, LocalHost() if is_loopback_url(url) else None
         return
-    from perfscope.remote.ssh import connect, parse_target
+    from perfscope.remote.ssh import connect
 
-    target = parse_target(host, **ssh)
+    assert host is not None  # the command gives --url or --host
+    target = ssh.target(host)
     session = connect(target)
     try:
         with session.forward(port) as fwd:
@@ -47,11 +51,11 @@ def _endpoint(url: Optional[str], host: Optional[str], port: int, ssh: dict) -> 
         session.close()
 
 
-def _fmt(v, nd=2) -> str:
+def _fmt(v: Optional[float], nd: int = 2) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-def tpot_spread(res) -> str:
+def tpot_spread(res: BenchResult) -> str:
     """``TPOT median 5.05 ms, 95% CI 4.80-5.30, range 3.60-12.20 (n 8)``: how far one
     measurement can be trusted before it is compared with another."""
     from perfscope.analysis.change import median_interval, spread
@@ -68,7 +72,7 @@ def tpot_spread(res) -> str:
     return line + ("; no CI under 3)" if iv is None else ")")
 
 
-def _table(res, label: str) -> Table:
+def _table(res: BenchResult, label: str) -> Table:
     w = res.workload
     title = (f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
              f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}")
@@ -90,16 +94,17 @@ def _table(res, label: str) -> Table:
 
 def command(
     url: Optional[str] = typer.Option(None, "--url", help="Server URL (http://127.0.0.1:30000)."),
-    host: Optional[str] = typer.Option(None, "--host", "-H", metavar="[USER@]HOST[:SSHPORT]",
+    host: Optional[str] = typer.Option(None, "--host", "-H", metavar=_options.HOST_METAVAR,
                                        help="Reach the server over SSH (a loopback port forward) instead of --url."),
     port: int = typer.Option(30000, "--port", help="With --host: the server's HTTP port on the host's loopback."),
-    engine: str = typer.Option("sglang", "--engine", help="sglang (/generate) or vllm (/v1/completions)."),
-    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="SSH user."),
-    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", help="SSH port (default 22)."),
-    identity: Optional[Path] = typer.Option(None, "--identity", "-i", help="Private key file."),
-    jump: Optional[str] = typer.Option(None, "--jump", "-J", help="Jump host(s), like ssh -J."),
-    known_hosts: Optional[Path] = typer.Option(None, "--known-hosts", help="known_hosts file to check host keys against."),
-    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Record a never-seen host key."),
+    engine: str = _options.ENGINE,
+    ssh_user: Optional[str] = _options.SSH_USER,
+    ssh_port: Optional[int] = _options.SSH_PORT,
+    identity: Optional[Path] = _options.IDENTITY,
+    jump: Optional[str] = _options.JUMP,
+    known_hosts: Optional[Path] = _options.KNOWN_HOSTS,
+    accept_new_host_key: bool = _options.ACCEPT_NEW_HOST_KEY,
+    connect_timeout: float = _options.CONNECT_TIMEOUT,
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request (fixed by --seed)."),
     output_len: int = typer.Option(128, "--output-len", min=2, help="Generated tokens per request (ignore_eos)."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests in flight."),
@@ -118,27 +123,19 @@ def command(
 
     Exit codes: 0 ok, 2 bad option, 3 server unreachable or every request failed."""
     from perfscope.bench import measure
-    from perfscope.remote.vllm_api import client_for
 
-    engine = engine.lower()
-    if engine not in ("sglang", "vllm"):
-        raise InputError(f"--engine {engine}: expected sglang or vllm")
+    eng = _options.engine(engine)
     if bool(url) == bool(host):
         raise InputError("give --url URL or --host HOST (over SSH), not both or neither")
     if url:
-        u = urlparse(url if "://" in url else "http://" + url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise InputError(f"--url {url!r}: expected http://HOST:PORT")
-        if u.username or u.password:
-            raise InputError("--url must not carry credentials; use --api-key-env")
+        _options.server_url(url)
     api_key = _apikey.read(api_key_env)
-    ssh = {"user": ssh_user, "port": ssh_port, "identity": str(identity) if identity else None, "jump": jump,
-           "known_hosts": str(known_hosts) if known_hosts else None, "accept_new": accept_new_host_key}
+    ssh = _options.SSHOptions(ssh_user, ssh_port, identity, jump, known_hosts, accept_new_host_key, connect_timeout)
     err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and errors: never folded
     from perfscope.bench.vocab import token_ids
 
     with _endpoint(url, host, port, ssh) as (base, label, io):
-        client = client_for(engine, base, api_key=api_key, timeout=timeout)
+        client = eng.client(base, api_key=api_key, timeout=timeout)
         info = client.server_info()
         ids, _ = token_ids(info, io)
         shown = label or base
@@ -148,8 +145,8 @@ def command(
         res = measure(client, input_len=input_len, output_len=output_len, concurrency=concurrency,
                       num_requests=num_requests, warmup=warmup, seed=seed, timeout=timeout, server_info=info,
                       ids=ids)
-    argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", host]) + [
-        "--engine", engine, "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
+    argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", str(host)]) + [
+        "--engine", eng.name, "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
         "--num-requests", str(num_requests), "--warmup", str(warmup), "--seed", str(seed)]
     from perfscope.bench.store import store  # here: every other command's start skips perfscope.bench
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 from urllib.parse import urlparse, urlunparse
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from perfscope.cli import _apikey, _paths
+from perfscope.cli import _apikey, _options, _paths
 from perfscope.errors import InputError
 from perfscope.report.escape import Console
+
+if TYPE_CHECKING:
+    from perfscope.capture.trace import Endpoint, HostResult
+    from perfscope.rundir import RunInfo
 
 NAME = "trace"
 ORDER = 10
@@ -35,7 +38,8 @@ _SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password
 def scrub_argv(argv: list[str]) -> list[str]:
     """argv for run.json: values of secret-looking options dropped, URL credentials removed.
     (``--api-key-env`` names a variable, not a secret, and is kept.)"""
-    out, skip = [], False
+    out: list[str] = []
+    skip = False
     for a in argv:
         if skip:
             out.append("***")
@@ -52,22 +56,12 @@ def scrub_argv(argv: list[str]) -> list[str]:
         if "://" in a and "@" in a:
             u = urlparse(a)
             if u.username or u.password:
-                a = urlunparse(u._replace(netloc=u.hostname + (f":{u.port}" if u.port else "")))
+                a = urlunparse(u._replace(netloc=(u.hostname or "") + (f":{u.port}" if u.port else "")))
         out.append(a)
     return out
 
 
-def _is_local(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    if host in ("localhost", "") or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _canonical_argv(ctx) -> list[str]:
+def _canonical_argv(ctx: typer.Context | None) -> list[str]:
     """What was run, rebuilt from the parsed options (so it is the same from a shell or a test,
     and holds no secret: the API key is only ever named by --api-key-env)."""
     argv = ["perfscope", NAME]
@@ -90,24 +84,21 @@ def _canonical_argv(ctx) -> list[str]:
 
 def command(
     ctx: typer.Context,
-    host: List[str] = typer.Option([], "--host", "-H", metavar="[USER@]HOST[:SSHPORT]",
+    host: List[str] = typer.Option([], "--host", "-H", metavar=_options.HOST_METAVAR,
                                    help="Server host reached over SSH; repeat for several hosts (traced in parallel, "
                                         "one subfolder each). ~/.ssh/config aliases work."),
     url: Optional[str] = typer.Option(None, "--url", help="Server URL reachable without SSH (http://127.0.0.1:30000); "
                                                           "the server must write its traces on this machine."),
-    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="SSH user (default: from HOST, ~/.ssh/config, or you)."),
-    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", help="SSH port (default 22)."),
-    identity: Optional[Path] = typer.Option(None, "--identity", "-i", help="Private key file (default: ssh-agent and ~/.ssh keys)."),
-    jump: Optional[str] = typer.Option(None, "--jump", "-J", metavar="[USER@]HOST[:PORT][,...]", help="Jump host(s), like ssh -J."),
-    known_hosts: Optional[Path] = typer.Option(None, "--known-hosts", help="known_hosts file to check host keys against "
-                                                                         "(default ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts)."),
-    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key",
-                                             help="Record the key of a host never seen before (OpenSSH accept-new). "
-                                                  "A changed key is refused regardless."),
+    ssh_user: Optional[str] = _options.SSH_USER,
+    ssh_port: Optional[int] = _options.SSH_PORT,
+    identity: Optional[Path] = _options.IDENTITY,
+    jump: Optional[str] = _options.JUMP,
+    known_hosts: Optional[Path] = _options.KNOWN_HOSTS,
+    accept_new_host_key: bool = _options.ACCEPT_NEW_HOST_KEY,
     port: List[int] = typer.Option([], "--port", help="The server's HTTP port on the host's loopback (default 30000). "
                                                        "With several --host: one --port for all, or one per --host "
                                                        "in the same order."),
-    engine: str = typer.Option("sglang", "--engine", help="sglang or vllm."),
+    engine: str = _options.ENGINE,
     profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="vLLM: the server's torch profiler directory "
                                                                           "(where it writes traces)."),
     remote_dir: str = typer.Option("/tmp", "--remote-dir", help="SGLang: where on the host to make the fresh trace "
@@ -128,7 +119,7 @@ def command(
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
     output_len: int = typer.Option(128, "--output-len", min=1, help="Generated tokens per request (ignore_eos; 128, as bench and fix --bench-output-len); requests still streaming when the traces are complete are cut."),
     timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds."),
+    connect_timeout: float = _options.CONNECT_TIMEOUT,
     http_timeout: float = typer.Option(30.0, "--http-timeout", min=1, metavar="SECONDS",
                                        help="Longest wait for a reply or for the next line of a stream from the "
                                             "server. A stream that stalls past it once the profile's steps are "
@@ -171,69 +162,40 @@ def command(
 
     Exit codes: 0 ok, 2 bad option, 3 host / SSH / server failure."""
     from perfscope import rundir
-    from perfscope.capture.trace import Endpoint, TraceOptions, trace
-    from perfscope.remote.ssh import parse_target
+    from perfscope.capture.trace import TraceOptions, trace
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)  # hosts, paths, commands: never folded
+    ssh = _options.SSHOptions(ssh_user, ssh_port, identity, jump, known_hosts, accept_new_host_key, connect_timeout)
     if fetch is not None:
         if host or url or analyse_on_host:
             raise InputError("--fetch RUN_DIR takes the hosts from RUN_DIR's run.json: no --host, --url or "
                              "--analyse-on-host with it")
-        return _fetch(fetch, err, ssh_user=ssh_user, ssh_port=ssh_port, identity=identity, jump=jump,
-                      known_hosts=known_hosts, accept_new=accept_new_host_key, timeout=connect_timeout, json_out=json_out)
+        return _fetch(fetch, err, ssh, json_out=json_out)
     if analyse_on_host and url:
         raise InputError("--analyse-on-host goes with --host: with --url the traces are on this machine already")
     if bool(host) == bool(url):
         raise InputError("give --host HOST (over SSH) or --url URL (no SSH), not both or neither")
-    engine = engine.lower()
-    if engine not in ("sglang", "vllm"):
-        raise InputError(f"--engine {engine}: expected sglang or vllm")
-    if engine == "vllm" and not profile_dir:
-        raise InputError("--engine vllm needs --profile-dir (the server's torch profiler directory)")
+    eng = _options.engine(engine)
     api_key = _apikey.read(api_key_env)
-    if port and any(not 0 < p < 65536 for p in port):
-        raise InputError(f"--port {port}: expected port numbers 1-65535")
-    if url and port:
-        raise InputError("--port goes with --host; with --url the port is in the URL")
-    if len(port) > 1 and len(port) != len(host):
-        raise InputError(f"{len(port)} --port values for {len(host)} --host: give one --port for all hosts, "
-                         "or one per --host in the same order")
-    ports = list(port) * len(host) if len(port) == 1 else list(port) or [None] * len(host)
-    if url:
-        u = urlparse(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise InputError(f"--url {url!r}: expected http://HOST:PORT")
-        if u.username or u.password:
-            raise InputError("--url must not carry credentials; use --api-key-env")
-        if not _is_local(url):
-            err.print(f"[yellow]note:[/] {u.hostname} is not this machine: the traces must appear in "
-                      f"{remote_dir} here (shared storage), else use --host")
-        endpoints = [Endpoint(url=url)]
-    else:
-        endpoints = [
-            Endpoint(target=parse_target(
-                h, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None, jump=jump,
-                known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new_host_key,
-                timeout=connect_timeout,
-            ), port=p)
-            for h, p in zip(host, ports)
-        ]
-    if out is None:
-        out = _paths.resolve(Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InputError(f"--out {out} exists and is not empty: pick a new folder")
     if output_len < 2:
         raise InputError("--output-len must be at least 2 (decode steps need generated tokens)")
     if profile_prefix is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._]{0,63}", profile_prefix):
         raise InputError(f"--profile-prefix {profile_prefix!r}: letters, digits, '.' and '_' only (up to 64)")
     opts = TraceOptions(
-        port=30000, steps=steps, engine=engine, concurrency=concurrency, input_len=input_len,
+        port=30000, steps=steps, engine=eng.name, concurrency=concurrency, input_len=input_len,
         output_len=output_len, timeout=timeout, api_key=api_key, remote_dir=remote_dir,
         profile_dir=profile_dir, keep_remote=keep_remote, bench_requests=bench, by_stage=by_stage,
         profile_prefix=profile_prefix, gpu_only=gpu_only, python=python, host_timing=not no_host_timing,
         http_timeout=http_timeout, analyse_on_host="analyse" if analyse_on_host else "",
         analysis_timeout=analysis_timeout,
     )
+    eng.check_options(opts)
+    endpoints = _endpoints(host, url, port, ssh, remote_dir, err)
+    if out is None:
+        out = _paths.resolve(Path(f"perfscope-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
+        assert out is not None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"--out {out} exists and is not empty: pick a new folder")
     if analyse_on_host and not keep_remote:
         err.print("note: --analyse-on-host keeps the traces on the host (--keep-remote implied); "
                   "perfscope trace --fetch RUN copies them later", markup=False, highlight=False)
@@ -241,11 +203,43 @@ def command(
     from perfscope.errors import redact
 
     log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731  (no key in any line)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
+    with _progress(err) as prog:
         results = trace(endpoints, opts, out, command=argv, log=log, progress=prog)
-    info = rundir.read_run(out)
-    summary = {
+    _report(rundir.read_run(out), out, results, analyse_on_host, json_out)
+    return 0
+
+
+def _endpoints(host: list[str], url: str | None, port: list[int], ssh: _options.SSHOptions, remote_dir: str,
+               err: Console) -> list[Endpoint]:
+    """Where to trace: each --host with its --port (one for all, or one each), or the --url."""
+    from perfscope.capture.trace import Endpoint
+
+    if port and any(not 0 < p < 65536 for p in port):
+        raise InputError(f"--port {port}: expected port numbers 1-65535")
+    if url and port:
+        raise InputError("--port goes with --host; with --url the port is in the URL")
+    if len(port) > 1 and len(port) != len(host):
+        raise InputError(f"{len(port)} --port values for {len(host)} --host: give one --port for all hosts, "
+                         "or one per --host in the same order")
+    if url:
+        url = _options.server_url(url)
+        if not _options.is_local(url):
+            err.print(f"[yellow]note:[/] {urlparse(url).hostname} is not this machine: the traces must appear in "
+                      f"{remote_dir} here (shared storage), else use --host")
+        return [Endpoint(url=url)]
+    ports: list[int | None] = [*port] * len(host) if len(port) == 1 else [*port] if port else [None] * len(host)
+    return [Endpoint(target=ssh.target(h), port=p) for h, p in zip(host, ports)]
+
+
+def _progress(err: Console) -> Progress:
+    """The copy's progress bars, on a terminal only."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    console=err, transient=not err.is_terminal, disable=not err.is_terminal)
+
+
+def _report(info: RunInfo, out: Path, results: list[HostResult], analyse_on_host: bool, json_out: bool) -> None:
+    """The run summary: JSON on stdout, or the run folder, what it holds and the next command."""
+    summary: dict[str, Any] = {
         "run_dir": str(out),
         "hosts": info.hosts,
         "files": [{"path": f.rel, "bytes": f.bytes, "sha256": f.sha256, "rank": f.rank, "stage": f.stage}
@@ -258,45 +252,40 @@ def command(
         summary["analysis"] = [m.data.get("analysis") for m in (info.members or [info])]
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-    else:
-        t = summary["timings"] if len(results) == 1 else {}
-        extra = ""
-        if t.get("ttft_ms") is not None and t.get("tpot_ms") is not None:
-            extra = f"  (under the profiler: TTFT {t['ttft_ms']:.1f} ms, TPOT {t['tpot_ms']:.2f} ms)"
-        b = t.get("bench") or {}
-        if b.get("tpot_ms") is not None:
-            extra += f"\nwithout the profiler: TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms (bench.json)"
-        what = (f"{len(info.data.get('remote_files') or [])} trace file(s) analysed on the host, left there"
-                if analyse_on_host else f"{len(info.files)} trace file(s)")
-        Console(soft_wrap=True).print(f"run folder: {out}  {what}{extra}\nnext: perfscope diagnose {out}",
-                        markup=False, highlight=False)
-    return 0
+        return
+    t = summary["timings"] if len(results) == 1 else {}
+    extra = ""
+    if t.get("ttft_ms") is not None and t.get("tpot_ms") is not None:
+        extra = f"  (under the profiler: TTFT {t['ttft_ms']:.1f} ms, TPOT {t['tpot_ms']:.2f} ms)"
+    b = t.get("bench") or {}
+    if b.get("tpot_ms") is not None:
+        extra += f"\nwithout the profiler: TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms (bench.json)"
+    what = (f"{len(info.data.get('remote_files') or [])} trace file(s) analysed on the host, left there"
+            if analyse_on_host else f"{len(info.files)} trace file(s)")
+    Console(soft_wrap=True).print(f"run folder: {out}  {what}{extra}\nnext: perfscope diagnose {out}",
+                                  markup=False, highlight=False)
 
 
-def _fetch(run_dir: Path, err, *, ssh_user, ssh_port, identity, jump, known_hosts, accept_new, timeout,
-           json_out: bool) -> int:
+def _fetch(run_dir: Path, err: Console, ssh: _options.SSHOptions, *, json_out: bool) -> int:
     """``--fetch RUN_DIR``: the traces an --analyse-on-host run left on its host(s), copied into it."""
     import contextlib
+    from typing import Iterator
 
     from perfscope.cluster.onhost import fetch as fetch_traces
     from perfscope.errors import redact
     from perfscope.remote.hostio import SSHHost
-    from perfscope.remote.ssh import connect, parse_target
+    from perfscope.remote.ssh import connect
 
     @contextlib.contextmanager
-    def connect_host(label):
-        target = parse_target(label, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None,
-                              jump=jump, known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new,
-                              timeout=timeout)
-        session = connect(target)
+    def connect_host(label: str) -> Iterator[SSHHost]:
+        session = connect(ssh.target(label))
         try:
             yield SSHHost(session)
         finally:
             session.close()
 
     log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=err, transient=not err.is_terminal, disable=not err.is_terminal) as prog:
+    with _progress(err) as prog:
         n = fetch_traces(run_dir, connect_host, say=log, progress=prog)
     if json_out:
         sys.stdout.write(json.dumps({"run_dir": str(run_dir), "bytes": n}) + "\n")

@@ -9,12 +9,14 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
-from perfscope.capture.load import TraceLoad
 from perfscope.capture.options import TraceOptions
-from perfscope.remote.hostio import HostIO, RemoteFile
-from perfscope.remote.sglang_api import SGLangClient
+
+if TYPE_CHECKING:  # the transport is imported where it is used: the CLI starts without paramiko
+    from perfscope.capture.load import TraceLoad
+    from perfscope.remote.hostio import HostIO, RemoteFile
+    from perfscope.remote.sglang_api import SGLangClient
 
 Say = Callable[[str], None]
 
@@ -62,6 +64,8 @@ class Engine:
 
     def client(self, url: str, *, api_key: str | None = None, timeout: float = 30.0) -> SGLangClient:
         """The engine's HTTP client (server info, profiler, streamed generate)."""
+        from perfscope.remote.sglang_api import SGLangClient
+
         return SGLangClient(url, api_key=api_key, timeout=timeout)
 
     def check_options(self, opts: TraceOptions) -> None:

@@ -4,13 +4,16 @@ the host, ``num_steps``, activities, by-stage files on 0.4.7+); the profile stop
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from perfscope.capture.engines.base import Engine, RemoteDir, Say, Server, version_tuple
 from perfscope.capture.options import TraceOptions
 from perfscope.capture.wait import expected_files
 from perfscope.errors import InputError, PerfscopeError, RemoteError
-from perfscope.remote.hostio import HostIO
-from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, profile_activities
+
+if TYPE_CHECKING:
+    from perfscope.remote.hostio import HostIO
+    from perfscope.remote.sglang_api import SGLangClient
 
 # how long a by-stage profile waits for requests to leave the server (perfscope's own, cut when the
 # host-timing profile's load stopped, leave within a step or two)
@@ -32,6 +35,8 @@ class SGLang(Engine):
         return expected_files(server.info, by_stage)
 
     def profile(self, opts: TraceOptions, server: Server, by_stage: bool) -> dict:
+        from perfscope.remote.sglang_api import profile_activities
+
         profile: dict = {"num_steps": opts.steps, "with_stack": opts.with_stack, "record_shapes": opts.record_shapes,
                          "activities": profile_activities(server.info, server.gpu)}
         if opts.gpu_only:
@@ -56,6 +61,8 @@ class SGLang(Engine):
         return RemoteDir(path, made=True)
 
     def refused(self, err: Exception, label: str) -> Exception | None:
+        from perfscope.remote.sglang_api import HTTPStatusError
+
         if not (isinstance(err, HTTPStatusError) and err.status == 500):
             return None
         # SGLang 0.5.x turns a refused start into a bare 500 (its log has the reason): nothing of

@@ -8,16 +8,17 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from perfscope.capture.engines.base import Engine, RemoteDir, Say, Server
-from perfscope.capture.load import TraceLoad
 from perfscope.capture.options import TraceOptions
 from perfscope.capture.wait import wait_vllm_steps
 from perfscope.errors import InputError, RemoteError
-from perfscope.remote.hostio import HostIO, RemoteFile
-from perfscope.remote.sglang_api import SGLangClient
-from perfscope.remote.vllm_api import VLLMClient
+
+if TYPE_CHECKING:
+    from perfscope.capture.load import TraceLoad
+    from perfscope.remote.hostio import HostIO, RemoteFile
+    from perfscope.remote.sglang_api import SGLangClient
 
 TABLES_DIR = "profiler_tables"  # in the run folder: the op tables of this profile
 
@@ -27,6 +28,8 @@ class VLLM(Engine):
     summary = "vllm (/v1/completions)"
 
     def client(self, url: str, *, api_key: str | None = None, timeout: float = 30.0) -> SGLangClient:
+        from perfscope.remote.vllm_api import VLLMClient
+
         return VLLMClient(url, api_key=api_key, timeout=timeout)
 
     def check_options(self, opts: TraceOptions) -> None:
