@@ -14,23 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from clirun import invoke
 from paths import GPU_LOOP, VLLM_CPU
 from perfscope.capture import engines
 from perfscope.capture.engines import Server
 from perfscope.capture.engines.vllm import TABLES_DIR
 from perfscope.capture.options import TraceOptions
-from perfscope.cli import main
 from perfscope.errors import EXIT_INPUT, InputError, RemoteError
 from perfscope.remote.hostio import LocalHost
 from perfscope.remote.sglang_api import SGLangClient, server_has_gpu
 from perfscope.remote.vllm_api import VLLMClient
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ei:
-        main(argv)
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
-
 
 RUNTIME_KEYS = ("remote_dir_kept", "started", "duration_s", "after_trace")  # the tracer's, not the engine's
 
@@ -60,8 +53,8 @@ def test_an_unknown_engine_is_a_bad_option_naming_the_choices():
 
 
 @pytest.mark.parametrize("command", [["bench", "--url", "http://127.0.0.1:1"], ["trace", "--url", "http://127.0.0.1:1"]])
-def test_the_commands_refuse_an_unknown_engine_before_reaching_a_server(command, capsys):
-    rc, _, err = run_cli([*command, "--engine", "trt"], capsys)
+def test_the_commands_refuse_an_unknown_engine_before_reaching_a_server(command):
+    rc, _, err = invoke(*command, "--engine", "trt")
     assert rc == 2 and "--engine trt: expected sglang or vllm" in err
 
 
