@@ -27,8 +27,9 @@ from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.terminal import _fmt_ms, op_where
+from perfscope.report.view import view
 from perfscope.report.wording import (evidence_pairs, gpu_arch, graph_word, ms_range,
-                                     prediction_basis, per_step_count as count, saving_note,
+                                     per_step_count as count,
                                      skipped_note)
 from perfscope.util.files import atomic_write_text, resource_dir
 
@@ -234,7 +235,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
     m = p.meta
     run = d.run or {}
     timings = d.timings
-    top = p.findings[0] if p.findings else None  # the verdict's finding, as the terminal and Markdown show it
+    v = view(d).top  # the verdict, as the terminal and Markdown show it
     gpus = run.get("gpu") or []
     return {
         "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)
@@ -254,8 +255,8 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
         "workload": run.get("workload") or {},
         "tpot_ms": timings.get("tpot_ms"),
         "ttft_ms": timings.get("ttft_ms"),
-        "top": top,
-        "top_fix": d.fix_command(top) if top else None,  # the verdict's fix command, as every renderer prints it
+        "top": v.finding if v else None,
+        "top_fix": v.fix if v else None,
         "cpu": p.steps.get("analysed_on") == "cpu-ops",  # a CPU-only trace: no GPU, no GPU idle
     }
 
@@ -290,7 +291,7 @@ def _env():
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value,
                        code=code_spans)
-    env.globals.update(saving_note=saving_note, skipped_note=skipped_note, prediction_basis=prediction_basis, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
+    env.globals.update(skipped_note=skipped_note, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
                        bucket_order=BUCKETS)
     return env
 
@@ -320,7 +321,7 @@ def render_diagnosis(d: Diagnosis, config: Optional[dict] = None, title: Optiona
     order = [b for b in BUCKETS if p.buckets.get(b, {}).get("ms_per_step")]
     name = title or (Path(d.ranks[0].file).name if len(d.ranks) == 1 else f"{len(d.ranks)} trace files")
     return _render("diagnosis.html.j2", data, d=d, p=p, h=_header(d, config), buckets_present=order,
-                   fix_command=d.fix_command,
+                   findings=view(d).findings,
                    timeline=data["diagnosis"]["timeline"], title=name, ranks_title=rank_labels(d.ranks)[1])
 
 

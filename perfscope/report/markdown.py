@@ -16,6 +16,7 @@ from perfscope.analysis.result import Diagnosis
 from perfscope.report import wording
 from perfscope.report.escape import csv_row, md_code as _code, md_text as _text
 from perfscope.report.terminal import op_where, share_of
+from perfscope.report.view import view
 from perfscope.util.files import atomic_write_text
 
 
@@ -27,27 +28,25 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     n = s.get("count", 0)
     out = [f"### perfscope diagnose: {_text(gpu)}, {n} {_text(s.get('phase'))} step{'s' if n != 1 else ''}, "
            f"median {wording.ms(s.get('median_ms'))} ms", ""]
-    if p.findings:
-        f = p.findings[0]
+    verdict = view(d).top
+    if verdict is not None:
+        f = verdict.finding
         line = (f"**Verdict: {_code(f.id)} {_text(f.title)}**: {wording.ms(f.ms_per_step)} ms per step "
                 f"({wording.pct(f.share)} of {share_of(f, cpu)}), confidence {f.confidence}.")
-        fc = d.fix_command(f)
+        fc = verdict.fix
         if fc is not None:
             line += f" Fix: {_code(fc.check)} (check + diff), then {_code(fc.apply)}."
             if fc.where:
                 line += f" ({fc.where[0].upper() + fc.where[1:]}.)"
         elif f.remedy:
             line += f" Remedy: {_text(f.remedy)}"
-        rng = f.predicted_range()
-        pred = f.predicted_step_ms_after_fix
-        if rng and pred and s.get("median_ms"):
-            basis = wording.prediction_basis(f)
-            line += (f" Predicted step after the fix: ~{wording.ms(pred)} ms"
-                     + (f" (range {wording.ms_range(rng)})" if rng[0] < rng[1] else "")
-                     + f", {s['median_ms'] / pred:.1f}x faster" + (f"; {basis}" if basis else "") + ".")
-            why = wording.saving_note(f, s.get("median_ms"))
-            if why:
-                line += f" ({_text(why[0].upper() + why[1:])}.)"
+        pr = verdict.prediction
+        if pr is not None and pr.speedup:
+            line += (f" Predicted step after the fix: ~{wording.ms(pr.step_ms)} ms"
+                     + (f" (range {wording.ms_range((pr.low, pr.high))})" if pr.ranged else "")
+                     + f", {pr.speedup:.1f}x faster" + (f"; {pr.basis}" if pr.basis else "") + ".")
+            if pr.saving:
+                line += f" ({_text(pr.saving[0].upper() + pr.saving[1:])}.)"
         out += [line, ""]
     else:
         out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
@@ -72,12 +71,12 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
                    f"{wording.per_step_count(o['count_per_step'])} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
     if p.findings:
         out += ["", "**Findings**", ""]
-        for f in p.findings:
+        for fv in view(d).findings:
+            f, pr = fv.finding, fv.prediction
             ev = wording.evidence_items({k: v for k, v in (f.evidence or {}).items() if k != "floor_step_ms"})
-            rng = f.predicted_range()
             out.append(f"- {_code(f.id)} {_text(f.title)}: {wording.ms(f.ms_per_step)} ms/step, "
                        f"{wording.pct(f.share)} of {share_of(f, cpu)}, confidence {f.confidence}"
-                       + (f"; predicted step after fix {wording.ms_range(rng)} ms" if rng else "") + ".  ")
+                       + (f"; predicted step after fix {wording.ms_range((pr.low, pr.high))} ms" if pr else "") + ".  ")
             out.append(f"  {_text(f.summary)}" + (f"  \n  Evidence: {'; '.join(_text(e) for e in ev)}." if ev else ""))
     if len(d.ranks) > 1:
         out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]

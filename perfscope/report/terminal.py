@@ -14,6 +14,7 @@ from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.report import wording
 from perfscope.report.escape import Console, markup as escape, term
+from perfscope.report.view import view
 from perfscope.report.textfit import BoundaryText, cut_name as _cut_name, fit_title as _fit_title, hanging
 
 BUCKET_STYLE = {"copy": "red", "gemm": "blue", "attention": "magenta", "communication": "yellow",
@@ -31,13 +32,6 @@ def _fmt_ms(x: Optional[float]) -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def fix_commands(d: Diagnosis, f: Finding) -> Optional[tuple[str, str]]:
-    """(check command, apply command) for a finding's fix module: :meth:`Diagnosis.fix_command`,
-    the one every renderer prints."""
-    fc = d.fix_command(f)
-    return (fc.check, fc.apply) if fc else None
 
 
 def share_of(f: Finding, cpu: bool = False) -> str:
@@ -73,15 +67,16 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
                 f"(what each means: perfscope rules).[/]"]
         return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
                      expand=False)
-    f = p.findings[0]
+    top = view(d).top
+    assert top is not None  # p.findings is not empty
+    f = top.finding
     body = head + [f"[bold red]{escape(f.id)}[/]  [bold]{escape(f.title)}[/]",
             f"costs [bold]{_fmt_ms(f.ms_per_step)} ms[/] per step ({wording.pct(f.share)} of {share_of(f, cpu)}), "
             f"confidence {f.confidence}"]
-    fc = d.fix_command(f)
-    cmds = fix_commands(d, f)
-    if fc is not None and cmds:
-        if _fits(cmds[0], width):
-            body.append(f"fix:   [bold green]{escape(cmds[0])}[/]")
+    fc = top.fix
+    if fc is not None:
+        if _fits(fc.check, width):
+            body.append(f"fix:   [bold green]{escape(fc.check)}[/]")
         else:
             body.append("fix:   [bold]the command under this box[/] [dim](one line, as long as it is)[/]")
         body.append("[dim]       (shows the diff, changes nothing; then add --apply)[/]")
@@ -89,21 +84,18 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
             body.append(f"[dim]       ({escape(fc.where_short)})[/]")
     elif f.remedy:
         body.append(f"remedy: {escape(f.remedy)}")
-    pred = f.predicted_step_ms_after_fix
+    pred, pr = f.predicted_step_ms_after_fix, top.prediction
     if pred is not None and pred <= 0:  # a step of nothing is no prediction (the finding's time >= the step)
         body.append("[dim]after: no prediction (the finding's time is the whole measured step)[/]")
-    elif pred is not None and step_ms:
-        lo, hi = f.predicted_range() or (pred, pred)
-        fast = step_ms / pred >= 1.05
-        speed = f" ({step_ms / pred:.1f}x faster)" if fast else ""
-        rng = f" ({wording.ms_range((lo, hi))})" if lo < hi else ""
-        body.append(f"after: [bold green]~{_fmt_ms(pred)} ms[/] per step predicted{rng}, from {_fmt_ms(step_ms)} ms{speed}")
-        basis = wording.prediction_basis(f)
-        if basis and ((f.evidence or {}).get("prediction") or {}).get("bound") == "host":
-            body.append(f"[dim]       ({basis})[/]")  # host-bound: what the point is made of
-        why = wording.saving_note(f, step_ms)
-        if why:
-            body.append(f"[dim]       ({escape(why)})[/]")
+    elif pr is not None and pr.speedup:
+        speed = f" ({pr.speedup:.1f}x faster)" if pr.speedup >= 1.05 else ""
+        rng = f" ({wording.ms_range((pr.low, pr.high))})" if pr.ranged else ""
+        body.append(f"after: [bold green]~{_fmt_ms(pr.step_ms)} ms[/] per step predicted{rng}, "
+                    f"from {_fmt_ms(pr.from_ms)} ms{speed}")
+        if pr.basis and pr.bound == "host":
+            body.append(f"[dim]       ({pr.basis})[/]")  # host-bound: what the point is made of
+        if pr.saving:
+            body.append(f"[dim]       ({escape(pr.saving)})[/]")
     if len(p.findings) > 1:
         body.append("[dim]also: " + ", ".join(f"{escape(x.id)} ({_fmt_ms(x.ms_per_step)} ms)" for x in p.findings[1:]) + "[/]")
     # a line that wraps keeps its indent (the fix's notes under "fix:", the prediction under "after:")
@@ -121,24 +113,17 @@ def _fits(cmd: str, width: Optional[int]) -> bool:
 
 def long_finding_commands(d: Diagnosis, width: Optional[int]) -> list[tuple[str, str]]:
     """(finding id, fix command) for each finding whose command :func:`findings_panel` leaves out."""
-    out = []
-    for f in d.primary.findings:
-        cmds = fix_commands(d, f)
-        if cmds and not _fits(cmds[0], width):
-            out.append((f.id, cmds[0]))
-    return out
+    return [(fv.finding.id, fv.fix.check) for fv in view(d).findings
+            if fv.fix is not None and not _fits(fv.fix.check, width)]
 
 
 def long_fix_command(d: Diagnosis, width: Optional[int]) -> Optional[str]:
     """The top finding's fix command when it is too wide for the verdict panel at ``width`` columns
     (printed under the panel as one unwrapped line, so that it pastes as it is), else None."""
-    p = d.primary
-    if width is None or not p.findings:
+    top = view(d).top
+    if width is None or top is None or top.fix is None or _fits(top.fix.check, width):
         return None
-    cmds = fix_commands(d, p.findings[0])
-    if not cmds or _fits(cmds[0], width):
-        return None
-    return cmds[0]
+    return top.fix.check
 
 
 def facts(d: Diagnosis) -> list[str]:
@@ -254,28 +239,26 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
     if not p.findings:
         return None
     parts: list[Group | Text] = []
-    for f in p.findings:
-        pred = f.predicted_step_ms_after_fix
+    for fv in view(d).findings:
+        f, pr, fc = fv.finding, fv.prediction, fv.fix
         head = Text.assemble((f"[{term(f.id)}] ", "bold red"), (term(f.title), "bold"),
                              f"  {_fmt_ms(f.ms_per_step)} ms/step, {wording.pct(f.share)} of {share_of(f, cpu)}, "
                              f"confidence {f.confidence}")
         lines = [head, Text(term(f.summary))]
-        if pred is not None and pred > 0:
+        if pr is not None:
             fl = (f.evidence or {}).get("floor_step_ms")
-            model = (f.evidence or {}).get("prediction") or {}
-            rng = model.get("range_ms")
-            rng = f"; range {_fmt_ms(rng[0])}-{_fmt_ms(rng[1])} ms" if rng and rng[0] != rng[1] else ""
-            lines.append(Text(f"predicted step after fix: {_fmt_ms(pred)} ms"
+            rng = f"; range {_fmt_ms(pr.low)}-{_fmt_ms(pr.high)} ms" if pr.ranged else ""
+            lines.append(Text(f"predicted step after fix: {_fmt_ms(pr.step_ms)} ms"
                               + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(
-                                  str(model.get("bound")), "")
-                              + (f"  (floor {_fmt_ms(fl)} ms: {pred / fl:.1f}x above it)" if fl else ""), style="green"))
-        cmds = fix_commands(d, f)
-        if cmds and _fits(cmds[0], width):
-            lines.append(Text.assemble(("fix: ", "bold"), (term(cmds[0]), "bold green"), ("  (check + diff; then add --apply)", "dim")))
-        elif cmds:
+                                  str(pr.bound), "")
+                              + (f"  (floor {_fmt_ms(fl)} ms: {pr.step_ms / fl:.1f}x above it)" if fl else ""),
+                              style="green"))
+        if fc is not None and _fits(fc.check, width):
+            lines.append(Text.assemble(("fix: ", "bold"), (term(fc.check), "bold green"), ("  (check + diff; then add --apply)", "dim")))
+        elif fc is not None:
             lines.append(Text.assemble(("fix: ", "bold"), ("under this box, one line", "bold"),
                                        ("  (check + diff; then add --apply)", "dim")))
-        if f.remedy and not cmds:
+        if f.remedy and fc is None:
             lines.append(Text.assemble(("remedy: ", "bold"), term(f.remedy)))
         ev = {k: v for k, v in (f.evidence or {}).items() if k != "floor_step_ms"}
         items = wording.evidence_items(ev)
