@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import need
+from clirun import invoke
 
 from perfscope import rundir
-from perfscope.cli import main
 from perfscope.load.reader import parse
 from perfscope.remote.sglang_api import SGLangClient
 from net import StubHandler
@@ -28,13 +28,6 @@ from sshd import free_port, keygen, public_line
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("no_agent")
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ei:
-        main(argv)
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
 
 
 def ssh_args(sshd, known_hosts=None):
@@ -73,14 +66,13 @@ def repro_server(tmp_path_factory):
         proc.kill()
 
 
-def test_trace_end_to_end_through_sshd(sshd, repro_server, tmp_path, capsys, monkeypatch):
+def test_trace_end_to_end_through_sshd(sshd, repro_server, tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     kh = tmp_path / "known_hosts"  # unknown host, recorded by --accept-new-host-key
     out = tmp_path / "run"
-    rc, stdout, err = run_cli(
-        ["trace", *ssh_args(sshd, kh), "--accept-new-host-key", "--port", str(repro_server), "--steps", "4",
+    rc, stdout, err = invoke("trace", *ssh_args(sshd, kh), "--accept-new-host-key", "--port", str(repro_server), "--steps", "4",
          "--input-len", "16", "--output-len", "24", "--api-key-env", "REPRO_KEY", "--timeout", "120",
-         "--out", str(out), "--json"], capsys)
+         "--out", str(out), "--json")
     assert rc == 0, err
     assert "s3cret" not in stdout + err
     assert kh.read_text() == sshd.host_key_line
@@ -105,46 +97,45 @@ def test_trace_end_to_end_through_sshd(sshd, repro_server, tmp_path, capsys, mon
     assert not Path(info.profile["output_dir"]).exists()
 
 
-def test_trace_refuses_unknown_host_key(sshd, repro_server, tmp_path, capsys):
+def test_trace_refuses_unknown_host_key(sshd, repro_server, tmp_path):
     kh = tmp_path / "kh"
     kh.write_text("")
-    rc, _, err = run_cli(["trace", *ssh_args(sshd, kh), "--port", str(repro_server), "--out", str(tmp_path / "r")],
-                         capsys)
+    rc, _, err = invoke("trace", *ssh_args(sshd, kh), "--port", str(repro_server), "--out", str(tmp_path / "r"))
     assert rc == 3 and "not in" in err and "--accept-new-host-key" in err
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
-def test_trace_refuses_changed_host_key(sshd, repro_server, tmp_path, capsys):
+def test_trace_refuses_changed_host_key(sshd, repro_server, tmp_path):
     kh = tmp_path / "kh"
     other = keygen(tmp_path / "other")
     kh.write_text(f"[127.0.0.1]:{sshd.port} {public_line(other)}\n")
-    rc, _, err = run_cli(["trace", *ssh_args(sshd, kh), "--accept-new-host-key", "--port", str(repro_server),
-                          "--out", str(tmp_path / "r")], capsys)
+    rc, _, err = invoke("trace", *ssh_args(sshd, kh), "--accept-new-host-key", "--port", str(repro_server),
+                          "--out", str(tmp_path / "r"))
     assert rc == 3 and "CHANGED" in err and "attack" in err
 
 
-def test_trace_wrong_user_key(sshd, repro_server, tmp_path, capsys):
+def test_trace_wrong_user_key(sshd, repro_server, tmp_path):
     wrong = keygen(tmp_path / "wrong")
     args = ssh_args(sshd)
     args[args.index("--identity") + 1] = str(wrong)
-    rc, _, err = run_cli(["trace", *args, "--port", str(repro_server), "--out", str(tmp_path / "r")], capsys)
+    rc, _, err = invoke("trace", *args, "--port", str(repro_server), "--out", str(tmp_path / "r"))
     assert rc == 3 and "authentication" in err and "refused" in err
 
 
-def test_trace_server_down(sshd, tmp_path, capsys):
+def test_trace_server_down(sshd, tmp_path):
     port = free_port()  # nothing listens there on the host
-    rc, _, err = run_cli(["trace", *ssh_args(sshd), "--port", str(port), "--out", str(tmp_path / "r")], capsys)
+    rc, _, err = invoke("trace", *ssh_args(sshd), "--port", str(port), "--out", str(tmp_path / "r"))
     assert rc == 3 and f"nothing answers on 127.0.0.1:{port}" in err
     assert "Traceback" not in err
 
 
-def test_trace_bad_options(tmp_path, capsys, monkeypatch):
-    rc, _, err = run_cli(["trace", "--out", str(tmp_path / "r")], capsys)
+def test_trace_bad_options(tmp_path, monkeypatch):
+    rc, _, err = invoke("trace", "--out", str(tmp_path / "r"))
     assert rc == 2 and "--host" in err
     monkeypatch.delenv("NOPE_KEY", raising=False)
-    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--api-key-env", "NOPE_KEY"], capsys)
+    rc, _, err = invoke("trace", "--url", "http://127.0.0.1:1", "--api-key-env", "NOPE_KEY")
     assert rc == 2 and "NOPE_KEY" in err
-    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--engine", "vllm"], capsys)
+    rc, _, err = invoke("trace", "--url", "http://127.0.0.1:1", "--engine", "vllm")
     assert rc == 2 and "--profile-dir" in err
 
 
@@ -201,17 +192,17 @@ def stuck_server():
     httpd.shutdown()
 
 
-def test_profile_that_never_completes(sshd, stuck_server, tmp_path, capsys):
+def test_profile_that_never_completes(sshd, stuck_server, tmp_path):
     port, calls = stuck_server
     t0 = time.monotonic()
-    rc, _, err = run_cli(["trace", *ssh_args(sshd), "--port", str(port), "--timeout", "3", "--steps", "2",
-                          "--output-len", "8", "--input-len", "4", "--out", str(tmp_path / "r")], capsys)
+    rc, _, err = invoke("trace", *ssh_args(sshd), "--port", str(port), "--timeout", "3", "--steps", "2",
+                          "--output-len", "8", "--input-len", "4", "--out", str(tmp_path / "r"))
     assert rc == 3 and "did not complete within 3s" in err and "profiler was stopped" in err
     assert time.monotonic() - t0 < 60
     assert "/start_profile" in calls and calls.index("/stop_profile") > calls.index("/start_profile")
 
 
-def test_one_host_failing_stops_the_others_profiles(sshd, stuck_server, tmp_path, capsys, monkeypatch):
+def test_one_host_failing_stops_the_others_profiles(sshd, stuck_server, tmp_path, monkeypatch):
     # host 1: the stuck server (armed, waiting up to --timeout 60); host 2 points at a port where
     # no SSH server listens. host 2's failure must end the run well
     # before host 1's timeout, and whatever host 1 armed must be stopped.
@@ -219,24 +210,22 @@ def test_one_host_failing_stops_the_others_profiles(sshd, stuck_server, tmp_path
     good = f"{sshd.user}@127.0.0.1:{sshd.port}"
     bad = f"127.0.0.1:{free_port()}"  # no SSH server there
     t0 = time.monotonic()
-    rc, _, err = run_cli(["trace", "--host", good, "--host", bad, "--identity", str(sshd.user_key), "--known-hosts",
+    rc, _, err = invoke("trace", "--host", good, "--host", bad, "--identity", str(sshd.user_key), "--known-hosts",
                           str(sshd.known_hosts), "--port", str(port), "--timeout", "60",
-                          "--output-len", "8", "--input-len", "4", "--out", str(tmp_path / "r")], capsys)
+                          "--output-len", "8", "--input-len", "4", "--out", str(tmp_path / "r"))
     assert rc == 3 and "unreachable" in err
     assert time.monotonic() - t0 < 45
     if "/start_profile" in calls:
         assert calls.index("/stop_profile") > calls.index("/start_profile")
 
 
-def test_a_long_output_len_does_not_hold_the_trace(repro_server, tmp_path, capsys, monkeypatch):
+def test_a_long_output_len_does_not_hold_the_trace(repro_server, tmp_path, monkeypatch):
     """The load stops once the traces are complete: a request still streaming then is cut, and its
     tokens are timed (TTFT, TPOT) without waiting for the rest of its --output-len."""
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
-    rc, stdout, err = run_cli(
-        ["trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "4", "--input-len", "16",
-         "--output-len", "4000", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out), "--json"],
-        capsys)
+    rc, stdout, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "4", "--input-len", "16",
+         "--output-len", "4000", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out), "--json")
     assert rc == 0, err
     info = rundir.read_run(out, verify=True)
     t = info.timings
@@ -246,16 +235,15 @@ def test_a_long_output_len_does_not_hold_the_trace(repro_server, tmp_path, capsy
     assert info.workload["output_len"] == 4000 and len(info.files) >= 1
 
 
-def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, capsys, monkeypatch):
+def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, monkeypatch):
     """--bench N: before the profiler is armed (a GPU trace leaves CUPTI attached to the server), the
     same workload is measured with no profiler running and stored in the run folder; diagnose then
     reports that TPOT, not the profiled one."""
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
-    rc, stdout, err = run_cli(
-        ["trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
+    rc, stdout, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
          "--output-len", "8", "--bench", "2", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out),
-         "--json"], capsys)
+         "--json")
     assert rc == 0, err
     assert "without the profiler" in err
     assert err.index("measuring without the profiler first") < err.index("profiler armed")
@@ -264,13 +252,13 @@ def test_trace_with_bench_measures_without_the_profiler(repro_server, tmp_path, 
     t = rundir.read_run(out).timings
     assert t["bench"]["tpot_ms"] == bench["tpot_ms"] and t["tpot_ms"] > 0  # both kept
     assert json.loads(stdout)["timings"]["bench"]["tpot_ms"] == bench["tpot_ms"]
-    rc, dout, err = run_cli(["diagnose", str(out), "--json"], capsys)
+    rc, dout, err = invoke("diagnose", str(out), "--json")
     assert rc == 0, err
     timing = json.loads(dout)["run"]["timings"]
     assert timing["bench"]["tpot_ms"] == bench["tpot_ms"]
 
 
-def test_a_busy_server_is_not_profiled_by_stage(repro_server, tmp_path, capsys, monkeypatch):
+def test_a_busy_server_is_not_profiled_by_stage(repro_server, tmp_path, monkeypatch):
     """SGLang starts a by-stage profile's DECODE file at the first decode batch and its EXTEND file at
     the first prefill: on a server already decoding, the DECODE file starts first, a later prefill
     starts a second profiler over it, and the EXTEND file never comes (SGLang 0.5.13 on the H200: the
@@ -296,11 +284,11 @@ def test_a_busy_server_is_not_profiled_by_stage(repro_server, tmp_path, capsys, 
         assert other.requests_in_server() >= 1, (len(seen), th.is_alive())
         common = ["--url", url, "--steps", "3", "--input-len", "16", "--output-len", "8",
                   "--api-key-env", "REPRO_KEY", "--timeout", "120"]
-        rc, _, err = run_cli(["trace", *common, "--by-stage", "--out", str(tmp_path / "refused")], capsys)
+        rc, _, err = invoke("trace", *common, "--by-stage", "--out", str(tmp_path / "refused"))
         assert rc == 2 and "--by-stage:" in err and "request(s)" in " ".join(err.split()), err
         assert "profiler armed" not in err and not (tmp_path / "refused" / "run.json").exists()
         out = tmp_path / "busy"
-        rc, _, err = run_cli(["trace", *common, "--out", str(out)], capsys)
+        rc, _, err = invoke("trace", *common, "--out", str(out))
         assert rc == 0, err
         assert "request(s) in the server: profiling 3 forward steps in one file per rank" in " ".join(err.split())
         names = [Path(f.path).name for f in rundir.read_run(out, verify=True).files]
@@ -312,14 +300,14 @@ def test_a_busy_server_is_not_profiled_by_stage(repro_server, tmp_path, capsys, 
     while other.requests_in_server() and time.monotonic() < deadline:
         time.sleep(0.05)
     out = tmp_path / "idle"
-    rc, _, err = run_cli(["trace", *common, "--out", str(out)], capsys)
+    rc, _, err = invoke("trace", *common, "--out", str(out))
     assert rc == 0, err
     names = sorted(Path(f.path).name.rsplit("-", 1)[1] for f in rundir.read_run(out).files)
     assert names == ["DECODE.trace.json.gz", "EXTEND.trace.json.gz"], names
 
 
 @pytest.mark.parametrize("columns", ["80", "200"])
-def test_the_run_folder_and_the_next_command_are_one_line_each(repro_server, tmp_path, capsys, monkeypatch, columns):
+def test_the_run_folder_and_the_next_command_are_one_line_each(repro_server, tmp_path, monkeypatch, columns):
     """Piped (a log), at 80 and 200 columns: trace's last lines name the run folder and the next
     command (perfscope diagnose RUN) whole, each on one line, however deep the folder (at 80 columns
     the command was folded inside the path)."""
@@ -327,9 +315,8 @@ def test_the_run_folder_and_the_next_command_are_one_line_each(repro_server, tmp
     monkeypatch.setenv("COLUMNS", columns)
     out = tmp_path / "a-rather-long-folder-name-for-the-runs" / "with-another-long-subfolder-name" / "run-one"
     assert len(f"next: perfscope diagnose {out}") > 80
-    rc, stdout, err = run_cli(
-        ["trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
-         "--output-len", "8", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out)], capsys)
+    rc, stdout, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
+         "--output-len", "8", "--api-key-env", "REPRO_KEY", "--timeout", "120", "--out", str(out))
     assert rc == 0, err
     lines = stdout.splitlines()
     assert f"next: perfscope diagnose {out}" in lines, stdout

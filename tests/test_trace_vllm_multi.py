@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from clirun import invoke
 from perfscope import rundir
-from perfscope.cli import main
 from perfscope.load.reader import parse
 from perfscope.remote.vllm_api import VLLMClient, parse_cache_config
 from reproserver import start_repro
@@ -30,15 +30,8 @@ pytestmark = pytest.mark.usefixtures("no_agent")
 VLLM_NAME = re.compile(r"^[^/]+_\d+\.\d{16,}\.pt\.trace\.json(\.gz)?$")  # torch's tensorboard_trace_handler
 
 
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ei:
-        main(argv)
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
-
-
-def diagnose_json(run_dir: Path, capsys) -> dict:
-    rc, out, err = run_cli(["diagnose", str(run_dir), "--json", "--workers", "1"], capsys)
+def diagnose_json(run_dir: Path) -> dict:
+    rc, out, err = invoke("diagnose", str(run_dir), "--json", "--workers", "1")
     assert rc == 0, err
     return json.loads(out)
 
@@ -55,7 +48,7 @@ def vllm_server(tmp_path_factory):
         yield url, d, stale
 
 
-def _check_vllm_run(out: Path, profile_dir: Path, stale: Path, capsys) -> None:
+def _check_vllm_run(out: Path, profile_dir: Path, stale: Path) -> None:
     info = rundir.read_run(out, verify=True)
     assert info.engine == "vllm"
     assert info.server_info["engine"] == "vllm" and info.server_info["kv_cache_dtype"] == "fp8_e4m3"
@@ -69,7 +62,7 @@ def _check_vllm_run(out: Path, profile_dir: Path, stale: Path, capsys) -> None:
     assert parse(raw, f.rel).meta.events > 0  # a complete Kineto trace
     # the copied trace was removed from the server's dir; the one that was there before was not touched
     assert not (profile_dir / f.path.name).exists() and stale.exists()
-    d = diagnose_json(out, capsys)
+    d = diagnose_json(out)
     assert "fp8-kv-cast" in [x["id"] for x in d["findings"]]
     assert d["run"]["engine"] == "vllm"
     assert not any("RECORD_SHAPES" in n for n in d["notes"])  # shapes were recorded: no hint
@@ -91,11 +84,11 @@ def test_vllm_client_reads_config(vllm_server):
         "block_size": "16", "cache_dtype": "fp8"}
 
 
-def test_bench_vllm(vllm_server, tmp_path, capsys):
+def test_bench_vllm(vllm_server, tmp_path):
     url, _, _ = vllm_server
     out = tmp_path / "b"
-    rc, stdout, err = run_cli(["bench", "--url", url, "--engine", "vllm", "--input-len", "8", "--output-len", "6",
-                               "--num-requests", "2", "--warmup", "1", "--out", str(out), "--json"], capsys)
+    rc, stdout, err = invoke("bench", "--url", url, "--engine", "vllm", "--input-len", "8", "--output-len", "6",
+                               "--num-requests", "2", "--warmup", "1", "--out", str(out), "--json")
     assert rc == 0, err
     d = json.loads(stdout)
     assert d["requests"] == 2 and d["failed"] == 0 and d["tpot_ms"] > 0
@@ -104,32 +97,32 @@ def test_bench_vllm(vllm_server, tmp_path, capsys):
     assert run.engine == "vllm" and run.data["kind"] == "bench" and "--engine" in run.data["command"]
 
 
-def test_trace_vllm_url_end_to_end(vllm_server, tmp_path, capsys):
+def test_trace_vllm_url_end_to_end(vllm_server, tmp_path):
     url, pdir, stale = vllm_server
     out = tmp_path / "run"
-    rc, stdout, err = run_cli(["trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
+    rc, stdout, err = invoke("trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
                                "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out),
-                               "--json"], capsys)
+                               "--json")
     assert rc == 0, err
     assert "stopping the profiler" in err
-    _check_vllm_run(out, pdir, stale, capsys)
+    _check_vllm_run(out, pdir, stale)
 
 
-def test_trace_vllm_through_sshd(sshd, vllm_server, tmp_path, capsys):
+def test_trace_vllm_through_sshd(sshd, vllm_server, tmp_path):
     url, pdir, stale = vllm_server
     port = url.rsplit(":", 1)[1]
     out = tmp_path / "run"
-    rc, _, err = run_cli(["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+    rc, _, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
                           "--identity", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts),
                           "--port", port, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
-                          "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out)], capsys)
+                          "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out))
     assert rc == 0, err
     info = rundir.read_run(out)
     assert info.host == f"{sshd.user}@127.0.0.1:{sshd.port}" and info.versions.get("torch")
-    _check_vllm_run(out, pdir, stale, capsys)
+    _check_vllm_run(out, pdir, stale)
 
 
-def test_trace_vllm_plain_json_through_sshd(sshd, tmp_path, capsys):
+def test_trace_vllm_plain_json_through_sshd(sshd, tmp_path):
     """vLLM with its profiler's gzip off (VLLM_TORCH_PROFILER_USE_GZIP=0, which saves the server the
     compression): plain ``.pt.trace.json`` files are waited for (complete when the JSON closes),
     copied, hash-checked and diagnosed like gzipped ones."""
@@ -141,19 +134,19 @@ def test_trace_vllm_plain_json_through_sshd(sshd, tmp_path, capsys):
                      env={"VLLM_TORCH_PROFILER_RECORD_SHAPES": "1", "VLLM_TORCH_PROFILER_USE_GZIP": "0"},
                      log_dir=tmp_path) as (url, _):
         out = tmp_path / "run"
-        rc, _, err = run_cli(["trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+        rc, _, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
                               "--identity", str(sshd.user_key), "--known-hosts", str(sshd.known_hosts),
                               "--port", url.rsplit(":", 1)[1], "--engine", "vllm", "--profile-dir", str(pdir),
                               "--steps", "4", "--input-len", "16", "--output-len", "24", "--timeout", "60",
-                              "--out", str(out)], capsys)
+                              "--out", str(out))
         assert rc == 0, err
     (f,) = rundir.read_run(out).files
     assert f.path.name.endswith(".pt.trace.json"), f.path.name
-    _check_vllm_run(out, pdir, stale, capsys)
+    _check_vllm_run(out, pdir, stale)
 
 
 @pytest.mark.slow
-def test_trace_vllm_two_ranks(tmp_path, capsys):
+def test_trace_vllm_two_ranks(tmp_path):
     """vLLM with tensor parallelism: one trace per worker, named {hostname}_{pid} (no rank in the
     name); /stop_profile replies once both are written. Both come back, and diagnose tells the
     ranks apart by the traces' own distributedInfo."""
@@ -161,14 +154,13 @@ def test_trace_vllm_two_ranks(tmp_path, capsys):
     with start_repro("--api", "vllm", "--tp-size", "2", "--mlp-size", "128", "--torch-profiler-dir", str(pdir),
                      env={"VLLM_TORCH_PROFILER_RECORD_SHAPES": "1"}, log_dir=tmp_path) as (url, _):
         out = tmp_path / "run"
-        rc, _, err = run_cli(["trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
-                              "--input-len", "16", "--output-len", "24", "--timeout", "90", "--out", str(out)],
-                             capsys)
+        rc, _, err = invoke("trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
+                              "--input-len", "16", "--output-len", "24", "--timeout", "90", "--out", str(out))
         assert rc == 0, err
     files = rundir.read_run(out, verify=True).files
     assert len(files) == 2 and all(VLLM_NAME.match(f.path.name) for f in files), [f.path.name for f in files]
     assert len({f.path.name.split(".")[0] for f in files}) == 2  # one worker (pid) each
-    d = diagnose_json(out, capsys)
+    d = diagnose_json(out)
     ranks = sorted(r["rank"] for r in d["ranks"])
     assert ranks == [0, 1], ranks  # from distributedInfo: the names carry no rank
     for r in d["ranks"]:
@@ -178,16 +170,16 @@ def test_trace_vllm_two_ranks(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path, capsys):
+def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path):
     """vLLM records no shapes by default. On a trace without GPU kernels the cast cannot be sized
     or typed then: no finding is guessed, and a note says which setting brings the evidence."""
     pdir = tmp_path / "profiles"
     with start_repro("--api", "vllm", "--torch-profiler-dir", str(pdir), log_dir=tmp_path) as (url, _):
         out = tmp_path / "run"
-        rc, _, err = run_cli(["trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
-                              "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out)], capsys)
+        rc, _, err = invoke("trace", "--url", url, "--engine", "vllm", "--profile-dir", str(pdir), "--steps", "4",
+                              "--input-len", "16", "--output-len", "24", "--timeout", "60", "--out", str(out))
         assert rc == 0, err
-    d = diagnose_json(out, capsys)
+    d = diagnose_json(out)
     ids = {f["id"] for f in d["findings"]}
     # the cast is not guessed; a slow step on a busy CPU may be reported as warm-up (measured, not guessed)
     assert "fp8-kv-cast" not in ids and ids <= {"warmup-in-window"}, ids
@@ -196,16 +188,16 @@ def test_trace_vllm_without_shapes_says_what_is_missing(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_trace_vllm_without_profiler_dir(tmp_path, capsys):
+def test_trace_vllm_without_profiler_dir(tmp_path):
     # a vLLM server started without a torch profiler dir has no /start_profile: a clear message
     with start_repro("--api", "vllm", log_dir=tmp_path) as (url, _):
-        rc, _, err = run_cli(["trace", "--url", url, "--engine", "vllm", "--profile-dir", str(tmp_path / "p"),
+        rc, _, err = invoke("trace", "--url", url, "--engine", "vllm", "--profile-dir", str(tmp_path / "p"),
                               "--steps", "2", "--output-len", "8", "--input-len", "4", "--timeout", "20",
-                              "--out", str(tmp_path / "r")], capsys)
+                              "--out", str(tmp_path / "r"))
     assert rc == 3 and "VLLM_TORCH_PROFILER_DIR" in err and "Traceback" not in err
 
 
-def test_trace_two_hosts_end_to_end(sshd, tmp_path, capsys):
+def test_trace_two_hosts_end_to_end(sshd, tmp_path):
     """One sshd under two names, two repro servers: both hosts traced in parallel, one folder each."""
     kh = tmp_path / "known_hosts"
     key = sshd.host_key_line.split(" ", 1)[1]
@@ -213,11 +205,10 @@ def test_trace_two_hosts_end_to_end(sshd, tmp_path, capsys):
     out = tmp_path / "run"
     with start_repro(log_dir=tmp_path) as (u1, _), start_repro(log_dir=tmp_path) as (u2, _):
         p1, p2 = u1.rsplit(":", 1)[1], u2.rsplit(":", 1)[1]
-        rc, stdout, err = run_cli(
-            ["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "--host", f"{sshd.user}@localhost:{sshd.port}",
+        rc, stdout, err = invoke("trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "--host", f"{sshd.user}@localhost:{sshd.port}",
              "--port", p1, "--port", p2, "--identity", str(sshd.user_key), "--known-hosts", str(kh),
              "--steps", "4", "--input-len", "16", "--output-len", "24", "--timeout", "90", "--out", str(out),
-             "--json"], capsys)
+             "--json")
     assert rc == 0, err
     top = json.loads((out / "run.json").read_text())
     labels = [f"{sshd.user}@127.0.0.1:{sshd.port}", f"{sshd.user}@localhost:{sshd.port}"]
@@ -236,19 +227,19 @@ def test_trace_two_hosts_end_to_end(sshd, tmp_path, capsys):
     assert all(fe["path"].split("/")[0] in dirs for fe in top["files"])
     summary = json.loads(stdout)
     assert summary["hosts"] == labels and set(summary["timings"]) == set(labels)
-    d = diagnose_json(out, capsys)
+    d = diagnose_json(out)
     files = [r["file"] for r in d["ranks"]]
     assert len(files) == len(info.files) >= 2
     assert {Path(f).parent.parent.name for f in files} == set(dirs)  # both hosts' traces analysed
     assert {r["meta"].get("host") for r in d["ranks"]} == set(labels)  # each rank names its host
-    rc, table, _ = run_cli(["diagnose", str(out), "--workers", "1"], capsys)
+    rc, table, _ = invoke("diagnose", str(out), "--workers", "1")
     assert rc == 0 and "Per rank" in table and "host" in table
     assert "fp8-kv-cast" in [x["id"] for x in d["findings"]]
 
 
-def test_trace_port_options(capsys, tmp_path):
-    rc, _, err = run_cli(["trace", "--host", "a", "--host", "b", "--port", "1", "--port", "2", "--port", "3",
-                          "--out", str(tmp_path / "r")], capsys)
+def test_trace_port_options(tmp_path):
+    rc, _, err = invoke("trace", "--host", "a", "--host", "b", "--port", "1", "--port", "2", "--port", "3",
+                          "--out", str(tmp_path / "r"))
     assert rc == 2 and "3 --port values for 2 --host" in err
-    rc, _, err = run_cli(["trace", "--url", "http://127.0.0.1:1", "--port", "5", "--out", str(tmp_path / "r")], capsys)
+    rc, _, err = invoke("trace", "--url", "http://127.0.0.1:1", "--port", "5", "--out", str(tmp_path / "r"))
     assert rc == 2 and "--port goes with --host" in err
