@@ -365,17 +365,22 @@ def test_a_fix_kept_only_when_faster_is_reverted_when_the_gain_is_within_its_bar
     from perfscope.fixengine import engine
     from perfscope.fixengine.host import LocalFixHost
     from perfscope.fixengine.registry import get
-    from perfscope.fixengine.restart import BenchSpec, apply_with_restart
+    from perfscope.fixengine.restart import BenchSpec, RestartOptions, apply_with_restart
 
     fix = get("fp8-kv-cast")
     monkeypatch.setattr(fix, "keep_only_if_faster", 0.99, raising=False)
+    detected = []
+    detect = fix.detect
+    monkeypatch.setattr(fix, "detect", lambda *a: detected.append(a) or detect(*a))
     req = engine.FixRequest(target_file=str(site.target), server_url=site.url, port=site.port,
                             state_dir=str(site.state))
     host = LocalFixHost()
     env = engine.probe_env(host, req)
     out = site.dir / "run"
-    rep = apply_with_restart(fix, host, req, env, f"sh {site.script} ok", health_timeout=60, out=out,
-                             bench=BenchSpec(input_len=32, output_len=10, num_requests=1), log=lambda m: None)
+    opts = RestartOptions(f"sh {site.script} ok", health_timeout=60, out=out,
+                          bench=BenchSpec(input_len=32, output_len=10, num_requests=1))
+    rep = apply_with_restart(fix, host, req, env, opts, log=lambda m: None)
+    assert len(detected) == 1  # the check is made once: what it computed before measuring is what was written
     rec = json.loads((out / "restart.json").read_text())
     assert rec["tpot_ms_after"] < rec["tpot_ms_before"]  # faster, but not by 99%
     assert rec["slower"] is True and rec["reverted"] is True and rec["healthy_after_revert"] is True

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable
 
-import typer
-
-from perfscope.cli import _apikey, _help, _paths
+from perfscope.cli import _apikey, _fix_options, _help
 from perfscope.errors import FixRefused, GateFailed, InputError, PerfscopeError
 from perfscope.report.escape import Console, term
+
+if TYPE_CHECKING:
+    from perfscope.fixengine.host import FixHost
+    from perfscope.fixengine.model import Environment, FixModule
+    from perfscope.fixengine.options import FixOptions
+    from perfscope.fixengine.request import FixRequest, Report
 
 NAME = "fix"
 ORDER = 40
 
-STRATEGIES = ("auto", "native", "pages", "flags")
 
-
-def fix_markdown(fid: str, fix, table: bool = True) -> list[str]:
+def fix_markdown(fid: str, fix: FixModule, table: bool = True) -> list[str]:
     """One fix module's document: what it answers, its targets (files, versions, strategies,
     backends), the requirements of each strategy, and its own doc (fixes/<id>/README.md).
     ``table=False``: the targets as a list (a terminal too narrow for the table cuts its cells)."""
@@ -118,51 +121,8 @@ def _listening(addr: str, port: int) -> bool:
         return False
 
 
-def command(
-    fix_id: Optional[str] = typer.Argument(None, metavar="FIX_ID", help="Fix module id (see --list), e.g. fp8-kv-cast."),
-    apply_: bool = typer.Option(False, "--apply", help="Apply the patch (default: check and show the diff only)."),
-    revert_: bool = typer.Option(False, "--revert", help="Restore the original file byte for byte."),
-    list_: bool = typer.Option(False, "--list", help="List the fix modules."),
-    doc: bool = typer.Option(False, "--doc", help="With --list: print the generated Markdown document of every fix."),
-    strategy: str = typer.Option("auto", "--strategy", help="auto; native or pages (fp8-kv-cast); flags (launch-flag fixes)."),
-    target_file: Optional[str] = typer.Option(None, "--target-file", metavar="F", help="Patch this file (on the host)."),
-    launch_file: Optional[str] = typer.Option(None, "--launch-file", metavar="F", help="Launch-flag fixes: the server's launch command (on the host): a shell script, a systemd unit (ExecStart=) or a compose file (command:). Without it the change is printed, nothing is written."),
-    trace: Optional[Path] = typer.Option(None, "--trace", metavar="RUN", help="A trace or run folder (as given to diagnose): the fix reads its finding (batch sizes, step times) to pick its value and predict the step."),
-    sglang_root: Optional[str] = typer.Option(None, "--sglang-root", metavar="DIR", help="The sglang package folder (or the site-packages above it)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Which target of the fix (e.g. sglang-fa3); default from the attention backend."),
-    python: Optional[str] = typer.Option(None, "--python", metavar="PY", help="The server's interpreter (default: the process on --port)."),
-    host: Optional[str] = typer.Option(None, "--host", "-H", metavar="[USER@]HOST[:SSHPORT]", help="The server's host, over SSH."),
-    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="SSH user (default: from HOST, ~/.ssh/config, or you)."),
-    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", help="SSH port (default 22)."),
-    identity: Optional[Path] = typer.Option(None, "--identity", "-i", help="Private key file."),
-    jump: Optional[str] = typer.Option(None, "--jump", "-J", help="Jump host(s), like ssh -J."),
-    known_hosts: Optional[Path] = typer.Option(None, "--known-hosts", help="known_hosts file to check the host key against."),
-    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Record an unknown host key (never a changed one)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Server URL reachable from here, for /server_info (local servers)."),
-    api_key_env: Optional[str] = _apikey.option(),
-    port: Optional[int] = typer.Option(None, "--port", help="The server's HTTP port on the host (finds its process; SSH-forwarded). Default: the port recorded in --trace RUN's run.json, else 30000; 0: look for no server process."),
-    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="Override: the server's kv_cache_dtype."),
-    attention_backend: Optional[str] = typer.Option(None, "--attention-backend", help="Override: flashinfer, fa3, ..."),
-    gpu_cc: Optional[str] = typer.Option(None, "--gpu-cc", metavar="X.Y", help="Override: the GPU's compute capability."),
-    flashinfer_version: Optional[str] = typer.Option(None, "--flashinfer-version", help="Override: FlashInfer version."),
-    sglang_version: Optional[str] = typer.Option(None, "--sglang-version", help="Override: sglang version."),
-    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Where backups and manifests go on the host."),
-    expect_sha256: Optional[str] = typer.Option(None, "--expect-sha256", help="Refuse unless the target still has this sha256 (from an earlier check)."),
-    force: bool = typer.Option(False, "--force", help="--revert even if the file changed after the patch."),
-    probe: bool = typer.Option(False, "--probe", help="Run a tiny plan/run of the chosen kernel on the host's GPU first and compare with the cast path."),
-    restart_cmd: Optional[str] = typer.Option(None, "--restart-cmd", metavar="CMD", help="After --apply: restart the server with CMD on the host, wait healthy, re-measure; revert if unhealthy. After --revert: restart it with CMD (the original takes effect) and wait healthy."),
-    health_timeout: float = typer.Option(900.0, "--health-timeout", help="With --restart-cmd: seconds from starting CMD until /health must answer (each restart)."),
-    out: Optional[Path] = _paths.out_option("--out", "-o", help="With --restart-cmd: the run folder (new or empty) for before/after, restart.json, fix.json."),
-    bench_input_len: int = typer.Option(256, "--bench-input-len", min=1, help="With --restart-cmd: prompt tokens per measured request."),
-    bench_output_len: int = typer.Option(128, "--bench-output-len", min=2, help="With --restart-cmd: generated tokens per measured request."),
-    bench_requests: int = typer.Option(8, "--bench-requests", min=1, help="With --restart-cmd: measured requests per round (after 1 warm-up); rounds go on while the keep-or-revert decision needs them."),
-    bench_concurrency: int = typer.Option(1, "--bench-concurrency", min=1, help="With --restart-cmd: requests in flight while measuring (a fix whose gain grows with the batch, such as untuned-fused-moe, is measured at the served concurrency)."),
-    budget: Optional[float] = typer.Option(None, "--budget", metavar="SECONDS", help="Fixes that spend GPU time on the server (untuned-fused-moe's tuning): its bound in seconds (default: the fix's own, shown by the check)."),
-    bench_max_requests: int = typer.Option(32, "--bench-max-requests", min=1, help="With --restart-cmd: at most this many measured requests per side; the change still undecided then: exit 1, the patch stays applied."),
-    max_slowdown: float = typer.Option(0.10, "--max-slowdown", metavar="FRAC", help="With --restart-cmd: revert (and restart again) when TPOT after is more than this fraction slower than before."),
-    baseline: str = typer.Option("auto", "--baseline", metavar="auto|fresh|current", help="With --restart-cmd: 'fresh' restarts the unpatched server before measuring it, so that before and after are both fresh processes; 'current' measures the running one; 'auto' (default): fresh with --trace, whose profile left CUPTI attached to the traced process and slowed it."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-) -> int:
+@_fix_options.with_options(_fix_options.PARAMS)
+def command(o: FixOptions) -> int:
     """Check a fix and show its diff (nothing changes), --apply it, or --revert it.
 
     The check finds the server's sglang (the interpreter of the process on --port, or --python),
@@ -204,121 +164,131 @@ def command(
     reverted; or the change undecided at --bench-max-requests, the patch left applied),
     2 bad input, 3 host or server failure, 4 refused or does not apply here (skipped; nothing changed;
     a --revert with nothing to revert exits 0)."""
+    if o.list_fixes:
+        return _list(o.json_out and not o.doc, o.doc)
+    o.check()
     from perfscope.fixengine import engine
     from perfscope.fixengine.kinds import kind_of
     from perfscope.fixengine.registry import get
     from perfscope.fixengine.request import FixRequest
 
-    if list_:
-        if json_out and not doc:
-            from perfscope.fixengine.registry import discover
-
-            sys.stdout.write(json.dumps([f.summary() for _, f in sorted(discover().items())], indent=2) + "\n")
-            return 0
-        sys.stdout.write(list_doc(doc))
-        return 0
-    if not fix_id:
-        raise InputError("give FIX_ID (see perfscope fix --list)")
-    if apply_ and revert_:
-        raise InputError("--apply and --revert exclude each other")
-    if strategy not in STRATEGIES:
-        raise InputError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
-    if baseline not in ("auto", "fresh", "current"):
-        raise InputError(f"--baseline {baseline!r}: expected auto, fresh or current")
-    if restart_cmd is not None and not (apply_ or revert_):
-        raise InputError("--restart-cmd goes with --apply or --revert")
-    if restart_cmd is not None and not restart_cmd.strip():
-        raise InputError("--restart-cmd is empty")
-    if out is not None and restart_cmd is None:
-        raise InputError("--out goes with --restart-cmd (the run folder of the before/after measurement)")
-    if health_timeout <= 0:
-        raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
-    if target_file and sglang_root:
-        raise InputError("give --target-file or --sglang-root, not both")
-    if max_slowdown < 0:
-        raise InputError(f"--max-slowdown {max_slowdown:g}: expected a fraction >= 0")
-    fix = get(fix_id)
-    if budget is not None:
+    assert o.fix_id is not None  # o.check() says so
+    fix = get(o.fix_id)
+    if o.budget is not None:
         if not hasattr(fix, "budget_s"):
             raise InputError(f"--budget: {fix.id} spends no GPU time on the server (only untuned-fused-moe's tuning has a bound)")
-        if not 10 <= budget <= 3600:
-            raise InputError(f"--budget {budget:g}: expected 10-3600 seconds")
+        if not 10 <= o.budget <= 3600:
+            raise InputError(f"--budget {o.budget:g}: expected 10-3600 seconds")
     kind = kind_of(fix)
-    kind.check_request(fix, FixRequest(target_file=target_file, sglang_root=sglang_root, launch_file=launch_file),
-                       "--apply" if apply_ else "--revert" if revert_ else None)
-    facts = _trace_facts(trace) if trace is not None else {}
-    if budget is not None:
-        facts["budget_s"] = float(budget)
-    if restart_cmd:
-        facts["bench_concurrency"] = bench_concurrency  # the batch the re-measure decodes at
+    kind.check_request(fix, FixRequest(target_file=o.target_file, sglang_root=o.sglang_root,
+                                       launch_file=o.launch_file), o.action)
+    facts = _facts(o)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    if port is None:
-        # the traced server's port, not whatever else listens on 30000 here (another server's process
-        # would be described, or restarted, as this run's server)
-        rec = (facts.get("server_info") or {}).get("port")
-        port = rec if isinstance(rec, int) and not isinstance(rec, bool) and 0 < rec < 65536 else 30000
-        if port != 30000:
-            err.print(f"note: --port {port}, the port recorded for the traced server ({trace}); give --port to "
-                      "change it", markup=False)
-    elif port < 0 or port >= 65536:
-        raise InputError(f"--port {port}: expected 1-65535 (or 0: look for no server process)")
     req = FixRequest(
-        strategy=strategy, target_file=target_file, sglang_root=sglang_root, target=target, python=python,
-        server_url=url, api_key=_apikey.read(api_key_env), port=port, state_dir=state_dir, force=force, expect_sha256=expect_sha256,
-        overrides={"kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend, "compute_cap": gpu_cc,
-                   "flashinfer_version": flashinfer_version, "sglang_version": sglang_version},
-        launch_file=launch_file, facts=facts, source_fix=kind.needs_server_code,
+        strategy=o.strategy, target_file=o.target_file, sglang_root=o.sglang_root, target=o.target, python=o.python,
+        server_url=o.url, api_key=_apikey.read(o.api_key_env), port=_port(o, facts, err), state_dir=o.state_dir,
+        force=o.force, expect_sha256=o.expect_sha256, overrides=o.overrides(), launch_file=o.launch_file, facts=facts,
+        source_fix=kind.needs_server_code,
     )
     with ExitStack() as stack:
-        fhost = _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, accept_new_host_key)
-        if host and not url:
-            # the server's HTTP API through the SSH connection, when something listens there
-            try:
-                fwd = stack.enter_context(fhost.s.forward(port))
-                req.server_url = fwd.url
-            except PerfscopeError as e:
-                err.print(f"note: server info not read over SSH: {e}", markup=False)
-        elif not (host or url or target_file or sglang_root or python) and port and _listening("127.0.0.1", port):
-            # a local server on --port, the install not named otherwise: its /server_info says what it
-            # runs (kv_cache_dtype, backend, flags), as over SSH; without it a check assumed what the
-            # finding implies
-            req.server_url = f"http://127.0.0.1:{port}"
+        fhost = _connect(stack, o, req, err)
         env = engine.probe_env(fhost, req)
-        extra = {}
-        if probe and not revert_:
-            from perfscope.fixengine.probe import run_probe
+        rep = _act(o, fix, fhost, req, env, log=functools.partial(err.print, markup=False))
+        return _finish(rep, o.json_out, revert=o.revert)
 
-            rep0, _, _ = engine.plan(fix, fhost, req, env)
-            if rep0.strategy and rep0.outcome.kind == "checked":
-                extra["probe"] = run_probe(fix, fhost, env, rep0.strategy)
-                if not extra["probe"].get("ok"):
-                    rep0.outcome = _refused(f"probe failed: {extra['probe'].get('reason')}")
-                    rep0.extra.update(extra)
-                    return _finish(rep0, json_out)
-        if revert_:
-            rep = engine.revert(fix, fhost, req, env)
-            if rep.outcome.kind == "reverted":
-                from perfscope.fixengine.restart import after_revert
 
-                after_revert(fhost, req, rep, restart_cmd, health_timeout, what=kind.changes,
-                             log=lambda m: err.print(m, markup=False))
-        elif apply_:
-            if restart_cmd:
-                from perfscope.fixengine.restart import BenchSpec, apply_with_restart
+def _facts(o: FixOptions) -> dict[str, Any]:
+    """What the fix reads beside the host: the trace's findings, the tuning budget, the measured batch."""
+    facts = _trace_facts(o.trace) if o.trace is not None else {}
+    if o.budget is not None:
+        facts["budget_s"] = float(o.budget)
+    if o.restart_cmd:
+        facts["bench_concurrency"] = o.bench_concurrency  # the batch the re-measure decodes at
+    return facts
 
-                rep = apply_with_restart(fix, fhost, req, env, restart_cmd, health_timeout=health_timeout, out=out,
-                                         bench=BenchSpec(input_len=bench_input_len, output_len=bench_output_len,
-                                                         num_requests=bench_requests, concurrency=bench_concurrency,
-                                                         max_requests=max(bench_max_requests, bench_requests)),
-                                         max_slowdown=max_slowdown,
-                                         fresh_baseline={"fresh": True, "current": False}.get(baseline),
-                                         log=lambda m: err.print(m, markup=False))
-            else:
-                rep = engine.apply(fix, fhost, req, env)
-        else:
-            rep, _, _ = engine.plan(fix, fhost, req, env)
-        rep.extra.update(extra)
-        return _finish(rep, json_out, revert=revert_)
+
+def _port(o: FixOptions, facts: dict[str, Any], err: Console) -> int:
+    """The server's port: --port, else the traced server's, else 30000."""
+    if o.port is not None:
+        return o.port
+    # the traced server's port, not whatever else listens on 30000 here (another server's process
+    # would be described, or restarted, as this run's server)
+    rec = (facts.get("server_info") or {}).get("port")
+    port = rec if isinstance(rec, int) and not isinstance(rec, bool) and 0 < rec < 65536 else 30000
+    if port != 30000:
+        err.print(f"note: --port {port}, the port recorded for the traced server ({o.trace}); give --port to "
+                  "change it", markup=False)
+    return port
+
+
+def _connect(stack: ExitStack, o: FixOptions, req: FixRequest, err: Console) -> FixHost:
+    """The server's host, and the server's HTTP API in ``req.server_url`` where it can be reached."""
+    from perfscope.fixengine.host import SSHFixHost
+
+    fhost = _open_host(stack, o)
+    port = req.port
+    if isinstance(fhost, SSHFixHost) and not o.url:
+        # the server's HTTP API through the SSH connection, when something listens there
+        try:
+            fwd = stack.enter_context(fhost.s.forward(port))
+            req.server_url = fwd.url
+        except PerfscopeError as e:
+            err.print(f"note: server info not read over SSH: {e}", markup=False)
+    elif not (o.host or o.url or o.target_file or o.sglang_root or o.python) and port and _listening("127.0.0.1", port):
+        # a local server on --port, the install not named otherwise: its /server_info says what it
+        # runs (kv_cache_dtype, backend, flags), as over SSH; without it a check assumed what the
+        # finding implies
+        req.server_url = f"http://127.0.0.1:{port}"
+    return fhost
+
+
+def _act(o: FixOptions, fix: FixModule, fhost: FixHost, req: FixRequest, env: Environment,
+         log: Callable[[str], None]) -> Report:
+    """Check (with --probe first), apply (and restart) or revert (and restart); the check is made once."""
+    from perfscope.fixengine import engine
+    from perfscope.fixengine.kinds import kind_of
+    from perfscope.fixengine.model import Refused
+
+    restart = o.restart()
+    planned = None
+    if o.probe and not o.revert:
+        from perfscope.fixengine.probe import run_probe
+
+        planned = engine.check(fix, fhost, req, env)
+        rep0 = planned.report
+        if rep0.strategy and rep0.outcome.kind == "checked":
+            probe = run_probe(fix, fhost, env, rep0.strategy)
+            if not probe.get("ok"):
+                rep0.outcome = Refused(f"probe failed: {probe.get('reason')}")
+                rep0.extra["probe"] = probe
+                return rep0
+            planned.report.extra["probe"] = probe
+    if o.revert:
+        rep = engine.revert(fix, fhost, req, env)
+        if rep.outcome.kind == "reverted":
+            from perfscope.fixengine.restart import after_revert
+
+            after_revert(fhost, req, rep, restart, what=kind_of(fix).changes, log=log)
+    elif o.apply and restart:
+        from perfscope.fixengine.restart import apply_with_restart
+
+        rep = apply_with_restart(fix, fhost, req, env, restart, log=log, planned=planned)
+    elif o.apply:
+        rep = engine.apply(fix, fhost, req, env, planned=planned)
+    else:
+        rep = (planned or engine.check(fix, fhost, req, env)).report
+    return rep
+
+
+def _list(as_json: bool, markdown: bool) -> int:
+    """``--list``: the fix modules, as text, Markdown (``--doc``) or JSON (``--json``)."""
+    if as_json:
+        from perfscope.fixengine.registry import discover
+
+        sys.stdout.write(json.dumps([f.summary() for _, f in sorted(discover().items())], indent=2) + "\n")
+        return 0
+    sys.stdout.write(list_doc(markdown))
+    return 0
 
 
 def _trace_facts(trace: Path) -> dict:
@@ -331,26 +301,22 @@ def _trace_facts(trace: Path) -> dict:
             "server_info": si if isinstance(si, dict) else {}}
 
 
-def _refused(reason: str):
-    from perfscope.fixengine.model import Refused
-
-    return Refused(reason)
-
-
-def _open_host(stack, host, ssh_user, ssh_port, identity, jump, known_hosts, accept_new):
+def _open_host(stack: ExitStack, o: FixOptions) -> FixHost:
+    """The server's host: this machine, or ``--host`` over SSH (closed with ``stack``)."""
     from perfscope.fixengine.host import LocalFixHost, SSHFixHost
 
-    if not host:
+    if not o.host:
         return LocalFixHost()
     from perfscope.remote.ssh import connect, parse_target
 
-    target = parse_target(host, user=ssh_user, port=ssh_port, identity=str(identity) if identity else None,
-                          jump=jump, known_hosts=str(known_hosts) if known_hosts else None, accept_new=accept_new)
+    target = parse_target(o.host, user=o.ssh_user, port=o.ssh_port, identity=str(o.identity) if o.identity else None,
+                          jump=o.jump, known_hosts=str(o.known_hosts) if o.known_hosts else None,
+                          accept_new=o.accept_new_host_key)
     session = stack.enter_context(connect(target))
     return SSHFixHost(session)
 
 
-def _finish(rep, json_out: bool, revert: bool = False) -> int:
+def _finish(rep: Report, json_out: bool, revert: bool = False) -> int:
     """Print the report; a fix that was refused, does not apply (skipped; a --revert with nothing
     to revert is not that: exit 0) or failed ends as one error line with its exit code, said once."""
     out = Console(highlight=False, soft_wrap=True)

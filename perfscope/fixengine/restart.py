@@ -47,10 +47,16 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from perfscope.errors import InputError, PerfscopeError
-from perfscope.fixengine import engine
+from perfscope.fixengine.check import Planned, check
 from perfscope.fixengine.host import FixHost
 from perfscope.fixengine.model import Environment, Failed, FixModule
+from perfscope.fixengine.options import BenchSpec, RestartOptions
+from perfscope.fixengine.patch import apply
+from perfscope.fixengine.request import FixRequest, Report
+from perfscope.fixengine.restore import revert
 from perfscope.util.files import atomic_write_text
+
+__all__ = ["BenchSpec", "RestartOptions", "after_revert", "apply_with_restart", "blame", "decide"]
 
 RESTART_FILE = "restart.json"
 GRACE_S = 2.0  # after CMD returns, before polling /health: the old process may still answer
@@ -60,18 +66,6 @@ GRACE_S = 2.0  # after CMD returns, before polling /health: the old process may 
 # so the outer shell (and the caller's read of its output) ends when CMD returns.
 _WRAP = ('f=$(mktemp 2>/dev/null) || f=/tmp/perfscope-restart.$$; '
          'sh -c "$1" </dev/null >"$f" 2>&1; rc=$?; tail -c 2000 "$f"; rm -f "$f"; exit $rc')
-
-
-@dataclasses.dataclass
-class BenchSpec:
-    """The workload measured before and after (fixed prompts: the two runs compare)."""
-
-    input_len: int = 256
-    output_len: int = 128
-    num_requests: int = 8  # one round; more rounds while the decision needs them
-    warmup: int = 1
-    concurrency: int = 1
-    max_requests: int = 32  # per side, all rounds together
 
 
 def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None, enough=None):
@@ -186,28 +180,20 @@ def _tpot(summary: Optional[dict]) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, env: Environment, cmd: str, *,
-                       health_timeout: float = 900.0, out: Optional[Path] = None,
-                       bench: Optional[BenchSpec] = None, max_slowdown: float = 0.10,
-                       fresh_baseline: Optional[bool] = None,
-                       log: Callable[[str], None] = print) -> engine.Report:
-    """Check, measure, apply, restart, measure again; keep or revert. ``fresh_baseline``: restart the
-    unpatched server before measuring it, so that both sides are measured on a fresh process (None: when
-    the fix was given a trace of this server, which left CUPTI attached to the traced process: on the
-    H200 the traced MoE server measured 2.26 ms at 16 requests where fresh ones measured 1.66-1.92 ms,
-    and a tuned config was kept for a 6% "gain" that was the restart's)."""
+def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, opts: RestartOptions, *,
+                       log: Callable[[str], None] = print, planned: Optional[Planned] = None) -> Report:
+    """Check, measure, apply, restart, measure again; keep or revert. The check is made once (or
+    ``planned``, made with this ``env``): what it computed is what the apply writes. ``opts.baseline``
+    fresh: restart the unpatched server before measuring it, so that both sides are measured on a fresh
+    process (auto: when the fix was given a trace of this server, which left CUPTI attached to the
+    traced process: on the H200 the traced MoE server measured 2.26 ms at 16 requests where fresh ones
+    measured 1.66-1.92 ms, and a tuned config was kept for a 6% "gain" that was the restart's)."""
     from perfscope.remote.sglang_api import SGLangClient
 
     if not req.server_url:
         raise InputError("--restart-cmd needs the server's HTTP API: --url (local) or --host with --port")
-    if not cmd.strip():
-        raise InputError("--restart-cmd is empty")
-    if health_timeout <= 0:
-        raise InputError(f"--health-timeout {health_timeout:g}: expected seconds > 0")
-    if max_slowdown < 0:
-        raise InputError(f"--max-slowdown {max_slowdown:g}: expected a fraction >= 0")
-    spec = bench or BenchSpec()
-    out = out or Path(f"perfscope-fix-{time.strftime('%Y%m%d-%H%M%S')}")
+    cmd, health_timeout, max_slowdown, spec = opts.cmd, opts.health_timeout, opts.max_slowdown, opts.bench
+    out = opts.out or Path(f"perfscope-fix-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {out} exists and is not an empty folder")
     t0 = time.monotonic()
@@ -217,14 +203,15 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
             "--bench-max-requests", str(spec.max_requests), "--bench-concurrency", str(spec.concurrency)]
 
     # 1. check: only a patch that will be written is worth measuring and restarting for
-    rep, after_bytes, _ = engine.plan(fix, host, req, env)
+    planned = planned or check(fix, host, req, env)
+    rep = planned.report
     out.mkdir(parents=True, exist_ok=True)
     record: dict = {"restart_cmd": cmd, "health_timeout_s": health_timeout, "max_slowdown": max_slowdown,
                     "url": req.server_url,
                     "host": host.label, "workload": dataclasses.asdict(spec), "before": None, "after": None,
                     "healthy": None, "reverted": None, "healthy_after_revert": None}
 
-    def finish(rep: engine.Report) -> engine.Report:
+    def finish(rep: Report) -> Report:
         rep.extra["run_dir"] = str(out)
         record.update(outcome=rep.outcome.kind, reason=rep.outcome.reason,
                       tpot_ms_before=_tpot(record["before"]), tpot_ms_after=_tpot(record["after"]),
@@ -236,11 +223,12 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
         atomic_write_text(out / "fix.json", json.dumps(rep.to_dict(), indent=2, default=str) + "\n", shared=True)
         return rep
 
-    if after_bytes is None:
+    if planned.after is None:
         rep.notes.append("nothing was applied, so the server was neither measured nor restarted")
         return finish(rep)
 
     # 2. before, on a fresh process when asked (or when this server was traced)
+    fresh_baseline = opts.fresh_baseline
     if fresh_baseline is None:
         fresh_baseline = bool((req.facts or {}).get("trace"))
     if fresh_baseline:
@@ -259,7 +247,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: engine.FixRequest, en
 
     # 3. apply, refused if the file changed while we measured
     areq = dataclasses.replace(req, expect_sha256=req.expect_sha256 or rep.sha256_before)
-    rep = engine.apply(fix, host, areq, env)
+    rep = apply(fix, host, areq, env, planned=planned)
     if rep.outcome.kind != "applied":
         return finish(rep)
     atomic_write_text(out / "fix.diff", rep.diff or "", shared=True)
@@ -322,7 +310,7 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
     # 6. unhealthy (or slower): put the original back and restart again
     log(f"server {'slower' if slower else 'unhealthy'} after the patch ({why}); reverting and restarting again")
     try:
-        back = engine.revert(fix, host, req, env)
+        back = revert(fix, host, req, env)
         reverted, rwhy = back.outcome.kind == "reverted", back.outcome.reason
     except PerfscopeError as e:
         reverted, rwhy = False, str(e)
@@ -374,12 +362,12 @@ def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Pa
     return f"; the original, measured again, does not tell the patch from the host ({said})"
 
 
-def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd: Optional[str],
-                 health_timeout: float, *, what: str, log: Callable[[str], None] = print) -> None:
-    """After a revert: restart the server with ``cmd`` and wait healthy (the original takes
+def after_revert(host: FixHost, req: FixRequest, rep: Report, opts: Optional[RestartOptions], *, what: str,
+                 log: Callable[[str], None] = print) -> None:
+    """After a revert: restart the server with ``opts.cmd`` and wait healthy (the original takes
     effect), or say that the running server still runs what the fix changed (``what``: its kind's
     ``changes``, "code" or "flags")."""
-    if not cmd:
+    if opts is None:
         rep.notes.append(f"the running server still has the fix's {what} (it was started before this revert): "
                          f"restart it, or pass --restart-cmd CMD, for the original {what} to take effect")
         return
@@ -388,6 +376,7 @@ def after_revert(host: FixHost, req: engine.FixRequest, rep: engine.Report, cmd:
     if not req.server_url:
         raise InputError("--restart-cmd needs the server's HTTP API to see it healthy again: --url (local) "
                          "or --host with --port")
+    cmd, health_timeout = opts.cmd, opts.health_timeout
     client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
     log(f"restarting the server with the original {what}: {cmd} (healthy within {health_timeout:g}s)")
     ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
