@@ -50,10 +50,17 @@ class SourceIndex:
         raw = self.line(lineno).decode("utf-8", "replace")
         return raw[: len(raw) - len(raw.lstrip(" \t"))]
 
-    def segment(self, node: ast.AST) -> str:
+    def segment(self, node: ast.expr | ast.stmt) -> str:
         a = self.offset((node.lineno, node.col_offset))
-        b = self.offset((node.end_lineno, node.end_col_offset))
+        b = self.offset((end_lineno(node), node.end_col_offset or 0))
         return self.data[a:b].decode("utf-8")
+
+
+def end_lineno(node: ast.expr | ast.stmt) -> int:
+    """The node's last line (``ast.parse`` sets it on every node it makes)."""
+    if node.end_lineno is None:
+        raise ValueError(f"{type(node).__name__} at line {node.lineno} has no end position")
+    return node.end_lineno
 
 
 def apply_edits(data: bytes, edits: Sequence[Edit]) -> bytes:
@@ -77,10 +84,11 @@ def statement_edit(idx: SourceIndex, stmt: ast.stmt, new_lines: Iterable[str], w
     """Replace whole lines ``stmt.lineno .. stmt.end_lineno`` with ``new_lines`` (each indented like
     the statement). The statement must own its lines (nothing else on them)."""
     indent = idx.indent_of(stmt.lineno)
-    end_line = idx.line(stmt.end_lineno)
+    end = end_lineno(stmt)
+    end_line = idx.line(end)
     nl = "\r\n" if end_line.endswith(b"\r\n") else "\n"
     text = "".join(f"{indent}{ln}{nl}" if ln else nl for ln in new_lines)
-    return Edit((stmt.lineno, 0), (stmt.end_lineno + 1, 0), text, why)
+    return Edit((stmt.lineno, 0), (end + 1, 0), text, why)
 
 
 def insert_lines_after(idx: SourceIndex, lineno: int, lines: Iterable[str], why: str) -> Edit:
