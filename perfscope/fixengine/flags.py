@@ -4,9 +4,9 @@ A :class:`LaunchFlagFix` declares, per engine, the flags it edits (:class:`Flag`
 ``/server_info`` key SGLang reports it under, whether it takes a value) and decides the change in
 :meth:`LaunchFlagFix.changes` from what it knows: the launch command's current flags, the server's
 ``/server_info`` (``env.server_args``), the GPU, and the trace (``env.facts``, from ``--trace``).
-The engine (engine.py) does the rest exactly as for a source patch: the launch file is the target,
-the edit is computed from its tokens (launch/), diffed, backed up, written atomically, reverted
-byte for byte; ``--restart-cmd`` restarts, re-measures and reverts when unhealthy or slower.
+The engine (engine.py; kinds/launch.py is this kind's adapter) does the rest exactly as for a source
+patch: the launch file is the target, the edit is computed from its tokens (launch/), diffed, backed
+up, written atomically, reverted byte for byte; ``--restart-cmd`` restarts, re-measures and reverts when unhealthy or slower.
 
 Without ``--launch-file`` nothing is written: the check prints the change and the command line the
 server was started with (the process on ``--port``, and the flags ``/server_info`` reports).
