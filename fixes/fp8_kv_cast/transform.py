@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from perfscope.fixengine.edit import Edit, SourceIndex, insert_lines_after, statement_edit
+from perfscope.fixengine.edit import Edit, SourceIndex, end_lineno, insert_lines_after, statement_edit
 from perfscope.fixengine.model import Detection, TargetSpec
 
 from .shapes import _casts, _class, _method, _Refuse
@@ -27,7 +27,7 @@ def _snippet_anchor(tree: ast.Module) -> int:
             last = n
     if last is None:
         raise _Refuse("no top-level import block to put the helper after")
-    return last.end_lineno
+    return end_lineno(last)
 
 
 def _snippet_lines() -> list[str]:
@@ -113,6 +113,15 @@ def transform(target: TargetSpec, det: Detection, data: bytes, strategy: str) ->
     return apply_edits(data, edits), notes
 
 
+def _patched_method(backend: ast.ClassDef | None, name: str) -> ast.FunctionDef:
+    """The method ``name`` of the patched backend (detection refused a file without it, and the
+    edits only add lines)."""
+    fn = _method(backend, name)
+    if fn is None:
+        raise ValueError(f"the patched file has no {name} in its attention backend")
+    return fn
+
+
 def postconditions(target: TargetSpec, det: Detection, before: bytes, after: bytes,
                    strategy: str) -> list[str]:
     from perfscope.fixengine.edit import compiles
@@ -129,12 +138,12 @@ def postconditions(target: TargetSpec, det: Detection, before: bytes, after: byt
     if target is FA3:
         backend = _class(tree, "FlashAttentionBackend")
         for name in ("forward_extend", "forward_decode"):
-            if _casts(_method(backend, name)):
+            if _casts(_patched_method(backend, name)):
                 problems.append(f"{name} still converts the whole pool")
     else:
         backend = _class(tree, "FlashInferMLAAttnBackend")
         for name in ("forward_extend", "forward_decode"):
-            left = [c for c in _casts(_method(backend, name)) if c[1] == "pool"]
+            left = [c for c in _casts(_patched_method(backend, name)) if c[1] == "pool"]
             if left:
                 problems.append(f"{name} still converts the whole pool")
         if strategy == "native":
@@ -144,6 +153,6 @@ def postconditions(target: TargetSpec, det: Detection, before: bytes, after: byt
         # the chunked-KV runner's fresh k/v casts must be untouched
         chunk_b, chunk_a = _class(ast.parse(before), "FlashInferMhaChunkKVRunner"), _class(tree, "FlashInferMhaChunkKVRunner")
         if (chunk_b is None) != (chunk_a is None) or (
-            chunk_b is not None and ast.dump(chunk_b) != ast.dump(chunk_a)):
+            chunk_b is not None and chunk_a is not None and ast.dump(chunk_b) != ast.dump(chunk_a)):
             problems.append("FlashInferMhaChunkKVRunner changed")
     return problems

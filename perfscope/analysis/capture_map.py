@@ -22,7 +22,7 @@ import copy
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import msgspec
 
@@ -222,7 +222,7 @@ class CaptureSet:
         self.files = files
 
     @classmethod
-    def load(cls, paths: list[Union[str, Path]]) -> "CaptureSet":
+    def load(cls, paths: Sequence[Union[str, Path]]) -> "CaptureSet":
         files: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():

@@ -74,7 +74,7 @@ def prepare(paths: Sequence[str | Path], config: Optional[dict] = None,
     return Plan(tset=tset, config=cfg, capture=capture)
 
 
-def rank_task(tf: TraceFile, config: dict, capture: Optional[list] = None) -> dict:
+def rank_task(tf: TraceFile, config: dict, capture: Optional[Sequence[str | Path]] = None) -> dict:
     """One rank: ``{"ok": RankAnalysis.to_dict()}`` or ``{"error": one line, "exit_code": n}``.
     Pure: reads only ``tf``'s file (and the capture map), returns plain data."""
     try:
@@ -107,7 +107,7 @@ def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict,
                      skipped=tset.skipped)
 
 
-def analyze_file(tf: TraceFile, config: dict, capture: Optional[list] = None,
+def analyze_file(tf: TraceFile, config: dict, capture: Optional[Sequence[str | Path]] = None,
                  on_read: Optional[Callable[[int, int], None]] = None) -> RankAnalysis:
     """``capture``: graph-capture trace paths (files or folders) that attribute graph-replayed kernels;
     ``on_read(bytes_done, bytes_total)`` follows the reading of the file."""

@@ -58,7 +58,7 @@ def id_range(ids: Optional[tuple[int, int]] = None) -> tuple[int, int]:
     reads the model's config where it can), else ids every real tokenizer has. No server API says
     the vocabulary size (SGLang's /server_info and /model_info, vLLM's /v1/models), and an id past
     it crashes a real server."""
-    return tuple(ids) if ids else DEFAULT_ID_RANGE
+    return (ids[0], ids[1]) if ids else DEFAULT_ID_RANGE
 
 
 def make_prompts(n: int, input_len: int, seed: int = 0, ids: tuple[int, int] = DEFAULT_ID_RANGE) -> list[list[int]]:

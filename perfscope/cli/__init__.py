@@ -79,7 +79,7 @@ _register()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-_Abort = getattr(click.exceptions, "Abort", None) or getattr(typer, "Abort", KeyboardInterrupt)
+_Abort: type[BaseException] = getattr(click.exceptions, "Abort", getattr(typer, "Abort", KeyboardInterrupt))
 _INTERNAL = "internal error, run with PERFSCOPE_DEBUG=1 for the traceback"
 
 

@@ -33,12 +33,16 @@ import json
 import time
 import zipfile
 import zlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from perfscope import __version__
 from perfscope.errors import InputError, RemoteError
+
+if TYPE_CHECKING:
+    from perfscope.remote.hostio import HostIO
 
 RESULTS = "ranks.json.gz"
 WHERE = "host"
@@ -304,10 +308,10 @@ def stored_diagnosis(run_dir: str | Path):
         cap = limits.max_reply_bytes()
         stored = _gunzip_json(bytes(read_regular(folder / RESULTS, cap, "PERFSCOPE_MAX_REPLY_MB")), cap,
                               f"{folder / RESULTS}")
-        res = {x["path"]: x["ok"] for x in stored.get("ranks") or []}
+        ok_by_path = {x["path"]: x["ok"] for x in stored.get("ranks") or []}
         for e in fd.get("remote_files") or []:
             local = (run_dir / (prefix + e["path"])).resolve()
-            root_entries.append((e, local, res.get(e["path"])))
+            root_entries.append((e, local, ok_by_path.get(e["path"])))
     # as read_run, then discover, order and deduplicate the files of a run folder
     root_entries.sort(key=lambda t: (t[0].get("host") or "", t[0]["rank"] if t[0].get("rank") is not None else 1 << 30,
                                      t[0].get("stage") or "", str(t[1])))
@@ -343,7 +347,7 @@ def stored_diagnosis(run_dir: str | Path):
 
 # --- trace --fetch RUN_DIR -------------------------------------------------------------------------
 
-def fetch(run_dir: str | Path, connect_host: Callable[[str], object], say: Callable[[str], None] = lambda m: None,
+def fetch(run_dir: str | Path, connect_host: Callable[[str], AbstractContextManager[HostIO]], say: Callable[[str], None] = lambda m: None,
           progress=None) -> int:
     """Copy the raw traces a run folder lists on its host(s) into its ``traces/`` folders (each checked
     against its sha256), and list them in run.json as ordinary trace files. ``connect_host(label)``: a

@@ -88,9 +88,14 @@ class VLLMClient(SGLangClient):
                 info["max_total_num_tokens"] = tokens
         return info
 
-    def start_profile(self, request_timeout: Optional[float] = None, **_ignored: Any) -> str:
-        """POST /start_profile (no body: vLLM's profiler is configured at server start). A 404 means
-        the server runs without a torch profiler directory."""
+    def start_profile(self, output_dir: Optional[str] = None, num_steps: Optional[int] = None,
+                      activities: Optional[list] = None, with_stack: Optional[bool] = None,
+                      record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,
+                      profile_prefix: Optional[str] = None, request_timeout: Optional[float] = None,
+                      server_has_gpu: bool = False, **extra: Any) -> str:
+        """POST /start_profile (no body: vLLM's profiler is configured at server start, so every
+        argument but ``request_timeout`` is ignored). A 404 means the server runs without a torch
+        profiler directory."""
         try:
             wait = request_timeout if request_timeout is not None else max(self.timeout, 120.0)
             return self.request("POST", "/start_profile", None, timeout=wait) \
@@ -149,7 +154,7 @@ class VLLMClient(SGLangClient):
                 tokens = max(tokens, n)
             elif ch.get("text") or ch.get("finish_reason") is None:
                 tokens += 1
-            meta = {"completion_tokens": tokens}
+            meta: dict[str, Any] = {"completion_tokens": tokens}
             if ch.get("finish_reason"):
                 meta["finish_reason"] = {"type": ch["finish_reason"]}
             yield StreamFrame(fr.t, {"text": ch.get("text", ""), "meta_info": meta})

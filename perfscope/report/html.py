@@ -317,7 +317,7 @@ def _render(template: str, data: dict, **ctx: Any) -> str:
 def render_diagnosis(d: Diagnosis, config: Optional[dict] = None, title: Optional[str] = None) -> str:
     """The breakdown report of one diagnosis, as an HTML string."""
     p: RankAnalysis = d.primary
-    data = {"kind": "diagnosis", "diagnosis": diagnosis_data(d)}
+    data: dict[str, Any] = {"kind": "diagnosis", "diagnosis": diagnosis_data(d)}
     order = [b for b in BUCKETS if p.buckets.get(b, {}).get("ms_per_step")]
     name = title or (Path(d.ranks[0].file).name if len(d.ranks) == 1 else f"{len(d.ranks)} trace files")
     return _render("diagnosis.html.j2", data, d=d, p=p, h=_header(d, config), buckets_present=order,
