@@ -90,7 +90,7 @@ class CapturedGraph:
     file: str
     label: str  # the annotation around the capture (`capture_32_DECODE`), else "graph N"
     launches: list[CapturedLaunch]
-    trace: Trace = field(repr=False, default=None)
+    trace: Trace = field(repr=False)
     _attributor: Optional[Attributor] = field(default=None, repr=False)
     _attr: dict = field(default_factory=dict, repr=False)
 
@@ -132,21 +132,22 @@ def load_capture(path: Union[str, Path]) -> list[CapturedGraph]:
     runtime: list[_CapEvent] = []
     for raw in top.traceEvents or []:
         try:
-            e = _EV.decode(raw)
+            ev = _EV.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
-        if e.ph == "X" and e.cat in ("cuda_runtime", "cuda_driver", "hip_runtime", "Runtime", "runtime"):
-            runtime.append(e)
+        if ev.ph == "X" and ev.cat in ("cuda_runtime", "cuda_driver", "hip_runtime", "Runtime", "runtime"):
+            runtime.append(ev)
     runtime.sort(key=lambda e: e.ts)
     begins = [e.ts + e.dur for e in runtime if _BEGIN in e.name]
     ends = [e.ts for e in runtime if _END in e.name]
     graphs: list[CapturedGraph] = []
     for n, (t0, t1) in enumerate(zip(begins, ends)):
         launches = []
-        for e in runtime:
-            if t0 <= e.ts <= t1 and _is_dispatch(e.name):
-                a = e.args or _CapArgs()
-                launches.append(CapturedLaunch(node_key(a.kernel or e.name), e.ts, a.correlation, a.external_id, e.name))
+        for ev in runtime:
+            if t0 <= ev.ts <= t1 and _is_dispatch(ev.name):
+                a = ev.args or _CapArgs()
+                launches.append(CapturedLaunch(node_key(a.kernel or ev.name), ev.ts, a.correlation, a.external_id,
+                                               ev.name))
         if launches:
             graphs.append(CapturedGraph(file=str(path), label=_labels(trace, t0, t1) or f"graph {n}",
                                         launches=launches, trace=trace))
@@ -158,18 +159,18 @@ def load_capture(path: Union[str, Path]) -> list[CapturedGraph]:
     return graphs
 
 
-def _positional(cap: list[str], rep: list[str]) -> Optional[list[int]]:
+def _positional(cap: list[str], rep: list[str]) -> Optional[list[Optional[int]]]:
     return list(range(len(rep))) if cap == rep else None
 
 
-def _by_name(cap: list[str], rep: list[str]) -> Optional[list[int]]:
+def _by_name(cap: list[str], rep: list[str]) -> Optional[list[Optional[int]]]:
     if Counter(cap) != Counter(rep):
         return None
     where: dict[str, list[int]] = defaultdict(list)
     for i, k in enumerate(cap):
         where[k].append(i)
     seen: Counter = Counter()
-    out = []
+    out: list[Optional[int]] = []
     for k in rep:
         out.append(where[k][seen[k]])
         seen[k] += 1
