@@ -59,6 +59,10 @@ def _pos_int(v) -> Optional[int]:
     return None
 
 
+def _dict(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
 def _model_source(config: dict) -> tuple[Optional[dict], str]:
     mc = config.get("model_config")
     if isinstance(mc, dict) and mc:
@@ -74,9 +78,9 @@ def _ms(nbytes: float, tb_s: float) -> float:
 
 def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, Any]:
     """Everything the floor needs, each with where it came from; ``missing`` lists what is not known."""
-    fi = config.get("floor_inputs") if isinstance(config.get("floor_inputs"), dict) else {}
+    fi = _dict(config.get("floor_inputs"))
     mc, msrc = _model_source(config)
-    workload = (mc or {}).get("workload") if isinstance((mc or {}).get("workload"), dict) else {}
+    workload = _dict((mc or {}).get("workload"))
     out: dict[str, Any] = {"missing": [], "assumed": [], "sources": {}}
     # batch: option > model-config workload > SGLang's step[DECODE bs=N] labels
     batch, bsrc = _pos_int(fi.get("batch")), "--batch"
@@ -98,11 +102,12 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
         context = max(1, round(statistics.median(per_request)))
         csrc = "vLLM detailed step annotations (KV tokens per generation request)"
     # a perfscope run's workload (run.json: concurrency, input_len, output_len), when the caller passes it on
-    run = config.get("workload") if isinstance(config.get("workload"), dict) else {}
+    run = _dict(config.get("workload"))
     if batch is None and _pos_int(run.get("concurrency")):
         batch, bsrc = _pos_int(run.get("concurrency")), "run workload concurrency"
-    if context is None and _pos_int(run.get("input_len")):
-        context = _pos_int(run.get("input_len")) + (_pos_int(run.get("output_len")) or 0) // 2
+    input_len = _pos_int(run.get("input_len"))
+    if context is None and input_len:
+        context = input_len + (_pos_int(run.get("output_len")) or 0) // 2
         csrc = "run workload input_len + output_len/2"
     out["batch"], out["context"] = batch, context
     if batch:
@@ -117,8 +122,8 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
     tp = _pos_int(config.get("tp_size"))
     if tp:
         out["sources"]["tp"] = "server config tp_size"
-    elif _pos_int(meta.get("world_size")):
-        tp = _pos_int(meta.get("world_size"))
+    elif world := _pos_int(meta.get("world_size")):
+        tp = world
         out["sources"]["tp"] = "trace distributedInfo world_size"
         out["assumed"].append(f"tp_size={tp} (the trace's world size)")
     else:
@@ -181,6 +186,8 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
         return base
     shape: ModelShape = inp["model"]
     gpu = gm.gpu
+    if gpu is None:  # floor_inputs lists an unmatched GPU as missing
+        raise ValueError(f"no GPU model for the floor: {gm.note}")
     par: Parallel = inp["parallel"]
     batch, context = inp["batch"], inp["context"]
     tokens = batch  # one new token per request per decode step

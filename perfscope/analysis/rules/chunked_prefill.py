@@ -31,22 +31,22 @@ class ChunkedPrefillInterference(Rule):
     def check(self, ctx: RuleContext) -> Optional[Finding]:
         if ctx.phase != "decode" or len(ctx.steps) < 2:
             return None
-        dec = sorted((s for s in ctx.steps if s.gpu_start is not None), key=lambda s: s.gpu_start)
+        dec = sorted(s.gpu_start for s in ctx.steps if s.gpu_start is not None)  # the decode steps' GPU starts
         if len(dec) < 2:
             return None
-        lo, hi = dec[0].gpu_start, dec[-1].gpu_start
+        lo, hi = dec[0], dec[-1]
         pre = [s for s in ctx.stepset.steps if s.phase in _PREFILL and s.gpu_start is not None
                and lo < s.gpu_start < hi]
         if not pre:
             return None
-        itl = [(b.gpu_start - a.gpu_start) / 1e3 for a, b in zip(dec, dec[1:])]
+        itl = [(b - a) / 1e3 for a, b in zip(dec, dec[1:])]
         med = statistics.median(itl)
         worst = max(itl)
         if med <= 0 or worst < self.MIN_TAIL_RATIO * med:
             return None
         pre_ms = [s.gpu_us / 1e3 for s in pre]
-        starts = [s.gpu_start for s in pre]
-        stalled = sum(1 for a, b in zip(dec, dec[1:]) if any(a.gpu_start < t < b.gpu_start for t in starts))
+        starts = [s.gpu_start for s in pre if s.gpu_start is not None]
+        stalled = sum(1 for a, b in zip(dec, dec[1:]) if any(a < t < b for t in starts))
         ms = sum(pre_ms) / len(dec)  # prefill time amortised over the decode steps it interrupted
         summary = (f"{len(pre)} prefill forward(s) ran between {len(dec)} decode steps (median {statistics.median(pre_ms):.1f} ms "
                    f"each): decode intervals reach {worst:.1f} ms against a median of {med:.1f} ms.")
