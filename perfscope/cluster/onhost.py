@@ -17,12 +17,10 @@ with msgspec (:data:`perfscope.cluster.onhost_task.DEPENDENCIES`), not perfscope
 3. :func:`stored_diagnosis`: ``perfscope diagnose RUN_DIR`` reduces the stored results
    (:func:`perfscope.analysis.split.reduce`): the diagnosis ``diagnose`` makes of the same traces
    copied into ``RUN_DIR/traces/`` (each rank's file named as there).
-4. :func:`fetch`: ``perfscope trace --fetch RUN_DIR`` copies the raw traces later (sha256-checked) into
-   ``traces/``; the folder is then an ordinary run folder.
+4. :func:`fetch`: ``trace --fetch RUN_DIR`` copies the raw traces (sha256-checked) into ``traces/``.
 
-A failure (a dependency missing, a rank file gone, the analysis killed or past its timeout, the
-connection lost) is one line; the run folder is then marked incomplete (``trace`` does), never left
-with half the results."""
+A failure (a dependency missing, a rank file gone, the analysis killed or past its timeout, the connection
+lost) is one line; the run folder is then marked incomplete, never left with half the results."""
 
 from __future__ import annotations
 
