@@ -62,15 +62,26 @@ class _Server(StubHandler):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for i in range(4):
-                frame = {"text": f" t{i}", "output_ids": [i], "meta_info": {"completion_tokens": i + 1, "prompt_tokens": 4,
-                                                                         "finish_reason": None if i < 3 else {"type": "length"}}}
-                self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(0.01)
-            self.wfile.write(b"data: [DONE]\n\n")
-            return
+            return stream_four_tokens(self.wfile)
         self._send(404, b'{"error": "not found"}')
+
+
+def stream_four_tokens(wfile) -> None:
+    """The SSE body of a /generate that streams four tokens (SGLang's frames), then [DONE]."""
+    for i in range(4):
+        meta = {"completion_tokens": i + 1, "prompt_tokens": 4, "finish_reason": None if i < 3 else {"type": "length"}}
+        frame = {"text": f" t{i}", "output_ids": [i], "meta_info": meta}
+        wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+        wfile.flush()
+        time.sleep(0.01)
+    wfile.write(b"data: [DONE]\n\n")
+
+
+def wait_for_call(handler, path: str, timeout: float = 60) -> None:
+    """Until the stand-in server's handler class has seen a request for ``path`` (at most ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while path not in handler.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.fixture

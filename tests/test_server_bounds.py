@@ -25,6 +25,7 @@ import pytest
 from clirun import one_line
 from net import StubHandler
 from paths import REPO, TRACELENS, gz_bytes
+from profileserver import stream_four_tokens
 
 SMALL = TRACELENS / "inference" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.xz"
 SMALL_GZ = gz_bytes(SMALL)  # as SGLang writes a trace
@@ -94,14 +95,7 @@ class _Hostile(StubHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            for i in range(4):
-                frame = {"text": f" t{i}", "output_ids": [i], "meta_info": {
-                    "completion_tokens": i + 1, "prompt_tokens": 4, "finish_reason": None if i < 3 else {"type": "length"}}}
-                self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(0.01)
-            self.wfile.write(b"data: [DONE]\n\n")
-            return
+            return stream_four_tokens(self.wfile)
         self._send(404, b'{"error": "not found"}')
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import pytest
 from clirun import invoke, one_line, popen
-from profileserver import url_args
+from profileserver import url_args, wait_for_call
 
 pytestmark = pytest.mark.usefixtures("no_agent")  # only the keys a test names are tried
 
@@ -28,9 +27,7 @@ def test_signal_while_start_profile_has_not_answered_stops_the_profiler(profile_
     H, port = profile_server
     H.start_delay = 4.0
     p = popen(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")])
-    deadline = time.monotonic() + 60
-    while "/start_profile" not in H.calls and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_call(H, "/start_profile")
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
     assert p.returncode == code, err
@@ -49,9 +46,7 @@ def test_sigint_prints_interrupted(profile_server, tmp_path):
     H, port = profile_server
     H.start_delay = 3.0
     p = popen(["trace", *url_args(port, tmp_path), "--out", str(tmp_path / "o")])
-    deadline = time.monotonic() + 60
-    while "/start_profile" not in H.calls and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_call(H, "/start_profile")
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and one_line(err) == "perfscope: interrupted"
@@ -66,9 +61,7 @@ def test_sigterm_over_ssh_stops_the_profiler_and_removes_the_host_folder(sshd, p
     p = popen(["trace", "--host", f"{sshd.user}@127.0.0.1:{sshd.port}", "-i", str(sshd.user_key), "--known-hosts",
                   str(sshd.known_hosts), "--port", str(port), "--remote-dir", str(srv), "--steps", "2", "--output-len", "4",
                   "--input-len", "4", "--timeout", "30", "--out", str(tmp_path / "o")])
-    deadline = time.monotonic() + 60
-    while "/start_profile" not in H.calls and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_call(H, "/start_profile")
     assert list(srv.iterdir())  # the host folder exists while the profiler arms
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from clirun import one_line, popen
 from paths import REPO, TRACELENS, gz_bytes
+from profileserver import wait_for_call
 from test_server_bounds import hostile  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.usefixtures("no_agent")
@@ -75,9 +75,7 @@ def test_profiler_stopped_over_a_fresh_connection_when_ssh_dies(sshd, hostile, t
     srv.mkdir()
     before = set(_children(sshd.proc.pid))
     p = _ssh_trace(sshd, port, srv, tmp_path / "o")
-    deadline = time.monotonic() + 60
-    while "/start_profile" not in H.calls and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_call(H, "/start_profile")
     assert list(srv.iterdir())
     for pid in set(_children(sshd.proc.pid)) - before:
         os.kill(pid, signal.SIGKILL)
