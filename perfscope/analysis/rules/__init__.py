@@ -59,8 +59,7 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
     from perfscope.analysis.stepmodel import predict_after, predict_after_serial
 
     # a server on the CPU with a bench: its steps are host work, held to the bench's unprofiled step
-    cpu = cpuhost.profiler_cost(ctx.trace, ctx.stepset.steps, ctx.config.get("bench")) \
-        if not ctx.gpu_timeline and cpuhost.on_cpu(ctx.config) else None
+    cpu = dict(ctx.cpu_host) if ctx.cpu_host is not None else None  # each finding's evidence its own copy
     if f.new_duration is None:
         if cpu is not None and f.predicted_step_ms_after_fix is not None:
             _on_cpu_host(f, cpu, ctx.step_ms - f.predicted_step_ms_after_fix, 0.0, None)

@@ -8,6 +8,7 @@ from these docs (``perfscope rules --markdown``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional
 
@@ -81,6 +82,17 @@ class RuleContext:
                     calls += 1
         n = max(self.n_steps, 1)
         return us / n / 1e3, calls / n
+
+    @functools.cached_property
+    def cpu_host(self) -> Optional[dict]:
+        """A CPU server's profiler cost against its bench (``perfscope.analysis.cpuhost.profiler_cost``),
+        computed once per analysis for every finding's prediction; None on a GPU timeline, on another
+        device or without a bench."""
+        from perfscope.analysis import cpuhost
+
+        if self.gpu_timeline or not cpuhost.on_cpu(self.config):
+            return None
+        return cpuhost.profiler_cost(self.trace, self.stepset.steps, self.config.get("bench"))
 
     def config_value(self, *keys: str, default=None):
         for k in keys:
