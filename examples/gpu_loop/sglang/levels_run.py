@@ -3,7 +3,8 @@ H200 VM, starts_run.py)? One device call: the pages patch applied before the ser
 server is host-bound), one dense server (495k pool), a sampler process beside it
 (``hostprobe.py``: every 20 ms the CPU each busy server thread is on, its CPU time and involuntary
 context switches, the steal/irq time of every CPU from /proc/stat, and the time of a fixed busy loop on
-a CPU of its own), and sequential batch-1 requests (2000 in / 64 out) timed per token, in phases:
+a CPU of its own, and the GPU's SM clock, power and clock-event reasons from a read-only
+``nvidia-smi -lms`` loop), and sequential batch-1 requests (2000 in / 64 out) timed per token, in phases:
 unpinned, the scheduler process pinned to one CPU, to another CPU (its hyperthread sibling when the
 machine has them), unpinned again. ``--revert`` restores the file byte for byte.
 

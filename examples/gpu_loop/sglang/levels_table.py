@@ -2,7 +2,10 @@
 to one CPU), the batch-1 TPOT (median, p10-p90), and beside each request what the sampler saw while it
 decoded: the CPU steal time of the whole machine, the scheduler's involuntary context switches, the CPU it
 ran on and that CPU's interrupt time (irq + softirq), and the fixed busy loop's time on a CPU of its own (the machine's speed there); then how well that
-loop time follows the TPOT (Pearson r over the requests).
+loop time follows the TPOT (Pearson r over the requests). Where the sampler also read the GPU (hostprobe.py's
+``gpu``; the 2026-12-02 results predate it), each phase adds the SM clock's median while its requests
+decoded, the clock-event reasons seen, and r(SM clock, TPOT): a GPU that clocks down between the short steps
+of a host-bound server would show as a negative r.
 
     python3 examples/gpu_loop/sglang/levels_table.py [RESULTS_DIR] [--json]"""
 
@@ -20,6 +23,24 @@ DEFAULT = Path(__file__).resolve().parent.parent / "results" / "h200-2026-12-02-
 
 def _pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _r(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson r, or None where either side is constant or there are fewer than three points."""
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return round(statistics.correlation(xs, ys), 2)
+
+
+def _gpu_columns(reqs: list[dict]) -> dict:
+    """The GPU's side of a phase: SM clock median over its requests, clock-event reasons, r(SM clock, TPOT);
+    empty where the sampler had no GPU readings."""
+    seen = [r for r in reqs if r["sm_mhz"] is not None]
+    if not seen:
+        return {}
+    return {"sm_mhz_median": statistics.median(r["sm_mhz"] for r in seen),
+            "throttle_reasons": sorted({x for r in seen for x in r["throttle"]}),
+            "sm_tpot_r": _r([r["sm_mhz"] for r in seen], [r["tpot_ms"] for r in seen])}
 
 
 def start_rows(folder: Path) -> dict:
@@ -46,7 +67,10 @@ def start_rows(folder: Path) -> dict:
                         cpus[cpu] = cpus.get(cpu, 0) + jif
                         nv += n
             cpu = max(cpus, key=cpus.get) if cpus else None
+            gpu = [s["gpu"] for s in win if s.get("gpu") and s["gpu"].get("sm_mhz") is not None]
             reqs.append({"tpot_ms": q["tpot_ms"], "loop_us": statistics.median(s["loop_us"] for s in win),
+                         "sm_mhz": statistics.median(g["sm_mhz"] for g in gpu) if gpu else None,
+                         "throttle": sorted({g["throttle"] for g in gpu}),
                          "steal_jiffies": sum(v[1] for s in win for v in s["cpus"].values()), "nvcsw": nv,
                          "cpu": cpu, "irq_jiffies": sum(s["cpus"].get(str(cpu), [0, 0, 0])[2] for s in win)})
         t = [r["tpot_ms"] for r in reqs]
@@ -59,6 +83,7 @@ def start_rows(folder: Path) -> dict:
             "irq_jiffies_per_request": round(statistics.mean(r["irq_jiffies"] for r in reqs), 3),
             "scheduler_cpus": sorted({r["cpu"] for r in reqs if r["cpu"] is not None}),
             "loop_tpot_r": round(statistics.correlation([r["loop_us"] for r in reqs], t), 2),
+            **_gpu_columns(reqs),
         })
         loops += [r["loop_us"] for r in reqs]
         tpots += t
@@ -85,6 +110,14 @@ def main() -> int:
                   f"({p['tpot_p10_ms']:.2f}-{p['tpot_p90_ms']:.2f}) | {p['steal_jiffies_per_request']:g} | "
                   f"{p['nvcsw_per_request']:g} | {','.join(map(str, p['scheduler_cpus']))} | "
                   f"{p['irq_jiffies_per_request']:g} | {p['loop_tpot_r']:+.2f} |")
+    gpu = [(s["start"], p) for s in rs for p in s["phases"] if "sm_mhz_median" in p]
+    if gpu:
+        print()
+        print("| start | phase | SM clock median (MHz) | clock-event reasons | r(SM clock, TPOT) |")
+        print("|---|---|---|---|---|")
+        for start, p in gpu:
+            r = "-" if p["sm_tpot_r"] is None else f"{p['sm_tpot_r']:+.2f}"
+            print(f"| {start} | {p['phase']} | {p['sm_mhz_median']:g} | {' '.join(p['throttle_reasons']) or '-'} | {r} |")
     print()
     print("r(loop, TPOT) over each start's requests: " + ", ".join(f"{s['start']} {s['loop_tpot_r']:+.2f}" for s in rs))
     return 0
