@@ -7,33 +7,30 @@ The result is a :class:`RankAnalysis`: plain data, no events.
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
 from perfscope.analysis.attribution import Attributor
-from perfscope.analysis.buckets import BUCKETS, classify
+from perfscope.analysis.buckets import BUCKETS
 from perfscope.analysis import cpuhost, hosttime
 from perfscope.analysis.floor import annotate_findings, compute_floor
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.cpu_ops import NOTE as CPU_ONLY_NOTE, cpu_ops_as_kernels
 from perfscope.analysis.metrics import StepMetrics, step_metrics
-from perfscope.analysis.names import short_name
 from perfscope.analysis.ops import Op, top_ops
 from perfscope.analysis.result import RankAnalysis
 from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
 from perfscope.analysis.rules.eager_decode import EagerDecode
 from perfscope.analysis.sampling_path import step_overrides
+from perfscope.analysis.step_summary import analysed_window, median_step_timeline, phase_rows, top_cpu_ops
 from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
 from perfscope.load.model import Trace
 
 if TYPE_CHECKING:
     from perfscope.analysis.capture_map import CaptureSet
-
-TIMELINE_MAX_KERNELS = 6000
-
 
 @dataclass
 class State:
@@ -115,28 +112,6 @@ def pass_steps(st: State) -> None:
                             "restart it without that variable and trace again")
 
 
-STEPS_MIN_GPU_SHARE = 0.05  # steps holding less of the trace's GPU time than this: the whole trace is analysed
-
-
-def analysed_window(trace: Trace, stepset: StepSet) -> dict:
-    """Which window the analysis reads: the steps found, or the whole trace when they hold almost none of
-    its GPU work (e.g. profiled steps around a few kernels, the copies outside them)."""
-    total = sum(k.dur for k in trace.kernels)
-    held = sum(trace.kernels[i].dur for s in stepset.steps for i in s.kernels)
-    share = held / total if total else 1.0
-    out = {"analysed": "steps", "steps_gpu_share": round(share, 4), "gpu_ms_total": round(total / 1e3, 4)}
-    if total and share < STEPS_MIN_GPU_SHARE and stepset.method != "whole-trace" and \
-            any(k.kind != "cpu" for k in trace.kernels):
-        inside = {i for s in stepset.steps for i in s.kernels}
-        by: defaultdict[str, float] = defaultdict(float)
-        for i, k in enumerate(trace.kernels):
-            if i not in inside:
-                by[classify(k.name, k.kind)[0]] += k.dur
-        b, us = max(by.items(), key=lambda kv: kv[1])
-        out.update(analysed="whole-trace", outside_top=f"{us / (total - held):.0%} {b}")
-    return out
-
-
 def pass_metrics(st: State) -> None:
     sampler = bool(st.workload.get("serving_rules"))
     st.metrics = [step_metrics(st.trace, s, sampler=sampler) for s in st.steps]
@@ -146,18 +121,7 @@ def pass_metrics(st: State) -> None:
     n = max(len(st.metrics), 1)
     st.kernel_ms_per_step = sum(m.kernel_ms for m in st.metrics) / n
     st.buckets_ms = {b: sum(m.buckets[b] for m in st.metrics) / n for b in BUCKETS}
-    # each phase timed as the analysed steps are: by the GPU work of its steps that launched some,
-    # else (no GPU work in the phase) by the CPU ranges; steps without GPU work are counted apart
-    phases: dict = defaultdict(lambda: {"gpu": [], "cpu": []})
-    for s in st.stepset.steps:
-        phases[s.phase]["gpu" if s.kernels else "cpu"].append(s.gpu_us / 1e3 if s.kernels else s.cpu_us / 1e3)
-    st.out["phases"] = []
-    for p, v in phases.items():
-        xs = v["gpu"] or v["cpu"]
-        row = {"phase": p, "count": len(xs), "median_ms": round(statistics.median(xs), 4)}
-        if v["gpu"] and v["cpu"]:
-            row["steps_without_gpu_work"] = len(v["cpu"])
-        st.out["phases"].append(row)
+    st.out["phases"] = phase_rows(st.stepset)
     idle = [m.idle_ms for m in st.metrics if m.kernels]
     cpu = [m.cpu_ms for m in st.metrics]
     st.out["steps"] = {
@@ -275,39 +239,13 @@ def pass_roofline(st: State) -> None:
 
 def pass_timeline(st: State) -> None:
     """The kernels of the step whose time is the median: what the report draws."""
-    with_k = [(m, s) for m, s in zip(st.metrics, st.steps) if s.kernels]
-    if not with_k:
-        st.out["timeline"] = {}
-        return
-    m, s = min(with_k, key=lambda ms: abs(ms[0].gpu_ms - st.step_ms))
-    kern = st.trace.kernels
-    t0 = s.gpu_start if s.gpu_start is not None else min(kern[i].ts for i in s.kernels)  # set: it has kernels
-    rows = []
-    over = step_overrides(st.trace, s, serving=bool(st.workload.get("serving_rules")))
-    for i in s.kernels[:TIMELINE_MAX_KERNELS]:
-        k = kern[i]
-        rows.append([k.stream, round((k.ts - t0) / 1e3, 5), round(k.dur / 1e3, 5), short_name(k.name),
-                     (over.get(i) or classify(k.name, k.kind))[0]])
-    st.out["timeline"] = {"step": s.index, "label": s.label, "gpu_ms": round(m.gpu_ms, 4),
-                          "truncated": len(s.kernels) > TIMELINE_MAX_KERNELS, "kernels": rows}
+    st.out["timeline"] = median_step_timeline(st.trace, st.metrics, st.steps, st.step_ms,
+                                              serving=bool(st.workload.get("serving_rules")))
 
 
 def pass_cpu_ops(st: State) -> None:
     """Top CPU ops by total time in the analysed window (the whole analysis for CPU-only traces)."""
-    if st.steps:
-        lo = min(s.cpu_start for s in st.steps)
-        hi = max(s.cpu_end for s in st.steps)
-    else:
-        lo, hi = float("-inf"), float("inf")
-    tot: defaultdict[str, float] = defaultdict(float)
-    cnt: Counter[str] = Counter()
-    for o in st.trace.cpu_ops:
-        if lo <= o.ts <= hi:
-            tot[o.name] += o.dur
-            cnt[o.name] += 1
-    n = max(len(st.steps), 1)
-    st.out["cpu_ops"] = [{"name": k, "ms_per_step": round(v / n / 1e3, 4), "count_per_step": cnt[k] / n}
-                         for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:15]]
+    st.out["cpu_ops"] = top_cpu_ops(st.trace, st.steps)
 
 
 PASSES: tuple[Callable[[State], None], ...] = (
