@@ -260,7 +260,7 @@ def not_one_job(ranks: list[RankAnalysis]) -> list[str]:
     if len(gpus) > 1:
         out.append(f"these {len(ranks)} files ran on different GPUs ({', '.join(gpus)}): not the ranks of one job; "
                    "they are listed side by side, with no straggler")
-    ws = sorted({r.meta.get("world_size") for r in ranks if r.meta.get("world_size")})
+    ws = sorted({r.meta["world_size"] for r in ranks if r.meta.get("world_size")})
     if len(ws) > 1:
         out.append(f"these files report different world sizes ({', '.join(map(str, ws))}): not the ranks of one "
                    "job; no straggler")

@@ -26,5 +26,5 @@ def scheduler_loop(trace) -> Optional[str]:
 
 def step_gaps_ms(ctx: RuleContext) -> list[float]:
     """GPU idle between consecutive analysed steps: next step's first kernel - this step's last end."""
-    st = [s for s in ctx.steps if s.gpu_start is not None]
-    return [max(0.0, (b.gpu_start - a.gpu_end) / 1e3) for a, b in zip(st, st[1:])]
+    st = [(s.gpu_start, s.gpu_end) for s in ctx.steps if s.gpu_start is not None and s.gpu_end is not None]
+    return [max(0.0, (b[0] - a[1]) / 1e3) for a, b in zip(st, st[1:])]
