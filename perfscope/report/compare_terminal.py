@@ -11,7 +11,8 @@ from rich.text import Text
 
 from perfscope.analysis.change import describe as describe_change
 from perfscope.report.escape import Console, markup as escape, term
-from perfscope.report.terminal import BUCKET_STYLE, BoundaryText, _fmt_ms
+from perfscope.report.terminal_tables import BUCKET_STYLE, _fmt_ms
+from perfscope.report.textfit import BoundaryText
 from perfscope.report.wording import per_step_count as _count
 
 

@@ -26,7 +26,7 @@ from perfscope.analysis.buckets import BUCKETS
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
-from perfscope.report.terminal import _fmt_ms, op_where
+from perfscope.report.terminal_tables import _fmt_ms, op_where
 from perfscope.report.view import view
 from perfscope.report.wording import (evidence_pairs, gpu_arch, graph_word, ms_range,
                                      per_step_count as count,

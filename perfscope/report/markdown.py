@@ -15,7 +15,8 @@ from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis
 from perfscope.report import wording
 from perfscope.report.escape import csv_row, md_code as _code, md_text as _text
-from perfscope.report.terminal import op_where, share_of
+from perfscope.report.terminal import share_of
+from perfscope.report.terminal_tables import op_where
 from perfscope.report.view import view
 from perfscope.util.files import atomic_write_text
 
