@@ -20,8 +20,18 @@ SLOW_FIXTURES = frozenset({
 })
 
 
-# pyproject's timeout (120 s) is for the fast tests; a slow test without its own timeout mark gets this.
+# pyproject's timeout (120 s) is for the fast tests; a slow test without its own timeout mark gets
+# SLOW_TIMEOUT_S, one that uses a real engine's fixture (tests/real_engines.py: the first to ask starts
+# the engine, minutes on 2 cores) REAL_ENGINE_TIMEOUT_S.
 SLOW_TIMEOUT_S = 600
+REAL_ENGINE_TIMEOUT_S = 900
+REAL_ENGINE_FIXTURES = frozenset({"sglang_server", "vllm_server"})
+
+
+def _uses_real_engine(item) -> bool:
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    # the last definition of a name is the one the test gets (a module may define its own vllm_server)
+    return any(defs.get(name) and defs[name][-1].func.__module__ == "real_engines" for name in REAL_ENGINE_FIXTURES)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,4 +39,4 @@ def pytest_collection_modifyitems(config, items):
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+            item.add_marker(pytest.mark.timeout(REAL_ENGINE_TIMEOUT_S if _uses_real_engine(item) else SLOW_TIMEOUT_S))
