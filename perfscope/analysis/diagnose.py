@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -38,6 +37,8 @@ def diagnose(paths: Sequence[str | Path], config: Optional[dict] = None, workers
             if on_done:
                 on_done(i + 1, len(files))
     else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed  # a pool only for several files
+
         with ProcessPoolExecutor(max_workers=nproc) as pool:
             futs = {pool.submit(_worker, (tf, cfg, capture)): i for i, tf in enumerate(files)}
             done = 0

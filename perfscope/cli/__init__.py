@@ -1,17 +1,16 @@
 """The `perfscope` command line: one thin module per command in this package.
 
 Each module ``perfscope/cli/<name>.py`` exposes ``NAME`` (the command), ``ORDER`` (its place in
-``--help``) and ``command`` (a typer-style function). This file finds them, builds the app and maps
+``--help``) and ``command`` (a typer-style function). This file finds them, builds the app (with the
+one command a command line names, every command for the root's help and errors) and maps
 :class:`perfscope.errors.PerfscopeError` to its exit code in one place.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
-import pkgutil
 import signal
 import sys
 import threading
@@ -25,24 +24,29 @@ from perfscope.cli import _help
 from perfscope.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, PerfscopeError, redact
 from perfscope.report.escape import Console, markup as escape
 
-app = typer.Typer(
-    name="perfscope",
-    help=(
-        "Find and fix decode bottlenecks in live LLM inference servers.\n\n"
-        "trace: profile a server over SSH  ->  diagnose: where each decode step's time goes  ->  "
-        "fix: patch the bottleneck safely  ->  bench / compare: prove it."
-    ),
-    epilog=(
-        "Examples: [bold]perfscope demo[/] (the whole loop on this machine, on CPU)\n\n"
-        "[bold]perfscope trace --host gpu-box --out run1[/]  then  [bold]perfscope diagnose run1[/]\n\n"
-        "Every command's --help ends with examples; perfscope fix FIX_ID --help shows that fix's document."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode="rich",
-    pretty_exceptions_enable=False,
-    cls=_help.RootGroup,
-)
+
+def _new_app() -> typer.Typer:
+    """The ``perfscope`` app, no command registered yet."""
+    app = typer.Typer(
+        name="perfscope",
+        help=(
+            "Find and fix decode bottlenecks in live LLM inference servers.\n\n"
+            "trace: profile a server over SSH  ->  diagnose: where each decode step's time goes  ->  "
+            "fix: patch the bottleneck safely  ->  bench / compare: prove it."
+        ),
+        epilog=(
+            "Examples: [bold]perfscope demo[/] (the whole loop on this machine, on CPU)\n\n"
+            "[bold]perfscope trace --host gpu-box --out run1[/]  then  [bold]perfscope diagnose run1[/]\n\n"
+            "Every command's --help ends with examples; perfscope fix FIX_ID --help shows that fix's document."
+        ),
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode="rich",
+        pretty_exceptions_enable=False,
+        cls=_help.RootGroup,
+    )
+    app.callback()(_root)
+    return app
 
 
 def _version(value: bool) -> None:
@@ -51,30 +55,58 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """perfscope"""
 
 
-def _register() -> None:
-    mods = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(mod, "command") and hasattr(mod, "NAME"):
-            mods.append(mod)
-    from perfscope.cli import _help
+def _command_modules(word: str | None = None) -> list:
+    """The command modules in ``--help`` order: all of them, or (``word`` naming one, as the first
+    word of a command line does) that one alone, so a run imports and builds only the command it
+    runs. An empty list when ``word`` names no command module."""
+    import importlib.util
+    import pkgutil
 
-    for mod in sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME)):
+    if word is not None:
+        if not word.isidentifier() or word.startswith("_") or importlib.util.find_spec(f"{__name__}.{word}") is None:
+            return []
+        found = [importlib.import_module(f"{__name__}.{word}")]
+    else:
+        found = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
+                 if not info.name.startswith("_")]
+    mods = [m for m in found if hasattr(m, "command") and hasattr(m, "NAME") and (word is None or m.NAME == word)]
+    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME))
+
+
+def _build(mods: list) -> typer.Typer:
+    app = _new_app()
+    for mod in mods:
         # help that teaches: the module's EXAMPLES end its --help; HELP_CLASS for help of its own
         cls = _help.command_class(getattr(mod, "EXAMPLES", ()), getattr(mod, "HELP_CLASS", _help.Command))
         app.command(mod.NAME, help=_help.unwrap(mod.command.__doc__), cls=cls)(mod.command)
+    return app
 
 
-_register()
+def _app_for(argv: list[str]) -> typer.Typer:
+    """The app that runs ``argv``: with only the command it names when its first word names one
+    (``perfscope diagnose ...``), every command otherwise (``--help``, ``--version``, no command or an
+    unknown one: the root's help and errors list them all)."""
+    word = argv[0] if argv else None
+    mods = _command_modules(word) if word and not word.startswith("-") else []
+    return _build(mods) if mods else __getattr__("app")
+
+
+_FULL: list[typer.Typer] = []  # the app with every command, built once
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":  # the whole app, every command registered (the tests walk it)
+        if not _FULL:
+            _FULL.append(_build(_command_modules()))
+        return _FULL[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -152,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     with _Signals() as sigs:
         try:
-            rv = app(args=argv, prog_name="perfscope", standalone_mode=False)
+            rv = _app_for(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="perfscope", standalone_mode=False)
             code = rv if isinstance(rv, int) else 0
         except PerfscopeError as e:
             if _debug():

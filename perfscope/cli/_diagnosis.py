@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Optional, Sequence
-
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from perfscope.analysis.result import Diagnosis
 from perfscope.report.escape import Console
+
+if TYPE_CHECKING:  # rich's progress bars load when a terminal shows them
+    from rich.progress import Progress
 
 
 def load_config(path: Optional[Path]) -> dict:
@@ -76,6 +77,8 @@ def build_diagnosis(paths: Sequence[Path], options: Optional[DiagnosisOptions] =
 
 
 def _bar(console: Console) -> Progress:
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
 

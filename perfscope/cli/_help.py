@@ -15,6 +15,8 @@ from rich.panel import Panel
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
+from perfscope.cli import _coerce
+
 
 def _value_name(p) -> str:
     name = (p.name or "value").lower().rstrip("_")
@@ -200,6 +202,9 @@ class Command(TyperCommand):
 
     examples: Sequence[tuple[str, str]] = ()
 
+    def get_params(self, ctx):
+        return _coerce.install(super().get_params(ctx))  # values coerced without pydantic where plain
+
     def format_help(self, ctx, formatter) -> None:
         _flags_as_flags(self, ctx)
         _fold_option_help()
@@ -219,6 +224,9 @@ def _flags_as_flags(cmd, ctx) -> None:
 
 class RootGroup(TyperGroup):
     """The ``perfscope`` group: its own options (--version, --help) show as flags too."""
+
+    def get_params(self, ctx):
+        return _coerce.install(super().get_params(ctx))
 
     def format_help(self, ctx, formatter) -> None:
         _flags_as_flags(self, ctx)

@@ -122,7 +122,6 @@ def command(
 
     Exit codes: 0 ok, 1 a --fail-on finding was found, 2 unusable input."""
     from perfscope.cli._diagnosis import DiagnosisOptions, build_diagnosis
-    from perfscope.report import jsonout, terminal
 
     fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
     if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
@@ -149,8 +148,12 @@ def command(
         files = write_csv(csv_dir, d)
         err.print(f"CSV tables written: {', '.join(str(f) for f in files)}", markup=False, highlight=False)
     if json_out:
+        from perfscope.report import jsonout
+
         jsonout.emit(d.to_dict())
     else:
+        from perfscope.report import terminal
+
         terminal.render(d, Console(), top=top)
     gate(d.primary.findings, fail_on)
     return 0
