@@ -230,7 +230,7 @@ def test_median_change_on_real_bench_rounds():
     from paths import GPU_LOOP
     from perfscope.analysis.change import median_change
     from perfscope.bench.store import tpot_samples
-    from perfscope.fixengine.restart import decide
+    from perfscope.fixengine.verdict import decide
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
     bug, pages = tpot_samples(runs / "bug"), tpot_samples(runs / "pages")
@@ -252,7 +252,7 @@ def test_blame_tells_the_patch_from_the_host_on_real_rounds():
     is fast again the patch was slower; when it measures as slow (the host moved), the host."""
     from paths import GPU_LOOP
     from perfscope.bench.store import tpot_samples
-    from perfscope.fixengine.restart import blame
+    from perfscope.fixengine.verdict import blame
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
     slow, fast = tpot_samples(runs / "bug"), tpot_samples(runs / "pages")

@@ -2,8 +2,8 @@
 the same unchanged server measured as fix measures it while another process keeps a core busy.
 Each side takes as many requests as its decision needs, within the bound. A 2-core box under
 that load drifts between phases (seen: 2.40 ms then 3.40 ms median, the server unchanged), so
-fix's keep-or-revert decision (perfscope.fixengine.restart.decide) may say "revert"; fix then
-measures the original again (restart.blame, A-B-A), and an unchanged server must never have the
+fix's keep-or-revert decision (perfscope.fixengine.verdict.decide) may say "revert"; fix then
+measures the original again (verdict.blame, A-B-A), and an unchanged server must never have the
 slowdown put on the patch."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from perfscope.bench.core import measure_until
 from perfscope.bench.vocab import token_ids
-from perfscope.fixengine.restart import _before_known, _samples, blame, decide
+from perfscope.fixengine.verdict import before_known, blame, decide, samples
 from perfscope.remote.hostio import LocalHost
 from perfscope.remote.sglang_api import SGLangClient
 
@@ -31,13 +31,13 @@ def test_an_unchanged_server_under_background_load_is_never_blamed_on_the_patch(
     kw = dict(input_len=16, output_len=16, num_requests=4, max_requests=MAX, warmup=1, server_info=info, ids=ids)
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a core kept busy throughout
     try:
-        before = measure_until(client, _before_known, **kw)
-        b = _samples(before)
+        before = measure_until(client, before_known, **kw)
+        b = samples(before)
         after = measure_until(client, lambda a: decide(b, a, 0.10)[0] is not None, **kw)
-        a = _samples(after)
+        a = samples(after)
         again = None
         if decide(b, a, 0.10)[0] == "revert":
-            again = _samples(measure_until(client, lambda x: blame(a, x, 0.10)[0] is not None, **kw))
+            again = samples(measure_until(client, lambda x: blame(a, x, 0.10)[0] is not None, **kw))
     finally:
         burner.kill()
         burner.wait()

@@ -266,7 +266,7 @@ def _act(o: FixOptions, fix: FixModule, fhost: FixHost, req: FixRequest, env: En
     if o.revert:
         rep = engine.revert(fix, fhost, req, env)
         if rep.outcome.kind == "reverted":
-            from perfscope.fixengine.restart import after_revert
+            from perfscope.fixengine.server_restart import after_revert
 
             after_revert(fhost, req, rep, restart, what=kind_of(fix).changes, log=log)
     elif o.apply and restart:

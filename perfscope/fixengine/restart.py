@@ -36,6 +36,9 @@ The sequence:
 ``restart.json`` (the record: command, TPOT before/after, healthy, reverted, ...) and ``fix.json``
 (the final report) are written last, atomically, whatever the outcome; nothing in the run folder
 is ever half-written.
+
+Running CMD and waiting for ``/health``: :mod:`perfscope.fixengine.server_restart`; the measurements and
+the keep-or-revert and blame decisions: :mod:`perfscope.fixengine.verdict`.
 """
 
 from __future__ import annotations
@@ -54,131 +57,13 @@ from perfscope.fixengine.options import BenchSpec, RestartOptions
 from perfscope.fixengine.patch import apply
 from perfscope.fixengine.request import FixRequest, Report
 from perfscope.fixengine.restore import revert
+from perfscope.fixengine.server_restart import restart, server_pid
+from perfscope.fixengine.verdict import before_known, blame, decide, measure, samples, store, tpot
 from perfscope.util.files import atomic_write_text
 
-__all__ = ["BenchSpec", "RestartOptions", "after_revert", "apply_with_restart", "blame", "decide"]
+__all__ = ["BenchSpec", "RestartOptions", "apply_with_restart"]
 
 RESTART_FILE = "restart.json"
-GRACE_S = 2.0  # after CMD returns, before polling /health: the old process may still answer
-
-# CMD runs in an inner shell whose stdio is a temporary file, not the pipe (local) or SSH channel
-# the outer shell's output goes through: a server CMD starts in the background inherits the file,
-# so the outer shell (and the caller's read of its output) ends when CMD returns.
-_WRAP = ('f=$(mktemp 2>/dev/null) || f=/tmp/perfscope-restart.$$; '
-         'sh -c "$1" </dev/null >"$f" 2>&1; rc=$?; tail -c 2000 "$f"; rm -f "$f"; exit $rc')
-
-
-def _measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None, enough=None):
-    from perfscope.bench.core import measure_until
-    from perfscope.bench.vocab import is_loopback_url, token_ids
-
-    # prompt ids inside the model's vocabulary: its config.json, read where the server runs
-    io = getattr(host, "io", None) if host is not None and (host.remote or is_loopback_url(client.base_url)) else None
-    ids, _ = token_ids(info, io)
-    return measure_until(client, enough, input_len=spec.input_len, output_len=spec.output_len,
-                         concurrency=spec.concurrency, num_requests=spec.num_requests,
-                         max_requests=max(spec.max_requests, spec.num_requests), warmup=spec.warmup,
-                         server_info=info, ids=ids)
-
-
-def _before_known(tpots: list[float]) -> bool:
-    """BEFORE's median is known well enough to decide against: to +-NOISE."""
-    from perfscope.analysis.change import NOISE, median_interval
-
-    iv = median_interval(tpots)
-    return iv is not None and max(-iv[0], iv[1]) <= NOISE
-
-
-def decide(before: list[float], after: list[float], max_slowdown: float) -> tuple[Optional[str], dict]:
-    """("revert" | "keep" | None: undecided, the change with its interval). Revert only when the
-    whole interval of the TPOT median's change lies above ``max_slowdown``; keep only when it
-    lies wholly at or below it."""
-    from perfscope.analysis.change import median_change
-
-    c = median_change(before, after)
-    if not c.get("interval"):
-        return None, c
-    lo, hi = c["interval"]
-    if lo > max_slowdown:
-        return "revert", c
-    if hi <= max_slowdown:
-        return "keep", c
-    return None, c
-
-
-def blame(after: list[float], again: list[float], max_slowdown: float) -> tuple[Optional[str], dict]:
-    """Who made it slower, once a patch was reverted as slower: the original server measured again
-    after the revert (``again``; an A-B-A design) against the patched one (``after``). "patch" when
-    the patched TPOT median lies surely more than ``max_slowdown`` above the original's again; "host"
-    when the original measures as slow now (the change lies wholly at or below ``max_slowdown``):
-    the host's background load or drift moved both, not the patch; None: undecided. Returns the
-    verdict and the change from AFTER to AGAIN's side (``decide(again, after)``)."""
-    verdict, c = decide(again, after, max_slowdown)
-    return {"revert": "patch", "keep": "host"}.get(verdict or ""), c
-
-
-def _samples(res) -> list[float]:
-    return [r["tpot_ms"] for r in res.per_request if r.get("ok") and r.get("tpot_ms") is not None]
-
-
-def _store(folder: Path, res, url: str, host: FixHost, info: dict, argv: list[str]) -> dict:
-    """``folder/bench.json`` + ``run.json``, as ``perfscope bench --out`` writes them; returns the summary."""
-    from perfscope.bench.store import store as store_bench
-
-    store_bench(folder, res, url, host.label if host.remote else None, info, argv)
-    return res.to_dict(per_request=False)
-
-
-def _run_cmd(host: FixHost, cmd: str, timeout: float) -> tuple[bool, str]:
-    try:
-        r = host.run(["sh", "-c", _WRAP, "perfscope-restart", cmd], timeout=max(1.0, timeout))
-    except PerfscopeError as e:  # the command did not return in time, or the host went away
-        if "timed out" in str(e):
-            return False, f"the restart command did not return within {timeout:g}s"
-        return False, f"restart command: {e}"
-    if r.rc != 0:
-        tail = " ".join((r.stdout or r.stderr or "").strip().splitlines()[-3:])[-300:]
-        return False, f"restart command exited {r.rc}" + (f": {tail}" if tail else "")
-    return True, ""
-
-
-def _server_pid(host: FixHost, port: Optional[int]) -> Optional[int]:
-    """The pid of the process listening on ``port`` on the host, if it can be seen."""
-    if not port:
-        return None
-    try:
-        pid = host.io.server_process(port).get("pid")
-    except PerfscopeError:
-        return None
-    return pid if isinstance(pid, int) else None
-
-
-def _restart(host: FixHost, cmd: str, client, timeout: float, *, port: Optional[int] = None,
-             old_pid: Optional[int] = None) -> tuple[bool, str]:
-    """Run CMD, then wait for /health; both within ``timeout`` seconds. (ok, why not). With
-    ``old_pid`` (the process that served ``port`` before CMD): an answer from that same process is
-    no restart (a CMD that failed to stop the old server leaves it answering /health, and the new
-    one cannot bind the port), and measuring it would credit the patch with the old code's speed."""
-    deadline = time.monotonic() + timeout
-    ok, why = _run_cmd(host, cmd, timeout)
-    if not ok:
-        return False, why
-    time.sleep(max(0.0, min(GRACE_S, deadline - time.monotonic())))
-    left = deadline - time.monotonic()
-    try:
-        client.wait_healthy(timeout=max(0.5, left), interval=0.5)
-    except PerfscopeError:
-        return False, f"no healthy answer on {client.base_url}/health within {timeout:g}s of the restart"
-    if old_pid is not None and _server_pid(host, port) == old_pid:
-        return False, (f"the server was not restarted: process {old_pid}, which served port {port} before "
-                       "the restart command, still serves it (the command did not stop it)")
-    return True, ""
-
-
-def _tpot(summary: Optional[dict]) -> Optional[float]:
-    v = (summary or {}).get("tpot_ms")
-    return float(v) if isinstance(v, (int, float)) else None
-
 
 def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, opts: RestartOptions, *,
                        log: Callable[[str], None] = print, planned: Optional[Planned] = None) -> Report:
@@ -214,7 +99,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Envi
     def finish(rep: Report) -> Report:
         rep.extra["run_dir"] = str(out)
         record.update(outcome=rep.outcome.kind, reason=rep.outcome.reason,
-                      tpot_ms_before=_tpot(record["before"]), tpot_ms_after=_tpot(record["after"]),
+                      tpot_ms_before=tpot(record["before"]), tpot_ms_after=tpot(record["after"]),
                       seconds=round(time.monotonic() - t0, 1))
         b, a = record["tpot_ms_before"], record["tpot_ms_after"]
         record["speedup"] = round(b / a, 2) if b and a else None
@@ -233,7 +118,7 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Envi
         fresh_baseline = bool((req.facts or {}).get("trace"))
     if fresh_baseline:
         log(f"restarting the unpatched server first (a fresh process to measure, as the patched one will be): {cmd}")
-        ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
+        ok, why = restart(host, cmd, client, health_timeout, port=req.port, old_pid=server_pid(host, req.port))
         record["baseline_restart"] = {"ok": ok, "why": why or None}
         if not ok:
             rep.outcome = Failed(f"the restart before measuring failed ({why}); nothing was patched")
@@ -241,9 +126,9 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Envi
     info = client.server_info()
     log(f"measuring before the patch (rounds of {spec.num_requests} requests until its TPOT median is known to "
         f"+-5%, at most {max(spec.max_requests, spec.num_requests)}; in={spec.input_len} out={spec.output_len}) ...")
-    res = _measure(client, info, spec, host, _before_known)
-    record["before"] = _store(out / "before", res, client.base_url, host, info, argv)
-    record["before_samples_ms"] = _samples(res)
+    res = measure(client, info, spec, host, before_known)
+    record["before"] = store(out / "before", res, client.base_url, host, info, argv)
+    record["before_samples_ms"] = samples(res)
 
     # 3. apply, refused if the file changed while we measured
     areq = dataclasses.replace(req, expect_sha256=req.expect_sha256 or rep.sha256_before)
@@ -267,18 +152,18 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
                         max_slowdown=0.10):
     # 4. restart and 5. measure again
     log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
-    ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
+    ok, why = restart(host, cmd, client, health_timeout, port=req.port, old_pid=server_pid(host, req.port))
     if ok:
         try:
             info2 = client.server_info()
             log("healthy; measuring after the patch (rounds until the change is decided) ...")
             before = record["before_samples_ms"]
-            res2 = _measure(client, info2, spec, host, lambda a: decide(before, a, max_slowdown)[0] is not None)
+            res2 = measure(client, info2, spec, host, lambda a: decide(before, a, max_slowdown)[0] is not None)
         except PerfscopeError as e:
             ok, why = False, f"healthy, but the benchmark failed: {e}"
         else:
-            record["after"] = _store(out / "after", res2, client.base_url, host, info2, argv)
-            record["after_samples_ms"] = _samples(res2)
+            record["after"] = store(out / "after", res2, client.base_url, host, info2, argv)
+            record["after_samples_ms"] = samples(res2)
     record["healthy"] = ok
     slower = False
     if ok:
@@ -315,7 +200,7 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
     except PerfscopeError as e:
         reverted, rwhy = False, str(e)
     record["reverted"] = reverted
-    ok2, why2 = _restart(host, cmd, client, health_timeout)
+    ok2, why2 = restart(host, cmd, client, health_timeout)
     record["healthy_after_revert"] = ok2
     what = "the server was slower with the patch" if slower else "the server did not come back healthy with the patch"
     if not reverted:
@@ -343,12 +228,12 @@ def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Pa
     log("measuring the original again, to tell the patch's slowdown from the host's ...")
     try:
         info = client.server_info()
-        res = _measure(client, info, spec, host, lambda a: blame(after, a, max_slowdown)[0] is not None)
+        res = measure(client, info, spec, host, lambda a: blame(after, a, max_slowdown)[0] is not None)
     except PerfscopeError as e:
         record["blame"] = "unmeasured"
         return f"; the original could not be measured again ({e})"
-    record["again"] = _store(out / "again", res, client.base_url, host, info, argv)
-    record["again_samples_ms"] = _samples(res)
+    record["again"] = store(out / "again", res, client.base_url, host, info, argv)
+    record["again_samples_ms"] = samples(res)
     who, c = blame(after, record["again_samples_ms"], max_slowdown)
     record["blame"] = who or "undecided"
     record["change_again"] = c
@@ -360,29 +245,3 @@ def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Pa
                 "(background load or drift), not necessarily the patch: measure again on a quiet host "
                 "(perfscope bench) before trying the fix again")
     return f"; the original, measured again, does not tell the patch from the host ({said})"
-
-
-def after_revert(host: FixHost, req: FixRequest, rep: Report, opts: Optional[RestartOptions], *, what: str,
-                 log: Callable[[str], None] = print) -> None:
-    """After a revert: restart the server with ``opts.cmd`` and wait healthy (the original takes
-    effect), or say that the running server still runs what the fix changed (``what``: its kind's
-    ``changes``, "code" or "flags")."""
-    if opts is None:
-        rep.notes.append(f"the running server still has the fix's {what} (it was started before this revert): "
-                         f"restart it, or pass --restart-cmd CMD, for the original {what} to take effect")
-        return
-    from perfscope.remote.sglang_api import SGLangClient
-
-    if not req.server_url:
-        raise InputError("--restart-cmd needs the server's HTTP API to see it healthy again: --url (local) "
-                         "or --host with --port")
-    cmd, health_timeout = opts.cmd, opts.health_timeout
-    client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
-    log(f"restarting the server with the original {what}: {cmd} (healthy within {health_timeout:g}s)")
-    ok, why = _restart(host, cmd, client, health_timeout, port=req.port, old_pid=_server_pid(host, req.port))
-    rep.extra["restart"] = {"restart_cmd": cmd, "healthy": ok, "why": why or None}
-    if ok:
-        rep.notes.append(f"the server was restarted ({cmd}) and answers /health: it runs the original {what}")
-    else:
-        rep.outcome = Failed(f"{rep.path} was reverted byte for byte, but the restart failed ({why}): the server "
-                             f"may still run the fix's {what}, or not run at all: look at it now")
