@@ -61,13 +61,13 @@ class DiagnosisOptions:
 
 def build_diagnosis(paths: Sequence[Path], options: Optional[DiagnosisOptions] = None) -> Diagnosis:
     """The diagnosis of ``paths`` as ``options`` say, its fix commands aimed at the run and its one input."""
-    from perfscope.cluster import onhost
+    from perfscope.cluster import onhost_stored
 
     opts = options or DiagnosisOptions()
-    stored = onhost.on_host_folder(list(paths))
+    stored = onhost_stored.on_host_folder(list(paths))
     if stored is not None:  # trace --analyse-on-host: its results, made on the host, without these options
-        onhost.refuse_options(stored, opts.analysis_options())
-        d = onhost.stored_diagnosis(stored)
+        onhost_stored.refuse_options(stored, opts.analysis_options())
+        d = onhost_stored.stored_diagnosis(stored)
     elif opts.ray is not None:
         d = _on_ray(paths, opts)
     else:

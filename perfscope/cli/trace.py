@@ -271,7 +271,7 @@ def _fetch(run_dir: Path, err: Console, ssh: _options.SSHOptions, *, json_out: b
     import contextlib
     from typing import Iterator
 
-    from perfscope.cluster.onhost import fetch as fetch_traces
+    from perfscope.cluster.onhost_fetch import fetch as fetch_traces
     from perfscope.errors import redact
     from perfscope.remote.hostio import SSHHost
     from perfscope.remote.ssh import connect

@@ -14,10 +14,11 @@ with msgspec (:data:`perfscope.cluster.onhost_task.DEPENDENCIES`), not perfscope
    it, :func:`perfscope.analysis.split.rank_task` on each rank file); its gzipped results (bounded
    read) are the only thing copied back, stored as ``RUN_DIR/ranks.json.gz`` with each raw trace's
    sha256 and size in run.json. The folder on the host is removed; the traces stay.
-3. :func:`stored_diagnosis`: ``perfscope diagnose RUN_DIR`` reduces the stored results
-   (:func:`perfscope.analysis.split.reduce`): the diagnosis ``diagnose`` makes of the same traces
-   copied into ``RUN_DIR/traces/`` (each rank's file named as there).
-4. :func:`fetch`: ``trace --fetch RUN_DIR`` copies the raw traces (sha256-checked) into ``traces/``.
+3. :func:`~perfscope.cluster.onhost_stored.stored_diagnosis`: ``perfscope diagnose RUN_DIR`` reduces the
+   stored results (:func:`perfscope.analysis.split.reduce`): the diagnosis ``diagnose`` makes of the same
+   traces copied into ``RUN_DIR/traces/`` (each rank's file named as there).
+4. :func:`~perfscope.cluster.onhost_fetch.fetch`: ``trace --fetch RUN_DIR`` copies the raw traces
+   (sha256-checked) into ``traces/``.
 
 A failure (a dependency missing, a rank file gone, the analysis killed or past its timeout, the connection
 lost) is one line; the run folder is then marked incomplete, never left with half the results."""
@@ -31,16 +32,12 @@ import json
 import time
 import zipfile
 import zlib
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from perfscope import __version__
 from perfscope.errors import InputError, RemoteError
-
-if TYPE_CHECKING:
-    from perfscope.remote.hostio import HostIO
 
 RESULTS = "ranks.json.gz"
 WHERE = "host"
@@ -134,14 +131,14 @@ def is_on_host(data: dict) -> bool:
     return (data.get("analysis") or {}).get("where") == WHERE and not data.get("files")
 
 
-def _folders(run_dir: Path, data: dict) -> list[tuple[str, Path]]:
+def run_folders(run_dir: Path, data: dict) -> list[tuple[str, Path]]:
     """(prefix of its files' paths in RUN_DIR's run.json, folder) of each folder with its own results."""
     if data.get("members"):
         return [(f"{m['dir']}/", run_dir / m["dir"]) for m in data["members"]]
     return [("", run_dir)]
 
 
-def _read_json(path: Path) -> dict:
+def read_run_json(path: Path) -> dict:
     from perfscope.util import jsonio
 
     return jsonio.read(path, "run.json of a run folder; damaged?", expect=dict)
@@ -157,12 +154,12 @@ def analyse_run(io, run_dir: str | Path, *, python: str, label: str, config: Opt
     from perfscope.util.files import atomic_write_bytes
 
     run_dir = Path(run_dir)
-    data = _read_json(run_dir / rundir.RUN_FILE)
+    data = read_run_json(run_dir / rundir.RUN_FILE)
     entries = list(data.get("remote_files") or [])
     if not entries:
         raise InputError(f"{run_dir}: run.json lists no trace on the host (remote_files) to analyse there")
     ht_dir = run_dir / rundir.HOST_TIMING_DIR
-    ht_data = _read_json(ht_dir / rundir.RUN_FILE) if (ht_dir / rundir.RUN_FILE).is_file() else {}
+    ht_data = read_run_json(ht_dir / rundir.RUN_FILE) if (ht_dir / rundir.RUN_FILE).is_file() else {}
     ht_entries = [e for e in ht_data.get("remote_files") or [] if e.get("role") != "frontend"]
 
     def spec(e: dict) -> dict:
@@ -185,7 +182,7 @@ def analyse_run(io, run_dir: str | Path, *, python: str, label: str, config: Opt
             raise _failure(r, label)
         cap = limits.max_reply_bytes()
         raw = io.get(out, cap)
-        res = _gunzip_json(raw, cap, f"the analysis results from {label}")
+        res = gunzip_json(raw, cap, f"the analysis results from {label}")
     finally:
         io.discard_dir(job_dir, prefix=JOB_PREFIX)
     hashes = {h["path"]: h for h in res.get("files") or []}
@@ -227,7 +224,9 @@ def _failure(r, label: str) -> Exception:
                        "the traces stay on the host (perfscope trace --fetch copies them)")
 
 
-def _gunzip_json(raw: bytes, cap: int, what: str):
+def gunzip_json(raw: bytes, cap: int, what: str):
+    """The JSON object gzipped in ``raw`` (at most ``cap`` bytes once unzipped); RemoteError naming ``what``
+    when it is not one."""
     from perfscope.util.limits import too_big
 
     d = zlib.decompressobj(31)
@@ -244,157 +243,3 @@ def _gunzip_json(raw: bytes, cap: int, what: str):
     if not isinstance(out, dict):
         raise RemoteError(f"{what} are not a JSON object: damaged")
     return out
-
-
-# --- diagnose RUN_DIR ------------------------------------------------------------------------------
-
-# diagnose's options that change a rank's analysis: refused on stored results (they were made without them)
-PER_RANK_OPTIONS = ("--config", "--model-config", "--batch", "--context", "--server-log", "--capture-trace", "--ray")
-
-
-def on_host_folder(paths: list) -> Optional[Path]:
-    """The run folder among ``paths`` whose traces stay on its host (None: none is). Such a folder
-    goes alone: InputError when other paths come with it."""
-    from perfscope.rundir import RUN_FILE
-
-    hit = None
-    for p in paths:
-        p = Path(p)
-        if p.is_dir() and (p / RUN_FILE).is_file():
-            try:
-                data = _read_json(p / RUN_FILE)
-            except InputError:
-                continue
-            if is_on_host(data):
-                hit = p
-    if hit is not None and len(paths) > 1:
-        raise InputError(f"{hit} was analysed on its host (trace --analyse-on-host): diagnose it alone, or fetch "
-                         f"its traces first (perfscope trace --fetch {hit})")
-    return hit
-
-
-def refuse_options(run_dir: Path, given: list[str]) -> None:
-    if given:
-        raise InputError(f"{run_dir} was analysed on its host (trace --analyse-on-host) and its traces stay there: "
-                         f"{', '.join(given)} change{'s' if len(given) == 1 else ''} each rank's analysis, which needs "
-                         f"the traces; fetch them (perfscope trace --fetch {run_dir}) and diagnose again")
-
-
-def stored_diagnosis(run_dir: str | Path):
-    """The :class:`Diagnosis` of a run folder analysed on its host(s), from its stored results: the one
-    ``diagnose`` makes of the same traces in ``traces/`` (files named as there)."""
-    from perfscope.analysis.result import RankAnalysis
-    from perfscope.analysis.split import reduce
-    from perfscope.load.discover import TraceFile, TraceSet
-    from perfscope.rundir import read_run
-
-    run_dir = Path(run_dir)
-    info = read_run(run_dir)
-    data = info.data
-    root_entries = []
-    workers = 0
-    for prefix, folder in _folders(run_dir, data):
-        fd = data if folder == run_dir else _read_json(folder / "run.json")
-        a = fd.get("analysis") or {}
-        if a.get("where") != WHERE or a.get("status") != "done" or not (folder / RESULTS).is_file():
-            raise InputError(f"{folder}: the analysis on its host did not finish (no {RESULTS}): rerun the trace, or "
-                             f"fetch the traces (perfscope trace --fetch {run_dir}) and diagnose them here")
-        workers = max(workers, int(a.get("workers") or 1))
-        from perfscope.util import limits
-        from perfscope.util.files import read_regular
-
-        cap = limits.max_reply_bytes()
-        stored = _gunzip_json(bytes(read_regular(folder / RESULTS, cap, "PERFSCOPE_MAX_REPLY_MB")), cap,
-                              f"{folder / RESULTS}")
-        ok_by_path = {x["path"]: x["ok"] for x in stored.get("ranks") or []}
-        for e in fd.get("remote_files") or []:
-            local = (run_dir / (prefix + e["path"])).resolve()
-            root_entries.append((e, local, ok_by_path.get(e["path"])))
-    # as read_run, then discover, order and deduplicate the files of a run folder
-    root_entries.sort(key=lambda t: (t[0].get("host") or "", t[0]["rank"] if t[0].get("rank") is not None else 1 << 30,
-                                     t[0].get("stage") or "", str(t[1])))
-    seen: dict = {}
-    kept, dups = [], []
-    for e, local, res in root_entries:
-        key = e.get("sha256") if len(root_entries) > 1 else None
-        if key and key in seen:
-            dups.append({"path": str(local), "same_as": str(seen[key]), "how": "identical bytes"})
-            continue
-        if key:
-            seen[key] = local
-        kept.append((e, local, res))
-    frontend = [local for e, local, _ in kept if e.get("role") == "frontend"]
-    kept = [t for t in kept if t[0].get("role") != "frontend"]
-    kept.sort(key=lambda t: (t[0].get("host") or "", t[0]["rank"] if t[0].get("rank") is not None else -1,
-                             t[0].get("stage") or "", t[1].name))
-    ranks = []
-    for e, local, res in kept:
-        if res is None:
-            raise InputError(f"{run_dir}: no stored result for {e['path']}: fetch the traces (perfscope trace --fetch "
-                             f"{run_dir}) and diagnose them here")
-        ra = RankAnalysis.from_dict(res)
-        ra.file = str(local)
-        if "path" in ra.meta:
-            ra.meta["path"] = str(local)
-        ranks.append(ra)
-    tset = TraceSet(files=[TraceFile(path=local, rank=e.get("rank"), stage=e.get("stage"), host=e.get("host"))
-                           for e, local, _ in kept],
-                    run_dir=run_dir, run_info=data, duplicates=dups, frontend=frontend)
-    return reduce(tset, ranks, {"files": len(ranks), "workers": workers, "bound": WHERE})
-
-
-# --- trace --fetch RUN_DIR -------------------------------------------------------------------------
-
-def fetch(run_dir: str | Path, connect_host: Callable[[str], AbstractContextManager[HostIO]], say: Callable[[str], None] = lambda m: None,
-          progress=None) -> int:
-    """Copy the raw traces a run folder lists on its host(s) into its ``traces/`` folders (each checked
-    against its sha256), and list them in run.json as ordinary trace files. ``connect_host(label)``: a
-    context manager giving the HostIO of that host. Returns the bytes copied."""
-    from perfscope import rundir
-
-    run_dir = Path(run_dir)
-    data = _read_json(run_dir / rundir.RUN_FILE)
-    if not data.get("remote_files"):
-        raise InputError(f"{run_dir}: run.json lists no trace left on a host (remote_files): nothing to fetch")
-    if data.get("files"):
-        raise InputError(f"{run_dir}: its traces were fetched already")
-    todo = []  # (folder, its run.json data)
-    for _, folder in _folders(run_dir, data):
-        fd = data if folder == run_dir else _read_json(folder / rundir.RUN_FILE)
-        todo.append((folder, fd))
-        ht = folder / rundir.HOST_TIMING_DIR
-        if (ht / rundir.RUN_FILE).is_file():
-            hd = _read_json(ht / rundir.RUN_FILE)
-            if hd.get("remote_files") and not hd.get("files"):
-                todo.append((ht, hd))
-    total = 0
-    done: dict[Path, list] = {}
-    for folder, fd in todo:
-        files = []
-        for e in fd.get("remote_files") or []:
-            if not e.get("sha256"):
-                raise InputError(f"{folder}: run.json has no sha256 for {e['path']} (its analysis did not finish): "
-                                 f"copy {e.get('host')}:{e['remote_path']} by hand")
-        by_host: dict = {}
-        for e in fd.get("remote_files") or []:
-            by_host.setdefault(e.get("host") or fd.get("host"), []).append(e)
-        for host, es in by_host.items():
-            with connect_host(host) as io:
-                for e in es:
-                    local = folder / e["path"]
-                    task = progress.add_task(f"{host} {Path(e['path']).name}", total=e.get("bytes")) if progress else None
-                    cb = (lambda d, t, task=task: progress.update(task, completed=d)) if progress else None
-                    io.fetch(e["remote_path"], local, e["sha256"], cb)
-                    total += local.stat().st_size
-                    files.append({k: v for k, v in e.items() if k != "remote_path"})
-        done[folder] = files
-        say(f"{len(files)} trace file(s) from {', '.join(by_host)} -> {folder / rundir.TRACES_DIR}")
-    for folder, files in done.items():  # run.json last: a fetch cut short leaves the folder as it was
-        if folder != run_dir:
-            rundir.update_run(folder, files=files)
-    if data.get("members"):
-        rundir.update_run(run_dir, files=[{k: v for k, v in e.items() if k != "remote_path"}
-                                          for e in data["remote_files"]])
-    else:
-        rundir.update_run(run_dir, files=done[run_dir])
-    return total
