@@ -230,7 +230,7 @@ def test_cli_list_doc_and_exit_codes(tmp_path):
 
 
 def test_docs_fixes_md_is_generated_from_the_code():
-    from perfscope.cli.fix import list_doc
+    from perfscope.cli._fix_doc import list_doc
 
     assert (REPO / "docs" / "fixes.md").read_text(encoding="utf-8") == list_doc(True), \
         "docs/fixes.md is stale: python -m perfscope fix --list --doc > docs/fixes.md"
