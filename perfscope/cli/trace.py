@@ -8,12 +8,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import urlparse
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from perfscope.cli import _apikey, _options, _paths
+from perfscope.cli import _apikey, _argv, _options, _paths
 from perfscope.errors import InputError
 from perfscope.report.escape import Console
 
@@ -31,56 +31,6 @@ EXAMPLES = [
      "the host's Python analyses the traces (needs msgspec there): only the results come back, the traces stay "
      "(perfscope trace --fetch run1 copies them later)"),
 ]
-
-_SECRET_OPT = re.compile(r"^--?(api[-_]?key|admin[-_]?api[-_]?key|token|password|passphrase)(=|$)", re.I)
-
-
-def scrub_argv(argv: list[str]) -> list[str]:
-    """argv for run.json: values of secret-looking options dropped, URL credentials removed.
-    (``--api-key-env`` names a variable, not a secret, and is kept.)"""
-    out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            out.append("***")
-            skip = False
-            continue
-        m = _SECRET_OPT.match(a)
-        if m and not a.lower().startswith("--api-key-env"):
-            if m.group(2) == "=":
-                out.append(a.split("=", 1)[0] + "=***")
-            else:
-                out.append(a)
-                skip = True
-            continue
-        if "://" in a and "@" in a:
-            u = urlparse(a)
-            if u.username or u.password:
-                a = urlunparse(u._replace(netloc=(u.hostname or "") + (f":{u.port}" if u.port else "")))
-        out.append(a)
-    return out
-
-
-def _canonical_argv(ctx: typer.Context | None) -> list[str]:
-    """What was run, rebuilt from the parsed options (so it is the same from a shell or a test,
-    and holds no secret: the API key is only ever named by --api-key-env)."""
-    argv = ["perfscope", NAME]
-    if ctx is None:
-        return argv
-    for p in ctx.command.params:
-        v = ctx.params.get(p.name)
-        if v is None or v == p.default or (isinstance(v, (list, tuple)) and not v):
-            continue
-        flag = max(p.opts, key=len)
-        if isinstance(v, bool):
-            argv.append(flag)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                argv += [flag, str(x)]
-        else:
-            argv += [flag, str(v)]
-    return argv
-
 
 def command(
     ctx: typer.Context,
@@ -199,7 +149,7 @@ def command(
     if analyse_on_host and not keep_remote:
         err.print("note: --analyse-on-host keeps the traces on the host (--keep-remote implied); "
                   "perfscope trace --fetch RUN copies them later", markup=False, highlight=False)
-    argv = scrub_argv(_canonical_argv(ctx))
+    argv = _argv.scrub_argv(_argv.canonical_argv(ctx, NAME))
     from perfscope.errors import redact
 
     log = lambda m: err.print(redact(m), markup=False, highlight=False)  # noqa: E731  (no key in any line)
