@@ -268,9 +268,8 @@ def test_table_is_declarative_and_compiles():
 def test_real_sglang_sampling_lands_in_its_step():
     # SGLang's step[DECODE] annotation closes before the sampler launches its argmax: the kernels
     # launched right after it are the step's sampling, not lost between steps
-    from perfscope.analysis.diagnose import diagnose
 
-    d = diagnose([SGL_H200]).to_dict()
+    d = real_diagnosis(SGL_H200).to_dict()
     assert d["steps"]["method"] == "sglang-annotation" and d["steps"]["count"] == 10
     assert d["buckets"]["sampling"]["ms_per_step"] > 0.005  # ArgMaxOps (greedy), ~10 us per step
     assert d["buckets"]["attention"]["ms_per_step"] == pytest.approx(
@@ -288,13 +287,12 @@ def _raw_events(path: Path) -> list:
 def test_deepseek_deep_ep_is_the_communication_bucket():
     # DeepSeek's H800 training trace (deepseek-ai/profile-data train.json: a DualPipe forward+backward
     # chunk pair, EP64): its `dpsk::ep::` kernels are about half of kernel time and were "other"
-    from perfscope.analysis.diagnose import diagnose
 
     kernels = [e for e in _raw_events(DEEPSEEK_TRAIN) if e.get("ph") == "X" and e.get("cat") == "kernel"]
     total = sum(e["dur"] for e in kernels)
     ep = sum(e["dur"] for e in kernels if "dpsk::ep::" in e["name"])
     assert 0.40 < ep / total < 0.50  # the trace is what its README says: EP all-to-all ~46%
-    d = diagnose([DEEPSEEK_TRAIN]).to_dict()
+    d = real_diagnosis(DEEPSEEK_TRAIN).to_dict()
     comm = d["buckets"]["communication"]
     assert comm["share"] == pytest.approx(ep / total, abs=0.002), (comm, ep / total)
     assert d["buckets"]["other"]["share"] < 0.01
@@ -334,9 +332,8 @@ def test_cudnn_sdpa_kernels_are_attention():
     assert set(timed) == set(per) and all(v > 0 for v in timed.values())
     assert {c: sorted(ns) for c, ns in per.items()} == {c: sorted(k for k in ks if not k.startswith("["))
                                                         for c, ks in t["kernels_per_case"].items()}
-    from perfscope.analysis.diagnose import diagnose
 
-    d = diagnose([SDPA_CUDNN]).to_dict()
+    d = real_diagnosis(SDPA_CUDNN).to_dict()
     assert d["buckets"]["attention"]["share"] > 0.99 and d["buckets"]["gemm"]["ms_per_step"] == 0
 
 
@@ -369,12 +366,11 @@ def test_moe_router_topk_is_not_sampling(name):
 def test_sampling_topk_after_the_lm_head_stays_sampling(name):
     # the same torch top-k / sort kernels after the step's last GEMM (the LM head, H200 kernel-mix traces):
     # sampling, every one of them
-    from perfscope.analysis.diagnose import diagnose
 
     t = load_trace(KERNEL_MIX / f"{name}.json.gz")
     sort_us = sum(k.dur for k in t.kernels if re.search(r"gatherTopK|bitonicSort|RadixSort|radixSort|mbtopk", k.name))
     assert sort_us > 0
-    d = diagnose([KERNEL_MIX / f"{name}.json.gz"]).to_dict()
+    d = real_diagnosis(KERNEL_MIX / f"{name}.json.gz").to_dict()
     assert "moe/routing" not in d["sub_buckets"]
     assert d["buckets"]["sampling"]["ms_per_step"] * d["steps"]["count"] * 1e3 >= 0.999 * sort_us
 

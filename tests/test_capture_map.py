@@ -12,6 +12,7 @@ from paths import H200, TRACELENS
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.capture_map import CaptureSet, align, load_capture, node_key
 from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 from perfscope.errors import InputError
 from perfscope.load.reader import load_trace
 
@@ -43,7 +44,7 @@ def test_sglang_replay_is_mapped_kernel_for_kernel():
 
 
 def test_sglang_ops_table_gets_op_chain_shapes_and_source():
-    without = diagnose([SGL]).to_dict()
+    without = real_diagnosis(SGL).to_dict()
     top0 = without["ops"][0]
     assert top0["graph_replay"] and not top0["op_chain"] and top0["source"] is None
 

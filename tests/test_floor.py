@@ -12,7 +12,7 @@ import pytest
 
 from clirun import invoke
 from paths import H200, REPO, TRACELENS
-from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 from perfscope.analysis.floor import compute_floor, with_floor_inputs
 from perfscope.analysis.gpus import GPUS, match_gpu
 from perfscope.analysis.model_config import (
@@ -284,7 +284,7 @@ def test_repro_server_info_shape():
 # ------------------------------------------------------------------------------------------ real H200 traces
 def _diag(name: str, **opts) -> dict:
     cfg = with_floor_inputs({}, EXAMPLE, opts.get("batch"), opts.get("context"))
-    return diagnose([H200 / name], cfg).to_dict()
+    return real_diagnosis(H200 / name, config=cfg).to_dict()
 
 
 def test_fixed_step_floor_on_h200():
@@ -337,7 +337,7 @@ def test_options_override_the_example_workload():
 
 
 def test_without_model_config_the_json_says_what_is_missing():
-    d = diagnose([H200 / "mla_fp8_graph.json.xz"]).to_dict()
+    d = real_diagnosis(H200 / "mla_fp8_graph.json.xz").to_dict()
     assert d["floor"]["available"] is False
     assert d["floor"]["missing"].startswith("floor: needs --model-config")
 

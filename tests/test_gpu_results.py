@@ -11,6 +11,7 @@ import pytest
 from paths import REPO
 from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 
 RESULTS = REPO / "examples" / "gpu_loop" / "results"
 # two pool sizes: 495,000 tokens (the notes' setup) and 250,000 (a size the rule was not tuned on);
@@ -26,7 +27,7 @@ def _bench_tpot(runs, run: str) -> float:
 
 @pytest.mark.parametrize("RUNS", SETS, ids=IDS)
 def test_bug_run_top_finding_and_prediction_against_both_fixes(RUNS):
-    d = diagnose([RUNS / "bug"]).to_dict()
+    d = real_diagnosis(RUNS / "bug").to_dict()
     f = d["findings"][0]
     assert f["id"] == "fp8-kv-cast" and f["confidence"] == "high"
     pool = d["run"]["server_info"]["max_total_num_tokens"]
@@ -39,16 +40,16 @@ def test_bug_run_top_finding_and_prediction_against_both_fixes(RUNS):
 @pytest.mark.parametrize("RUNS", SETS, ids=IDS)
 def test_bug_trace_alone_without_server_config_still_fires(RUNS):
     trace = next((RUNS / "bug" / "traces").glob("*DECODE*.json.xz"))
-    d = diagnose([trace]).to_dict()
+    d = real_diagnosis(trace).to_dict()
     assert d["findings"] and d["findings"][0]["id"] == "fp8-kv-cast"
 
 
 @pytest.mark.parametrize("RUNS", SETS, ids=IDS)
 @pytest.mark.parametrize("run", ["native", "pages"])
 def test_fixed_runs_have_no_cast_and_compare_uses_bench_tpot(RUNS, run):
-    after = diagnose([RUNS / run])
+    after = real_diagnosis(RUNS / run)
     assert "fp8-kv-cast" not in [x.id for x in after.primary.findings]
-    c = compare(diagnose([RUNS / "bug"]), after)
+    c = compare(real_diagnosis(RUNS / "bug"), after)
     assert c["tpot"]["before_ms"] == pytest.approx(_bench_tpot(RUNS, "bug"), abs=1e-3)  # not the profiled 78 ms
     assert c["tpot"]["after_ms"] == pytest.approx(_bench_tpot(RUNS, run), abs=1e-3)
     assert "fp8-kv-cast" in [f["id"] for f in c["findings"]["gone"]]
@@ -58,13 +59,13 @@ def test_final_loop_meets_issue_7_targets():
     """The overlap run: the fix cuts TPOT >= 6x, the prediction is within 20%, the fixed step names
     the bucket above its floor, and fp8-kv-cast is the top finding before and gone after."""
     runs = SETS[2]
-    bug = diagnose([runs / "bug"]).to_dict()
+    bug = real_diagnosis(runs / "bug").to_dict()
     assert bug["findings"][0]["id"] == "fp8-kv-cast"
     predicted = bug["findings"][0]["predicted_step_ms_after_fix"]
     for fixed in ("native", "pages"):
         assert _bench_tpot(runs, "bug") / _bench_tpot(runs, fixed) >= 6.0
         assert predicted == pytest.approx(_bench_tpot(runs, fixed), rel=0.20)
-        after = diagnose([runs / fixed]).to_dict()
+        after = real_diagnosis(runs / fixed).to_dict()
         assert "fp8-kv-cast" not in [f["id"] for f in after["findings"]]
         assert after["floor"]["available"] and after["floor"]["worst_bucket"]
 
@@ -78,7 +79,7 @@ def test_overlap_off_on_the_fixed_servers_predicts_the_overlap_runs_tpot(RUNS, r
     predicts the step with the overlap scheduler on: the larger of the two. The overlap set is the same
     server and fix with the overlap scheduler on (another process on the same kind of machine), so its
     bench measured what the prediction promises: within 5% (measured -0.4% to -1.2%), inside the range."""
-    d = diagnose([RUNS / run]).to_dict()
+    d = real_diagnosis(RUNS / run).to_dict()
     assert d["run"]["server_info"]["disable_overlap_schedule"] is True
     f = {x["id"]: x for x in d["findings"]}["overlap-off"]
     ev = f["evidence"]
@@ -97,7 +98,7 @@ def test_overlap_off_on_the_fixed_servers_predicts_the_overlap_runs_tpot(RUNS, r
 def test_overlap_runs_have_no_overlap_off():
     """With the overlap scheduler on, no fixed server of the overlap set gets overlap-off."""
     for run in ("native", "pages"):
-        d = diagnose([SETS[2] / run]).to_dict()
+        d = real_diagnosis(SETS[2] / run).to_dict()
         assert "overlap-off" not in [x["id"] for x in d["findings"]]
 
 
@@ -125,7 +126,7 @@ EAGER_ERR = {("dense", 1): 0.25, ("dense", 16): 0.25, ("moe", 1): 0.25, ("moe", 
 @pytest.mark.parametrize("model,conc", sorted(EAGER_ERR))
 def test_eager_decode_on_the_real_sglang_fires_and_predicts_the_graph_tpot(model, conc):
     run = EAGER[model] / "runs" / f"eager-c{conc}" / "bug"
-    d = diagnose([run]).to_dict()
+    d = real_diagnosis(run).to_dict()
     f = next((x for x in d["findings"] if x["id"] == "eager-decode"), None)
     # profiled, the GPU idles 110-160 us per launch (over the host-work threshold); the bench's step says
     # 43-70 us without the profiler: launch-bound, and CUDA graphs made the server 3.4-14x faster

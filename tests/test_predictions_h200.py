@@ -22,7 +22,7 @@ RESULTS2 = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-predict
 sys.path.insert(0, str(REPO / "examples" / "gpu_loop" / "sglang"))
 from predict_table import rows  # noqa: E402
 
-from perfscope.analysis.diagnose import diagnose  # noqa: E402
+from realtraces import real_diagnosis
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_dense_fix_is_host_bound_and_the_host_is_the_unprofiled_one(table):
     for pool in (495000, 3000000):
         r = table[f"dense-{pool}-c1"]
         assert r["bound"] == "host" and r["range_ms"][0] <= r["measured_ms"] <= r["range_ms"][1], r
-        d = diagnose([RESULTS / f"dense-{pool}-c1" / "bug"]).to_dict()
+        d = real_diagnosis(RESULTS / f"dense-{pool}-c1" / "bug").to_dict()
         p = next(f for f in d["findings"] if f["id"] == "fp8-kv-cast")["evidence"]["prediction"]
         # the profiled host time the old model predicted with: 3.6x the measured TPOT
         assert p["host_floor_ms"] > 3 * r["measured_ms"] and p["gpu_work_ms"] < r["measured_ms"]
@@ -99,7 +99,7 @@ def test_fixed_trace_has_no_host_bubble_its_bench_contradicts(case):
     finding appears only where that is at least 10% of the step, and says that number."""
     run = RESULTS / case / "fixed"
     bench = json.loads((run / "bench.json").read_text())
-    d = diagnose([run]).to_dict()
+    d = real_diagnosis(run).to_dict()
     f = next((x for x in d["findings"] if x["id"] == "host-bubble"), None)
     gpu = d["kernel_ms_per_step"]
     itl = bench.get("itl_p50_ms")
@@ -120,7 +120,7 @@ def test_teardown_cupti_server_traces_have_no_kernels():
     s = json.loads((RESULTS / "summary-dense-495000+3000000.json").read_text())
     assert s["servers"]["3000000"]["env"] == {"TEARDOWN_CUPTI": "1"} and s["fixed"]["3000000"]["teardown_cupti"]
     for c in (1, 16):
-        d = diagnose([RESULTS / f"dense-3000000-c{c}" / "fixed"]).to_dict()
+        d = real_diagnosis(RESULTS / f"dense-3000000-c{c}" / "fixed").to_dict()
         assert d["steps"].get("analysed_on") == "cpu-ops" or d["kernel_ms_total"] == 0 or \
             any("no GPU kernel" in n for n in d["notes"])
         assert any("TEARDOWN_CUPTI=1" in n for n in d["notes"]), d["notes"]

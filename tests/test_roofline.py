@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from paths import H200, KERNEL_MIX, REPO
-from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 from perfscope.analysis.floor import with_floor_inputs
 
 
@@ -19,7 +19,7 @@ def row(d, pred):
 
 def test_pool_cast_runs_at_a_fifth_of_hbm_and_owns_the_gap_above_the_floor():
     cfg = with_floor_inputs({}, REPO / "examples/h200_mla_repro.config.json", batch=1, context=4096)
-    d = diagnose([H200 / "mla_pool_eager.json.xz"], cfg).to_dict()
+    d = real_diagnosis(H200 / "mla_pool_eager.json.xz", config=cfg).to_dict()
     r = d["roofline"]
     assert r["available"] and r["peak_tb_s"] == 4.8
     cast = row(d, lambda o: o["bucket"] == "copy")
@@ -34,14 +34,14 @@ def test_pool_cast_runs_at_a_fifth_of_hbm_and_owns_the_gap_above_the_floor():
 
 
 def test_graph_cast_is_sized_from_launch_geometry():
-    d = diagnose([H200 / "mla_pool_graph.json.xz"]).to_dict()
+    d = real_diagnosis(H200 / "mla_pool_graph.json.xz").to_dict()
     cast = row(d, lambda o: o["bucket"] == "copy")
     assert "launch geometry" in cast["how"]
     assert cast["achieved_tb_s"] == pytest.approx(1.0, abs=0.1)
 
 
 def test_lm_head_gemm_of_the_flashinfer_loop():
-    d = diagnose([KERNEL_MIX / "fi_decode_eager.json.gz"]).to_dict()
+    d = real_diagnosis(KERNEL_MIX / "fi_decode_eager.json.gz").to_dict()
     g = row(d, lambda o: "8x2048x151936" in o["how"])
     assert g["flops"] == 2 * 8 * 2048 * 151936
     assert g["bytes"] == (8 * 2048 + 2048 * 151936 + 8 * 151936) * 2
@@ -54,7 +54,7 @@ def test_lm_head_gemm_of_the_flashinfer_loop():
                                   H200 / "mla_pages_eager.json.xz", KERNEL_MIX / "fi_decode_eager.json.gz",
                                   KERNEL_MIX / "sample_topp.json.gz", KERNEL_MIX / "triton_norm_rope_eager.json.gz"])
 def test_no_op_beats_the_hardware(path):
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     for o in d["roofline"].get("ops", []):
         assert o["bw_fraction_of_peak"] <= 1.05, o
         assert o["flops_fraction_of_peak"] is None or o["flops_fraction_of_peak"] <= 1.05, o

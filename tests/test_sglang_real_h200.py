@@ -15,7 +15,7 @@ import pytest
 
 from clirun import invoke
 from paths import REPO
-from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 
 RES = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-01-sglang"
 SPLIT = RES / "split_cast"
@@ -33,7 +33,7 @@ def _cast(d) -> dict:
 def test_split_cast_graph_trace_is_one_cast_per_layer_of_the_whole_pool():
     """Replayed from a CUDA graph (no CPU ops): torch's 16 launches of each layer's 9.06e9-element
     cast are one cast; 8 casts per step of the 15.7M-row pool, not 128 of 983,003 rows."""
-    f = _cast(diagnose([SPLIT / "split_cast_graph.json.xz"]))
+    f = _cast(real_diagnosis(SPLIT / "split_cast_graph.json.xz"))
     ev = f["evidence"]
     assert ev["casts_per_step"] == 8 and ev["launches_per_cast"] == 16
     assert ROWS <= ev["pool_tokens"] <= ROWS + 16  # each launch's grid rounds up by < 1 row
@@ -43,7 +43,7 @@ def test_split_cast_graph_trace_is_one_cast_per_layer_of_the_whole_pool():
 
 
 def test_split_cast_eager_trace_sizes_from_the_cpu_op_and_counts_casts_not_launches():
-    f = _cast(diagnose([SPLIT / "split_cast_eager.json.xz"]))
+    f = _cast(real_diagnosis(SPLIT / "split_cast_eager.json.xz"))
     ev = f["evidence"]
     assert ev["input_dims"] == [ROWS, 1, 576] and ev["pool_tokens"] == ROWS
     assert ev["casts_per_step"] == 8 and ev["launches_per_cast"] == 16
@@ -52,7 +52,7 @@ def test_split_cast_eager_trace_sizes_from_the_cpu_op_and_counts_casts_not_launc
 
 @pytest.mark.parametrize("pool, match", [(ROWS - 1, True), (983_003, False)])
 def test_pool_checked_against_the_servers_max_total_num_tokens(pool, match):
-    f = _cast(diagnose([SPLIT / "split_cast_graph.json.xz"], {"max_total_num_tokens": pool}))
+    f = _cast(real_diagnosis(SPLIT / "split_cast_graph.json.xz", config={"max_total_num_tokens": pool}))
     assert f["evidence"]["pool_matches_config"] is match
     assert ("the server reports" in f["summary"]) is (not match)
 
@@ -61,7 +61,7 @@ def test_real_sglang_trace_one_launch_per_cast_pool_from_server_info():
     """The real SGLang 0.5.13.post1 run (FlashInfer 0.6.12, CUDA graphs, --max-total-tokens 495000):
     8 layers, one launch per cast, the pool of /server_info (+1 row), and the floor from the
     DeepSeek-V2-shaped config (all 8 layers dense: the config's 64 experts are never used)."""
-    d = diagnose([REAL])
+    d = real_diagnosis(REAL)
     f = _cast(d)
     ev = f["evidence"]
     run = json.loads((REAL / "run.json").read_text())
@@ -131,10 +131,10 @@ def test_real_sglang_pages_patch_tpot_and_the_cast_gone_from_the_trace():
     assert now["bench_pages"]["failed"] == 0 and now["bench_control"]["failed"] == 0
     assert now["bench_pages"]["tpot_ms"] == pytest.approx(1.42, abs=0.1)
     assert now["bench_control"]["tpot_ms"] == pytest.approx(7.6, abs=0.3)
-    after = diagnose([PAGES / "runs" / "495000-pages"]).to_dict()
+    after = real_diagnosis(PAGES / "runs" / "495000-pages").to_dict()
     assert "fp8-kv-cast" not in [f["id"] for f in after["findings"]]
     # the GPU work the step model predicted (the step itself is host-bound: tests/test_stepmodel.py)
-    pred = _cast(diagnose([REAL]))["evidence"]["prediction"]["gpu_prediction_ms"]
+    pred = _cast(real_diagnosis(REAL))["evidence"]["prediction"]["gpu_prediction_ms"]
     r = invoke("compare", REAL, PAGES / "runs" / "495000-pages", "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     c = json.loads(r.stdout)
@@ -281,7 +281,7 @@ def test_default_pool_diagnosis_counts_casts_not_launches_and_checks_the_pool():
     run = json.loads((runs / "default-bug" / "run.json").read_text())
     pool = run["server_info"]["max_total_num_tokens"]
     assert pool == P["bug_server"]["server_info"]["max_total_num_tokens"] > 15_000_000
-    f = _cast(diagnose([runs / "default-bug"]))
+    f = _cast(real_diagnosis(runs / "default-bug"))
     ev = f["evidence"]
     assert ev["casts_per_step"] == 8 and ev["launches_per_cast"] == 16
     assert pool < ev["pool_tokens"] <= pool + 16 and ev["pool_matches_config"] is True
@@ -312,7 +312,7 @@ def test_fix_apply_restart_cmd_end_to_end_on_the_real_engine(name, tpot_bug, tpo
     assert P["native_check"]["rc"] == 4 and "0.6.12 < 0.6.14" in P["native_check"]["report"]["reason"]
     # the patched server's own bench (after the probe) and the trace: the casts are gone
     assert P["pages"]["bench"]["failed"] == 0 and P["pages"]["bench"]["tpot_ms"] < tpot_bug / 5
-    after = diagnose([runs / f"{name}-pages"]).to_dict()
+    after = real_diagnosis(runs / f"{name}-pages").to_dict()
     assert "fp8-kv-cast" not in [x["id"] for x in after["findings"]]
     # --revert: the installed file byte for byte (sha256) after the loop
     assert P["revert"]["rc"] == 0 and P["revert"]["report"]["outcome"] == "reverted"

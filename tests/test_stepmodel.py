@@ -18,7 +18,6 @@ import pytest
 
 from paths import H200, HTA, KERNEL_MIX, TRACELENS
 from perfscope.analysis.cpu_ops import cpu_ops_as_kernels
-from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.steps import find_steps
 from perfscope.analysis.stepmodel import StepReplay
 from perfscope.load.reader import load_trace
@@ -87,7 +86,7 @@ TIMINGS = json.loads((KERNEL_MIX / "timings.json").read_text())
 
 @pytest.mark.parametrize("variant,key", [("topp", "torch_topp_saving_ms"), ("topk", "torch_topk_saving_ms")])
 def test_torch_sampling_prediction_matches_the_measured_saving(variant, key):
-    d = diagnose([KERNEL_MIX / f"sample_{variant}.json.gz"]).to_dict()
+    d = real_diagnosis(KERNEL_MIX / f"sample_{variant}.json.gz").to_dict()
     f = next(f for f in d["findings"] if f["id"] == "torch-sampling")
     measured_saving = TIMINGS[key]  # CUDA events: the same graph forward + torch sampling vs + argmax
     predicted_saving = d["steps"]["median_ms"] - f["predicted_step_ms_after_fix"]
@@ -107,7 +106,7 @@ def test_torch_sampling_prediction_matches_the_measured_saving(variant, key):
 
 @pytest.mark.parametrize("name", ["sample_argmax", "fi_decode_graph", "fi_decode_eager", "triton_norm_rope_eager"])
 def test_torch_sampling_stays_quiet_on_greedy_and_fused_sampling(name):
-    d = diagnose([KERNEL_MIX / f"{name}.json.gz"]).to_dict()
+    d = real_diagnosis(KERNEL_MIX / f"{name}.json.gz").to_dict()
     assert "torch-sampling" not in {f["id"] for f in d["findings"]}
     # FlashInfer's norm/activation/rope/sampling kernels are not attention: the MLA kernel alone is
     mla = sum(o["ms_per_step"] for o in d["ops"] if "BatchMLAPagedAttentionKernel" in o["name"])
@@ -143,8 +142,8 @@ def test_graph_decode_with_a_blocking_host_copy(run):
     from paths import GPU_LOOP
 
     runs = GPU_LOOP / run / "runs"
-    before = diagnose([next(iter((runs / "bug/traces").glob("*DECODE*.json.xz")))]).to_dict()
-    after = diagnose([next(iter((runs / "native/traces").glob("*DECODE*.json.xz")))]).to_dict()
+    before = real_diagnosis(next(iter((runs / "bug/traces").glob("*DECODE*.json.xz")))).to_dict()
+    after = real_diagnosis(next(iter((runs / "native/traces").glob("*DECODE*.json.xz")))).to_dict()
     f = next(x for x in before["findings"] if x["id"] == "fp8-kv-cast")
     assert f["predicted_step_ms_after_fix"] == pytest.approx(after["steps"]["median_ms"], rel=0.15)
 
@@ -158,7 +157,7 @@ def test_cpu_only_cast_prediction_pairs_each_step_with_its_own_casts():
     unmodified. Its 4 steps took 402, 596, 440 and 418 ms (one slowed by a busy host): the casts' mean
     (440 ms per step) exceeded the median step (429 ms) and "step minus casts" clamped to 0 ms. Each
     step's casts are <= that step (one thread, self time), so pairing them gives a real prediction."""
-    d = diagnose([REPRO_CPU]).to_dict()
+    d = real_diagnosis(REPRO_CPU).to_dict()
     (r,) = d["ranks"]
     f = next(f for f in r["findings"] if f["id"] == "fp8-kv-cast")
     step = r["steps"]["median_ms"]
@@ -196,7 +195,7 @@ def test_graph_decode_fixed_is_bound_by_the_host():
     from perfscope.analysis.hosttime import SCALE
 
     bug = SGL / "pool495000-restart/runs/495000-bug"
-    before, after = diagnose([bug]), diagnose([SGL / "pool495000-restart/runs/495000-pages"])
+    before, after = real_diagnosis(bug), real_diagnosis(SGL / "pool495000-restart/runs/495000-pages")
     f = next(x.to_dict() for x in before.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
     assert p["bound"] == "host" and p["host"]["source"] == "full"
@@ -241,7 +240,7 @@ def _extend_pair(run, strategy):
 
 
 def _mla_ms(path):
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     return sum(o["ms_per_step"] for o in d["ops"] if "BatchMLAPagedAttentionKernel" in o["name"])
 
 
@@ -275,7 +274,7 @@ def test_prefill_prediction_states_its_assumption_and_spans_both_strategies(run)
 
     b, native = _extend_pair(run, "native")
     _, pages = _extend_pair(run, "pages")
-    before = diagnose([b])
+    before = real_diagnosis(b)
     assert before.primary.steps["phase"] == "prefill"
     f = next(x.to_dict() for x in before.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
@@ -285,7 +284,7 @@ def test_prefill_prediction_states_its_assumption_and_spans_both_strategies(run)
     assert lo < f["predicted_step_ms_after_fix"] < p["alternatives"]["native"]["predicted_step_ms"] < hi
     rows = {}
     for name, after in (("pages", pages), ("native", native)):
-        a = diagnose([after])
+        a = real_diagnosis(after)
         row = next(x for x in compare(before, a)["predictions"] if x["finding"] == "fp8-kv-cast")
         measured = a.primary.steps["median_ms"]
         assert row["within_range"] and lo * 0.95 <= measured <= hi * 1.05
@@ -421,7 +420,7 @@ def test_host_bound_range_holds_every_real_sglang_fix(bug, fixrun):
     wide (0.25-0.45) because a process's host speed varies between starts; the measured TPOT lies in it
     (the point, 0.38, is 49% and 26% high here: a GPU-only profile is what narrows it), and the
     kernel-only answer this replaced was below it."""
-    b = diagnose([SGL / bug])
+    b = real_diagnosis(SGL / bug)
     f = next(x.to_dict() for x in b.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
     r = json.loads((SGL / fixrun / "restart.json").read_text())

@@ -129,9 +129,9 @@ def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():
 
 def test_mi250_steps_and_phases_agree():
     from paths import HTA
-    from perfscope.analysis.diagnose import diagnose
+    from realtraces import real_diagnosis
 
-    d = diagnose([HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.xz"]).to_dict()
+    d = real_diagnosis(HTA / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.xz").to_dict()
     row = next(p for p in d["phases"] if p["phase"] == d["steps"]["phase"])
     assert row["count"] == d["steps"]["count"]
     assert row["median_ms"] == d["steps"]["median_ms"]

@@ -8,7 +8,6 @@ steps give the floor its batch and, in the detailed form, its context."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import statistics
@@ -17,7 +16,7 @@ from collections import Counter
 import pytest
 
 from paths import VLLM_CPU, topen
-from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 from perfscope.analysis.floor import floor_inputs
 
 PLAIN = VLLM_CPU / "plain.json.gz"
@@ -51,7 +50,7 @@ def test_each_vllm_annotation_is_a_step_of_the_phase_its_counts_say(path, form):
     names = raw_annotations(path)
     assert len(names) >= 8 and all(re.match(form, n) for n in names), names  # the form this file is for
     want = expected_phases(names)
-    d = diagnose([path]).to_dict()
+    d = real_diagnosis(path).to_dict()
     assert d["steps"]["method"] == "execute-annotation" and d["steps"]["phase"] == "decode"
     got = Counter({p["phase"]: p["count"] for p in d["phases"]})
     assert got == want, (got, want)
@@ -64,7 +63,7 @@ def test_the_plain_trace_holds_a_mixed_step_and_the_detailed_one_an_empty_step()
     # another's decode) and its empty execute_0 step, both seen on the real server
     assert expected_phases(raw_annotations(PLAIN))["mixed"] >= 1
     assert expected_phases(raw_annotations(DETAILED))["idle"] >= 1
-    d = diagnose([DETAILED]).to_dict()
+    d = real_diagnosis(DETAILED).to_dict()
     idle = next(p for p in d["phases"] if p["phase"] == "idle")
     decode = next(p for p in d["phases"] if p["phase"] == "decode")
     assert idle["median_ms"] < decode["median_ms"] / 10  # an empty step: no model work in it

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS, topen
-from perfscope.analysis.diagnose import diagnose
 from realtraces import real_diagnosis, real_trace
 
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
@@ -61,7 +60,7 @@ def test_training_traces_are_training_and_get_no_serving_finding(path):
 
 def test_training_gradient_allreduce_is_not_a_server_flag_finding():
     # the V100 rank with 2,020 NCCL kernels: gradient all-reduces, no `--disable-custom-all-reduce` advice
-    d = diagnose([HTA / "df_index_resolver/df_index_resolver.json.xz"]).to_dict()
+    d = real_diagnosis(HTA / "df_index_resolver/df_index_resolver.json.xz").to_dict()
     assert d["buckets"]["communication"]["ms_per_step"] > 0
     assert not any(f["id"] == "nccl-allreduce" for f in d["findings"])
 
