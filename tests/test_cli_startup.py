@@ -1,5 +1,5 @@
 """What a command line costs before its command runs: only the command it names is imported and
-built, and its option values are coerced without pydantic (perfscope/cli/_coerce.py) to exactly
+built (rich only when something is drawn), and its option values are coerced without pydantic (perfscope/cli/_coerce.py) to exactly
 what typer's own pydantic coercion gives, refusals left to typer (its words)."""
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ def test_plain_coercion_is_typers(name, param):
 
 
 def test_a_command_line_imports_its_command_alone(tmp_path):
-    """``perfscope diagnose TRACE --json`` imports no other command's module and no pydantic, and
-    still diagnoses (the same result as an in-process run of the whole app)."""
+    """``perfscope diagnose TRACE --json`` imports no other command's module, no pydantic and no rich
+    (nothing is drawn on a terminal), and still diagnoses."""
     probe = ("import json, sys\nfrom perfscope.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-             "    code = e.code\nmods = sorted(m for m in sys.modules if m.startswith(('perfscope.cli.', 'pydantic')))\n"
+             "    code = e.code\nmods = sorted(m for m in sys.modules if m.startswith(('perfscope.cli.', 'pydantic', 'rich')))\n"
              "print(json.dumps({'code': code, 'mods': mods}), file=sys.stderr)\n")
     trace = H200 / "mla_pool_graph.json.xz"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -57,5 +57,5 @@ def test_a_command_line_imports_its_command_alone(tmp_path):
     assert "perfscope.cli.diagnose" in got["mods"]
     others = {f"perfscope.cli.{n}" for n in GROUP.commands} - {"perfscope.cli.diagnose"}
     assert not others & set(got["mods"]), got["mods"]
-    assert not [m for m in got["mods"] if m.startswith("pydantic")], got["mods"]
+    assert not [m for m in got["mods"] if m.startswith(("pydantic", "rich"))], got["mods"]
     assert json.loads(r.stdout)["steps"]

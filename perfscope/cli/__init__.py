@@ -22,7 +22,6 @@ from typer import _click as click  # typer vendors click: its exceptions and EPI
 from perfscope import __version__
 from perfscope.cli import _help
 from perfscope.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, PerfscopeError, redact
-from perfscope.report.escape import Console, markup as escape
 
 
 def _new_app() -> typer.Typer:
@@ -108,8 +107,6 @@ def __getattr__(name: str) -> typer.Typer:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 _Abort: type[BaseException] = getattr(click.exceptions, "Abort", getattr(typer, "Abort", KeyboardInterrupt))
 _INTERNAL = "internal error, run with PERFSCOPE_DEBUG=1 for the traceback"
@@ -160,14 +157,25 @@ class _Signals:
                 signal.signal(sig, old)
 
 
+def _err_console():
+    """stderr as rich writes to it (imported here: a command that succeeds never loads rich for it)."""
+    from perfscope.report.escape import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
 def _say(text: str) -> None:
+    from perfscope.report.escape import markup as escape
+
     with contextlib.suppress(Exception):
-        err_console.print(escape(redact(text)), markup=True, highlight=False)
+        _err_console().print(escape(redact(text)), markup=True, highlight=False)
 
 
 def _error(text: str) -> None:
+    from perfscope.report.escape import markup as escape
+
     with contextlib.suppress(Exception):
-        err_console.print(f"[bold red]perfscope: error:[/] {escape(redact(text))}", markup=True, highlight=False)
+        _err_console().print(f"[bold red]perfscope: error:[/] {escape(redact(text))}", markup=True, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> None:

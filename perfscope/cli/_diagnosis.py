@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from perfscope.analysis.result import Diagnosis
-from perfscope.report.escape import Console
 
-if TYPE_CHECKING:  # rich's progress bars load when a terminal shows them
+if TYPE_CHECKING:  # rich (its console, its progress bars) loads when a terminal shows them
     from rich.progress import Progress
+
+    from perfscope.report.escape import Console
 
 
 def load_config(path: Optional[Path]) -> dict:
@@ -117,6 +118,8 @@ def _on_ray(paths: Sequence[Path], opts: DiagnosisOptions) -> Diagnosis:
                                      on_done=lambda done, total: prog.update(
                                          task, description=f"analysed {done}/{total} ranks on their nodes",
                                          completed=done, total=total))
+    from perfscope.report.escape import Console
+
     err = opts.progress or Console(stderr=True, soft_wrap=True)
     for line in run.retried + run.missing:
         err.print(line, markup=False, highlight=False)

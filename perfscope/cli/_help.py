@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import inspect
 
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from rich.console import Console, Group, RenderableType
-from rich.padding import Padding
-from rich.panel import Panel
-from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from perfscope.cli import _coerce
+
+if TYPE_CHECKING:  # rich loads when help is drawn: a command that runs never needs it for this
+    from rich.console import Console, RenderableType
+    from rich.panel import Panel
+    from rich.text import Text
 
 
 def _value_name(p) -> str:
@@ -101,6 +102,11 @@ def shell_lines(cmd: str, width: int, indent: int = 4) -> list[str]:
 def examples_panel(examples: Sequence[tuple[str, str]], width: Optional[int] = None) -> Panel:
     """The examples, each command on lines that paste back into a shell (never folded mid-word at
     the panel's edge: broken between words with `` \\``), its description indented under it."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.text import Text
+
     width = width or _console().width
     rows: list[RenderableType] = []
     for cmd, what in examples:
@@ -150,6 +156,10 @@ def _stack_narrow_options() -> None:
     (http://127.0.0.1: / 30000). There each option is drawn as a block instead: its names and value
     name on a line of their own, never cut or folded, its help below, indented, wrapped at spaces
     over the whole width. A wide screen keeps typer's table."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.text import Text
     from typer import rich_utils
 
     inner = rich_utils._print_options_panel
@@ -238,13 +248,19 @@ def command_class(examples: Sequence[tuple[str, str]], base: type = Command) -> 
     return type(f"{base.__name__}WithExamples", (base,), {"examples": tuple(examples)})
 
 
+def _text(s: str) -> Text:
+    from rich.text import Text
+
+    return Text(s)
+
+
 class SubjectHelpCommand(Command):
     """A command whose first argument names a subject with help of its own (``perfscope fix
     fp8-kv-cast --help``): ``subjects()`` lists the names, ``subject_help(name)`` renders one and
     ``subject_examples(name)`` gives its examples."""
 
     subjects: Callable[[], Sequence[str]] = staticmethod(lambda: ())
-    subject_help: Callable[[str], object] = staticmethod(lambda name: Text(name))
+    subject_help: Callable[[str], object] = staticmethod(lambda name: _text(name))
     subject_examples: Callable[[str], Sequence[tuple[str, str]]] = staticmethod(lambda name: ())
 
     def parse_args(self, ctx, args):
@@ -259,6 +275,8 @@ class SubjectHelpCommand(Command):
         return super().parse_args(ctx, args)
 
     def format_help(self, ctx, formatter) -> None:
+        from rich.text import Text
+
         name: Optional[str] = ctx.meta.get("perfscope_help_subject")
         if not name:
             return super().format_help(ctx, formatter)

@@ -10,10 +10,10 @@ import typer
 
 from perfscope.cli import _help, _paths
 from perfscope.errors import GateFailed, InputError
-from perfscope.report.escape import Console
 
 if TYPE_CHECKING:
     from perfscope.analysis.finding import Finding
+    from perfscope.report.escape import Console
 
 NAME = "diagnose"
 ORDER = 20
@@ -77,6 +77,13 @@ def gate(findings: list[Finding], fail_on: Optional[str]) -> None:
         raise GateFailed(f"gated finding(s) present: {', '.join(sorted(set(hit)))}")
 
 
+def _stderr() -> Console:
+    """stderr as a rich console: paths it names are never folded (a copy pastes back)."""
+    from perfscope.report.escape import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
 def command(
     paths: List[Path] = typer.Argument(..., help="Trace files (.json/.json.gz), SGLang profile folders (one file "
                                                  "per rank) or perfscope run folders (run.json + traces/)."),
@@ -126,33 +133,35 @@ def command(
     fail_on_ids(fail_on)  # before reading anything: a bad gate is a bad option
     if csv_dir is not None and csv_dir.exists() and not csv_dir.is_dir():
         raise InputError(f"--csv {csv_dir}: exists and is not a folder")
-    err = Console(stderr=True, soft_wrap=True)  # paths it names are never folded (a copy pastes back)
+    err = None if json_out else _stderr()  # --json alone never loads rich
     opts = DiagnosisOptions(config=config, model_config=model_config, batch=batch, context=context,
                             server_log=server_log, capture_trace=capture_trace, workers=workers, ray=ray,
-                            progress=None if json_out or not err.is_terminal else err)
+                            progress=None if err is None or not err.is_terminal else err)
     d = build_diagnosis(paths, opts)
     cfg = opts.server_config
     if html is not None:
         from perfscope.report.html import write_diagnosis_html
 
-        write_diagnosis_html(html, d, cfg, announce=err)
+        write_diagnosis_html(html, d, cfg, announce=err or _stderr())
     if markdown is not None:
         from perfscope.report.markdown import diagnosis_markdown
         from perfscope.util.files import atomic_write_text
 
         atomic_write_text(markdown, diagnosis_markdown(d, top=top), shared=True)
-        err.print(f"markdown summary written: {markdown}", markup=False, highlight=False)
+        (err or _stderr()).print(f"markdown summary written: {markdown}", markup=False, highlight=False)
     if csv_dir is not None:
         from perfscope.report.markdown import write_csv
 
         files = write_csv(csv_dir, d)
-        err.print(f"CSV tables written: {', '.join(str(f) for f in files)}", markup=False, highlight=False)
+        (err or _stderr()).print(f"CSV tables written: {', '.join(str(f) for f in files)}", markup=False,
+                                 highlight=False)
     if json_out:
         from perfscope.report import jsonout
 
         jsonout.emit(d.to_dict())
     else:
         from perfscope.report import terminal
+        from perfscope.report.escape import Console
 
         terminal.render(d, Console(), top=top)
     gate(d.primary.findings, fail_on)
