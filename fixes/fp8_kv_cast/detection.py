@@ -260,8 +260,11 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
         # the first flash_attn_with_kvcache(...) after the cast reads views of the cast's target
         nested = [(n.lineno, n.end_lineno) for n in ast.walk(fn)
                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and n is not fn]
-        calls = _calls_after(fn, st.lineno, lambda c: _dotted(c.func) == "flash_attn_with_kvcache" and not any(
-            a <= c.lineno <= b for a, b in nested))  # noqa: B023 (called within this iteration)
+        calls = _calls_after(
+            fn,
+            st.lineno,
+            lambda c: _dotted(c.func) == "flash_attn_with_kvcache" and not any(a <= c.lineno <= b for a, b in nested),  # noqa: B023 (called within this iteration)
+        )
         if not calls:
             raise _Refuse(f"{fn.name}: no flash_attn_with_kvcache call after the cast")
         call = calls[0]
