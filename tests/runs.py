@@ -18,7 +18,7 @@ def host_bubble_run(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     (run / "traces").mkdir(parents=True)
     (run / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz").write_bytes(src.read_bytes())
-    step = diagnose([src]).primary.steps["median_ms"]
+    step = diagnose([src]).primary.steps.median_ms
     write_run(run, command=["perfscope", "trace"], engine="sglang", workload={"concurrency": 1},
               timings={"tpot_ms": 9.0, "bench": {"tpot_ms": step + 1.28, "concurrency": 1}},
               files=[{"path": "traces/1730000000.0-TP-0-DECODE.trace.json.gz"}])

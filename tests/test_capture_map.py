@@ -95,7 +95,7 @@ def test_unmatched_capture_leaves_replay_unattributed():
     # the SGLang capture has none of vLLM's kernels
     d = analyze_trace(load_trace(VLLM), capture=CaptureSet.load([SGL_CAP]))
     assert any("0 of 421 kernels" in n for n in d.notes)
-    assert all(not o["op_chain"] for o in d.ops if o["graph_replay"])
+    assert all(not o.attribution.op_chain for o in d.ops if o.attribution.graph_replay)
 
 
 def test_alignment_methods():

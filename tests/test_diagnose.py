@@ -152,7 +152,7 @@ def test_straggler_compares_ranks_of_one_stage_only(tmp_path):
     assert len(d.ranks) == 3 and not d.warnings, d.warnings
     s = d.straggler
     assert s["phase"] == "decode" and s["stage"] == "DECODE"
-    decode = sorted(r.steps["median_ms"] for r in d.ranks if r.stage == "DECODE")
+    decode = sorted(r.steps.median_ms for r in d.ranks if r.stage == "DECODE")
     assert decode[0] <= s["ranks_median_ms"] <= decode[1]  # the prefill step is not compared
 
 
@@ -223,11 +223,12 @@ def test_help_explains():
 
 def _rank(rank, step_ms, kernel_ms, comm_ms, on="gpu-kernels", n=8):
     from perfscope.analysis.result import RankAnalysis
+    from perfscope.analysis.step_summary import StepSummary
 
     per_step = [{"gpu_ms": step_ms + (0.01 * (i % 3)), "kernel_ms": kernel_ms,
                  "buckets": {"communication": comm_ms}} for i in range(n)]
     return RankAnalysis(file=f"r{rank}", rank=rank, stage="DECODE", meta={},
-                        steps={"phase": "decode", "count": n, "median_ms": step_ms, "analysed_on": on},
+                        steps=StepSummary(phase="decode", count=n, median_ms=step_ms, analysed_on=on),
                         phases=[], buckets={"communication": {"ms_per_step": comm_ms, "share": 0.0}},
                         sub_buckets={}, kernel_ms_total=0.0, gpu_ms_total=0.0, kernel_ms_per_step=kernel_ms,
                         idle_ms_per_step=0.0, ops=[], findings=[], per_step=per_step, timeline={})

@@ -460,7 +460,7 @@ def test_diagnose_fix_line_runs(name, tmp_path):
         from perfscope.analysis.diagnose import diagnose
         from perfscope.rundir import write_run
 
-        step = diagnose([target]).primary.steps["median_ms"]
+        step = diagnose([target]).primary.steps.median_ms
         (tmp_path / "run" / "traces").mkdir(parents=True)
         dst = tmp_path / "run" / "traces" / "1730000000.0-TP-0-DECODE.trace.json.gz"
         dst.write_bytes(target.read_bytes())

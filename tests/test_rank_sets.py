@@ -13,6 +13,7 @@ import shutil
 
 from paths import HTA, TRACELENS
 from perfscope.analysis.diagnose import diagnose
+from perfscope.analysis.step_summary import StepSummary
 
 SGL_DIR = TRACELENS / "inference/sglang_decode"  # sglang_Qwen3-8B_decode.json.xz + capture_traces/bs_32_rank0.json.xz
 VLLM_DIR = TRACELENS / "inference/vllm_decode_full"
@@ -83,8 +84,8 @@ def test_a_rank_late_in_every_step_is_a_straggler_when_every_step_is_noisy():
 
     def rank(r):
         xs = steps[r]
-        return SimpleNamespace(rank=r, stage="DECODE", steps={"count": len(xs), "median_ms": statistics.median(xs),
-                                                                "phase": "decode", "analysed_on": "cpu-ops"},
+        return SimpleNamespace(rank=r, stage="DECODE", steps=StepSummary(count=len(xs), median_ms=statistics.median(xs),
+                                                                  phase="decode", analysed_on="cpu-ops"),
                                per_step=[{"cpu_ms": x, "kernel_ms": 0.0} for x in xs], kernel_ms_per_step=0.0,
                                buckets={})
 

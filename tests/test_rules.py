@@ -161,7 +161,7 @@ def test_eager_decode_fires_on_eager_traces():
     f = findings(real_trace(H200 / "mla_fp8_eager.json.xz"))["eager-decode"]
     check_finding(f)
     assert f["evidence"]["graph_launches_per_step"] == 0 and f["evidence"]["launches_per_step"] >= 100
-    assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(real_trace(H200 / "mla_fp8_eager.json.xz")).steps["median_ms"]
+    assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(real_trace(H200 / "mla_fp8_eager.json.xz")).steps.median_ms
 
 
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H200 / "mla_pages_graph.json.xz",
@@ -220,7 +220,7 @@ def test_host_bubble_fires_on_short_graph_steps(name):
     # by the profiler's measured slow-down (perfscope.analysis.hosttime) leaves less than 10% idle
     t = real_trace(H200 / f"{name}.json.xz")
     assert "host-bubble" not in findings(t)
-    gpu = analyze_trace(t).steps["median_ms"]
+    gpu = analyze_trace(t).steps.median_ms
     f = findings(t, {"bench": {"tpot_ms": gpu + 1.2, "concurrency": 1}})["host-bubble"]
     check_finding(f)
     ev = f["evidence"]
@@ -248,7 +248,7 @@ def test_overlap_off_fires_when_config_says_so():
     # DERIVED: mla_fp8_graph's ProfilerStep ranges renamed `step[DECODE bs=1]`; a bench whose step is the
     # GPU work plus 1.2 ms of serial host time per step
     t = as_sglang_steps(real_trace(H200 / "mla_fp8_graph.json.xz"))
-    gpu = analyze_trace(t).steps["median_ms"]
+    gpu = analyze_trace(t).steps.median_ms
     fs = findings(t, {"disable_overlap_schedule": True, "bench": {"tpot_ms": gpu + 1.2, "itl_p50_ms": gpu + 1.2}})
     f = fs["overlap-off"]
     check_finding(f)
@@ -277,7 +277,7 @@ def test_overlap_off_idle_is_the_unprofiled_hosts():
     t = as_sglang_steps(real_trace(H200 / "mla_fp8_graph.json.xz"))
     assert "overlap-off" not in findings(t, {"disable_overlap_schedule": True})
     # a bench at the GPU work says the host hides nothing: no finding either
-    gpu = analyze_trace(t).steps["median_ms"]
+    gpu = analyze_trace(t).steps.median_ms
     assert "overlap-off" not in findings(t, {"disable_overlap_schedule": True, "bench": {"tpot_ms": gpu}})
     old = OverlapOff.MIN_SHARE
     try:  # below the threshold, the evidence: profiled idle x the scale
@@ -292,7 +292,7 @@ def test_overlap_off_idle_is_the_unprofiled_hosts():
 
 def test_overlap_off_quiet_when_overlap_is_on_or_gap_small():
     t = as_sglang_steps(real_trace(H200 / "mla_fp8_graph.json.xz"))
-    gpu = analyze_trace(t).steps["median_ms"]
+    gpu = analyze_trace(t).steps.median_ms
     fs = findings(t, {"disable_overlap_schedule": False, "bench": {"tpot_ms": gpu + 1.2, "concurrency": 1}})
     assert "overlap-off" not in fs and "host-bubble" in fs  # overlap on, still a bubble (the bench says so)
     assert "overlap-off" not in findings(as_sglang_steps(real_trace(H200 / "mla_pool_graph.json.xz")),
@@ -309,8 +309,7 @@ def test_torch_sampling_fires_when_every_step_sorts():
     check_finding(f)
     assert f["evidence"]["steps_with_sort_fraction"] == 1.0
     assert f["confidence"] == "high"
-    assert f["predicted_step_ms_after_fix"] < analyze_trace(real_trace(H200 / "mla_fp8_graph.json.xz")).steps[
-        "median_ms"] + f["ms_per_step"]
+    assert f["predicted_step_ms_after_fix"] < analyze_trace(real_trace(H200 / "mla_fp8_graph.json.xz")).steps.median_ms + f["ms_per_step"]
 
 
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", SGL_DECODE, CONTROL])

@@ -123,7 +123,7 @@ def test_compare_shows_the_prediction_error_against_the_measured_after(mode, rel
     after = real_diagnosis(H200 / f"mla_fp8_{mode}.json.xz")
     c = compare(before, after)
     p = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")  # listed: it is gone in AFTER
-    assert p["measured_step_ms"] == pytest.approx(after.primary.steps["median_ms"], abs=0.01)
+    assert p["measured_step_ms"] == pytest.approx(after.primary.steps.median_ms, abs=0.01)
     # AFTER has no bench: the prediction (of the unprofiled step) is held to the profiled step, said so,
     # and its GPU work to AFTER's kernel time per step
     assert p["measured_under_profiler"] and abs(p["gpu_work_error_pct"]) < 10, p
@@ -203,7 +203,7 @@ def test_graph_decode_fixed_is_bound_by_the_host():
     fresh = json.loads((SGL / "pool495000-restart/runs/495000-fixrun/restart.json").read_text())["tpot_ms_after"]
     lo, hi = p["range_ms"]
     assert lo <= fresh <= hi and p["gpu_work_ms"] < fresh
-    assert after.primary.steps["median_ms"] > hi  # the profiled fixed step: above any unprofiled one
+    assert after.primary.steps.median_ms > hi  # the profiled fixed step: above any unprofiled one
     assert "the host bounds the step" in f["summary"] and f"~{f['predicted_step_ms_after_fix']:.1f} ms" in f["summary"]
     # independently: per step, the scheduler thread's time from one step[DECODE] annotation to the
     # next, less its cudaEventSynchronize time (it waits there on the previous step's GPU work); the
@@ -275,7 +275,7 @@ def test_prefill_prediction_states_its_assumption_and_spans_both_strategies(run)
     b, native = _extend_pair(run, "native")
     _, pages = _extend_pair(run, "pages")
     before = real_diagnosis(b)
-    assert before.primary.steps["phase"] == "prefill"
+    assert before.primary.steps.phase == "prefill"
     f = next(x.to_dict() for x in before.primary.findings if x.id == "fp8-kv-cast")
     p = f["evidence"]["prediction"]
     assert "every other kernel keeps its time" in p["assumes"] and "(every other kernel as it is)" in f["summary"]
@@ -286,7 +286,7 @@ def test_prefill_prediction_states_its_assumption_and_spans_both_strategies(run)
     for name, after in (("pages", pages), ("native", native)):
         a = real_diagnosis(after)
         row = next(x for x in compare(before, a)["predictions"] if x["finding"] == "fp8-kv-cast")
-        measured = a.primary.steps["median_ms"]
+        measured = a.primary.steps.median_ms
         assert row["within_range"] and lo * 0.95 <= measured <= hi * 1.05
         rows[name] = (row, measured)
     assert abs(rows["pages"][0]["error_pct"]) < 5  # the assumption held

@@ -33,7 +33,7 @@ def test_sglang_decode_file_yields_a_decode_step_timed_by_its_gpu_work():
     assert s.cpu_us / 1e3 > 400
     assert s.gpu_us / 1e3 == pytest.approx(10.37, rel=0.02)
     a = analyze_trace(t)
-    assert a.steps["phase"] == "decode" and a.steps["count"] == 1
+    assert a.steps.phase == "decode" and a.steps.count == 1
     assert [p["phase"] for p in a.phases] == ["decode"]
 
 
@@ -44,7 +44,7 @@ def test_sglang_prefill_file_yields_its_extend_step_as_prefill():
     (s,) = ss.steps
     assert s.phase == "prefill" and s.label.startswith("step[EXTEND bs=15 toks=15360]")
     a = analyze_trace(t)
-    assert a.steps["phase"] == "prefill"
+    assert a.steps.phase == "prefill"
     assert {p["phase"] for p in a.phases} == {"prefill"}
 
 
@@ -55,7 +55,7 @@ def test_prefill_and_decode_are_kept_apart():
     ss = find_steps(t)
     assert [s.phase for s in ss.steps] == ["decode", "prefill", "decode", "decode"]
     a = analyze_trace(t)
-    assert a.steps["phase"] == "decode" and a.steps["count"] == 3
+    assert a.steps.phase == "decode" and a.steps.count == 3
     ph = {p["phase"]: p for p in a.phases}
     assert ph["decode"]["count"] == 3 and ph["prefill"]["count"] == 1
     assert ph["decode"]["median_ms"] == pytest.approx(10.37, rel=0.02)  # the prefill is not in it
@@ -112,7 +112,7 @@ def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():
     t = load_trace(CPU_ONLY)
     assert not t.kernels and t.cpu_ops
     a = analyze_trace(t)
-    assert a.steps["analysed_on"] == "cpu-ops"
+    assert a.steps.analysed_on == "cpu-ops"
     notes = [n for n in a.notes if "GPU kernels" in n]
     assert len(notes) == 1 and "CPU ops" in notes[0]
     # and on the command line: exit 0, the note, no traceback
@@ -183,7 +183,7 @@ def test_old_kineto_format_profiler_steps_are_steps():
     assert ss.method == "ProfilerStep" and [s.label for s in ss.steps] == [m["name"] for m in marks]
     assert [s.gpu_us / 1e3 for s in ss.steps] == pytest.approx(spans, abs=1e-6)
     a = analyze_trace(load_trace(path))
-    assert a.steps["count"] == 6 and a.steps["workload"] == "training" and a.steps["phase"] == "train"
+    assert a.steps.count == 6 and a.steps.workload == "training" and a.steps.phase == "train"
 
 
 VLLM_WITH_FRAMES = [VLLM_PIECE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.xz"]
@@ -216,9 +216,9 @@ def test_vllm_model_runner_frames_are_the_steps_without_annotations(path):
         eager = [i for i in s.kernels if "attn" in t.kernels[i].name.lower() or "attention" in t.kernels[i].name.lower()]
         assert eager  # the attention between the pieces is the step's work
         r = analyze_trace(bare)
-        assert r.steps["count"] == 1 and r.steps["method"] == "model-runner-frames"
+        assert r.steps.count == 1 and r.steps.method == "model-runner-frames"
         assert r.buckets["attention"]["ms_per_step"] > 0
-        assert r.steps["idle_median_ms"] == pytest.approx(analyze_trace(t).steps["idle_median_ms"])
+        assert r.steps.idle_median_ms == pytest.approx(analyze_trace(t).steps.idle_median_ms)
 
 
 def test_vllm_cpu_model_runner_frames_match_its_annotations():
@@ -264,7 +264,7 @@ def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
     names = [t.kernels[i].name for i in s.kernels]
     assert sum(1 for n in names if "attention" in n.lower() or "reshape_and_cache" in n) == len(attn)
     r = analyze_trace(t)
-    assert r.steps["count"] == 1 and r.buckets["attention"]["ms_per_step"] > 0
+    assert r.steps.count == 1 and r.buckets["attention"]["ms_per_step"] > 0
 
 
 def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
@@ -287,10 +287,10 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
     assert len(marks) == 2 and held / total < 0.01 and copy / total > 0.95
 
     r = analyze_trace(load_trace(path))
-    w = r.steps["window"]
+    w = r.steps.window
     assert w["analysed"] == "whole-trace" and w["steps_gpu_share"] == pytest.approx(held / total, abs=1e-4)
     assert w["gpu_ms_total"] == pytest.approx(total / 1e3)
-    assert r.steps["method"] == "whole-trace" and "ProfilerStep ranges hold almost none" in r.steps["how"]
+    assert r.steps.method == "whole-trace" and "ProfilerStep ranges hold almost none" in r.steps.how
     assert r.kernel_ms_per_step == pytest.approx(total / 1e3, abs=1e-3)
     assert r.buckets["copy"]["share"] == pytest.approx(copy / total, abs=1e-3)
     assert any("hold 0.5% of the trace's GPU time" in n for n in r.notes)
@@ -304,8 +304,8 @@ def test_the_analysed_window_is_said_when_the_steps_hold_the_work():
     ss = find_steps(t)
     share = sum(t.kernels[i].dur for s in ss.steps for i in s.kernels) / sum(k.dur for k in t.kernels)
     assert 0.5 < share < 0.9
-    assert r.steps["window"]["analysed"] == "steps" and r.steps["window"]["steps_gpu_share"] == pytest.approx(share, abs=1e-4)
-    assert r.steps["method"] == "ProfilerStep"
+    assert r.steps.window["analysed"] == "steps" and r.steps.window["steps_gpu_share"] == pytest.approx(share, abs=1e-4)
+    assert r.steps.method == "ProfilerStep"
 
 
 def test_full_graph_decode_without_annotations_stays_one_launch_per_step():
@@ -407,9 +407,9 @@ def test_vllm_piecewise_step_buckets_and_idle_match_a_recount(drop):
     t = load_trace(VLLM_PIECE)
     bare = replace(t, annotations=[]) if drop == "annotations" else replace(t, annotations=[], frames=[])
     r = analyze_trace(bare)
-    assert r.steps["method"] == method and r.steps["count"] == 1
+    assert r.steps.method == method and r.steps.count == 1
     assert r.kernel_ms_per_step == pytest.approx(want["gpu_ms"], abs=1e-3)
     for b in ("attention", "gemm", "copy"):
         assert r.buckets[b]["share"] == pytest.approx(want[b], abs=1e-3), b
-    assert r.steps["idle_median_ms"] == pytest.approx(want["idle_ms"], abs=1e-3)
-    assert r.steps["median_ms"] > 150  # one 156 ms forward, not 25 graph launches of ~6 ms
+    assert r.steps.idle_median_ms == pytest.approx(want["idle_ms"], abs=1e-3)
+    assert r.steps.median_ms > 150  # one 156 ms forward, not 25 graph launches of ~6 ms

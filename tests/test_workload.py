@@ -159,4 +159,4 @@ def test_training_iterations_from_optimizer_steps_without_profiler_steps(path):
     assert it.method == "optimizer-steps" and len(it.steps) == len(opt)
     assert [s.kernels for s in it.steps] == [s.kernels for s in marked.steps]
     r = analyze_trace(bare)
-    assert r.steps["workload"] == "training" and r.steps["phase"] == "train" and r.steps["count"] == len(opt)
+    assert r.steps.workload == "training" and r.steps.phase == "train" and r.steps.count == len(opt)

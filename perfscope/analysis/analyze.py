@@ -1,7 +1,7 @@
 """Analyse one trace: a list of passes, each a function of the same shape, run in order.
 
 Each pass reads the :class:`State` (the trace and what earlier passes found) and adds its part.
-The result is a :class:`RankAnalysis`: plain data, no events.
+The result is a :class:`RankAnalysis`: typed records and plain data, no events.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from perfscope.analysis.roofline import roofline
 from perfscope.analysis.rules import RuleContext, run_rules
 from perfscope.analysis.rules.eager_decode import EagerDecode
 from perfscope.analysis.sampling_path import step_overrides
-from perfscope.analysis.step_summary import analysed_window, median_step_timeline, phase_rows, top_cpu_ops
+from perfscope.analysis.step_summary import StepSummary, analysed_window, median_step_timeline, phase_rows, top_cpu_ops
 from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
 from perfscope.load.model import Trace
@@ -54,6 +54,7 @@ class State:
     cpu_only: bool = False
     workload: dict = field(default_factory=dict)  # perfscope.analysis.workload: what the trace is
     window: dict = field(default_factory=dict)  # analysed_window: the steps, or the whole trace
+    summary: StepSummary = field(default_factory=StepSummary)  # pass_metrics: the analysed steps
     out: dict = field(default_factory=dict)
 
 
@@ -124,32 +125,32 @@ def pass_metrics(st: State) -> None:
     st.out["phases"] = phase_rows(st.stepset)
     idle = [m.idle_ms for m in st.metrics if m.kernels]
     cpu = [m.cpu_ms for m in st.metrics]
-    st.out["steps"] = {
-        "phase": st.phase, "count": len(st.metrics), "median_ms": round(st.step_ms, 4),
-        "method": st.stepset.method, "how": st.stepset.how, "window": st.window,
-        "workload": st.workload.get("kind"), "workload_how": st.workload.get("how"),
-        "workload_model": st.workload.get("model"),
-        "workload_evidence": st.workload.get("evidence"),
-        "analysed_on": "cpu-ops" if st.cpu_only else "gpu-kernels",
-        "mean_ms": round(statistics.fmean(gpu), 4) if gpu else None,
-        "min_ms": round(min(gpu), 4) if gpu else None, "max_ms": round(max(gpu), 4) if gpu else None,
-        "cpu_median_ms": round(statistics.median(cpu), 4) if cpu else None,
-        "idle_median_ms": round(statistics.median(idle), 4) if idle else None,
-        "launches_per_step": statistics.median([m.launches for m in st.metrics]) if st.metrics else 0,
-        "graph_launches_per_step": statistics.median([m.graph_launches for m in st.metrics]) if st.metrics else 0,
-    }
+    st.summary = StepSummary(
+        phase=st.phase, count=len(st.metrics), median_ms=round(st.step_ms, 4),
+        method=st.stepset.method, how=st.stepset.how, window=st.window,
+        workload=st.workload.get("kind"), workload_how=st.workload.get("how"),
+        workload_model=st.workload.get("model"), workload_evidence=st.workload.get("evidence"),
+        analysed_on="cpu-ops" if st.cpu_only else "gpu-kernels",
+        mean_ms=round(statistics.fmean(gpu), 4) if gpu else None,
+        min_ms=round(min(gpu), 4) if gpu else None, max_ms=round(max(gpu), 4) if gpu else None,
+        cpu_median_ms=round(statistics.median(cpu), 4) if cpu else None,
+        idle_median_ms=round(statistics.median(idle), 4) if idle else None,
+        launches_per_step=statistics.median([m.launches for m in st.metrics]) if st.metrics else 0,
+        graph_launches_per_step=statistics.median([m.graph_launches for m in st.metrics]) if st.metrics else 0,
+    )
     unprof = hosttime.unprofiled_step(st.stepset.steps, st.config.get("bench"))
     if unprof:
         if st.cpu_only and cpuhost.on_cpu(st.config):  # a CPU server: the profiler's cost per event
             unprof["cpu_host"] = cpuhost.profiler_cost(st.trace, st.stepset.steps, st.config.get("bench"))
-        st.out["steps"]["unprofiled"] = unprof
+        st.summary.unprofiled = unprof
         if unprof["profiler_slowdown"] > 1 + 2 * hosttime.BENCH_NOISE:  # beyond two benches' noise
             st.notes.append(f"the profiled step cycle ({unprof['profiled_cycle_ms']:.2f} ms) is "
                             f"{unprof['profiler_slowdown']:.2f}x the {unprof['step_ms']:.2f} ms the bench measured "
                             f"without the profiler: the idle and host time this trace shows are the profiled host's; "
                             f"the findings take the host's time from the bench, or scale it to the unprofiled one")
-    if st.out["steps"]["cpu_median_ms"] and gpu and st.out["steps"]["cpu_median_ms"] > 1.5 * st.step_ms:
-        st.notes.append(f"CPU step ranges ({st.out['steps']['cpu_median_ms']:.1f} ms) are much longer than the "
+    cpu_ms = st.summary.cpu_median_ms
+    if cpu_ms and gpu and cpu_ms > 1.5 * st.step_ms:
+        st.notes.append(f"CPU step ranges ({cpu_ms:.1f} ms) are much longer than the "
                         f"GPU work they launch ({st.step_ms:.1f} ms): profiler overhead or host-side waits")
 
 
@@ -220,7 +221,7 @@ def pass_floor(st: State) -> None:
     if not st.trace.kernels:
         st.out["floor"] = {"available": False, "missing": "floor: the trace has no GPU kernels to compare with"}
         return
-    idle = (st.out.get("steps") or {}).get("idle_median_ms") or 0.0
+    idle = st.summary.idle_median_ms or 0.0
     st.out["floor"] = compute_floor(st.trace.meta.to_dict(), st.config, buckets_ms=st.buckets_ms, step_ms=st.step_ms,
                                     idle_ms=idle, phase=st.phase, step_labels=[s.label for s in st.steps],
                                     moe_gemm_ms=(st.out.get("sub_buckets") or {}).get("moe/gemm", {}).get("ms_per_step", 0.0))
@@ -269,13 +270,13 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
         st.trace.memo.clear()
     kernel_total = sum(k.dur for k in trace.kernels if k.kind == "kernel") / 1e3
     gpu_total = sum(k.dur for k in trace.kernels) / 1e3
-    idle = st.out["steps"].get("idle_median_ms") or 0.0
+    idle = st.summary.idle_median_ms or 0.0
     return RankAnalysis(
         file=st.file, rank=rank if rank is not None else trace.meta.rank, stage=stage, meta=trace.meta.to_dict(),
-        steps=st.out["steps"], phases=st.out["phases"], buckets=st.out["buckets"],
+        steps=st.summary, phases=st.out["phases"], buckets=st.out["buckets"],
         sub_buckets=st.out["sub_buckets"], kernel_ms_total=round(kernel_total, 4), gpu_ms_total=round(gpu_total, 4),
         kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
-        ops=[o.to_dict() for o in st.ops], findings=[f.settled() for f in st.findings],
+        ops=list(st.ops), findings=[f.settled() for f in st.findings],
         per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
         notes=st.notes, floor=st.out.get("floor", {}), roofline=st.out.get("roofline", {}),
     )

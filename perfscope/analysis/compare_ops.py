@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from perfscope.analysis.ops import Op
+
 
 def rounded(x: Optional[float], nd: int = 4) -> Optional[float]:
     return None if x is None else round(float(x), nd)
@@ -17,22 +19,22 @@ def ratio(before: Optional[float], after: Optional[float]) -> Optional[float]:
     return round(after / before, 4)
 
 
-def ops_by_key(ops: list[dict]) -> dict:
+def ops_by_key(ops: list[Op]) -> dict:
     """Ops summed by (short name, bucket): what a reader sees as "the same op" on both sides."""
     out: dict[tuple, dict] = {}
     for o in ops:
-        key = (o.get("short") or o.get("name"), o.get("bucket"))
+        key = (o.short or o.name, o.bucket)
         cur = out.get(key)
         if cur is None:
-            out[key] = {"short": key[0], "bucket": key[1], "sub": o.get("sub"), "ms": o.get("ms_per_step") or 0.0,
-                        "count": o.get("count_per_step") or 0.0, "grid": o.get("grid")}
+            out[key] = {"short": key[0], "bucket": key[1], "sub": o.sub, "ms": o.ms_per_step or 0.0,
+                        "count": o.count_per_step or 0.0, "grid": list(o.grid) if o.grid else None}
         else:
-            cur["ms"] += o.get("ms_per_step") or 0.0
-            cur["count"] += o.get("count_per_step") or 0.0
+            cur["ms"] += o.ms_per_step or 0.0
+            cur["count"] += o.count_per_step or 0.0
     return out
 
 
-def ops_diff(ob: list[dict], oa: list[dict], limit: int) -> list[dict]:
+def ops_diff(ob: list[Op], oa: list[Op], limit: int) -> list[dict]:
     kb, ka = ops_by_key(ob), ops_by_key(oa)
     rows = []
     for key in list(dict.fromkeys(list(kb) + list(ka))):
@@ -60,13 +62,13 @@ def step_samples(r) -> list[float]:
     return gpu or [m["cpu_ms"] for m in r.per_step]
 
 
-def moved_together(ob: list[dict], oa: list[dict], expected: set, step_before: Optional[float]) -> Optional[dict]:
+def moved_together(ob: list[Op], oa: list[Op], expected: set, step_before: Optional[float]) -> Optional[dict]:
     """Ops the fix was not expected to change (not in ``expected``, by kernel name) that moved
     together: one direction, by MOVED or more per launch, MOVED_SHARE of those ops' time, at least
     two ops and a tenth of the step. A fix changes its own kernels; when the others all move, the
     machine did."""
-    kb = ops_by_key([o for o in ob if o.get("name") not in expected])
-    ka = ops_by_key([o for o in oa if o.get("name") not in expected])
+    kb = ops_by_key([o for o in ob if o.name not in expected])
+    ka = ops_by_key([o for o in oa if o.name not in expected])
     rows = []
     for k in kb:
         if k not in ka:

@@ -7,15 +7,16 @@ from typing import Any, Optional
 
 from perfscope.analysis.compare_ops import ops_by_key, rounded as _r
 from perfscope.analysis.finding import Finding
+from perfscope.analysis.ops import Op
 
 
-def _unchanged_check(ob: list[dict], oa: list[dict], changed: list[str]) -> Optional[dict]:
+def _unchanged_check(ob: list[Op], oa: list[Op], changed: list[str]) -> Optional[dict]:
     """What a kernel-level prediction assumes and AFTER can check: the ops on both sides that the fix
     does not change (``changed``: the kernel names it does) keep their time. Their summed change per
     step, and the largest."""
     skip = set(changed)
-    kb = ops_by_key([o for o in ob if o.get("name") not in skip])
-    ka = ops_by_key([o for o in oa if o.get("name") not in skip])
+    kb = ops_by_key([o for o in ob if o.name not in skip])
+    ka = ops_by_key([o for o in oa if o.name not in skip])
     both = [k for k in kb if k in ka]
     if not both:
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from perfscope.analysis.attribution import Attribution, Attributor
@@ -35,6 +35,16 @@ class Op:
         d["block"] = list(self.block) if self.block else None
         d.update(self.attribution.to_dict())
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Op":
+        """The op of ``to_dict``'s JSON (no ``sample``: the trace is not at hand)."""
+        own = {f.name for f in fields(cls)} - {"attribution", "sample"}
+        kw = {k: d[k] for k in own if k in d}
+        for k in ("grid", "block"):
+            kw[k] = tuple(d[k]) if d.get(k) else None
+        attr = Attribution(**{f.name: d[f.name] for f in fields(Attribution) if f.name in d})
+        return cls(**kw, attribution=attr)
 
 
 def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int = 25) -> list[Op]:

@@ -1,5 +1,7 @@
-"""What an analysis produces: no events; typed findings (:class:`perfscope.analysis.finding.Finding`), the
-rest plain data. Renderers read only this; ``to_dict`` is the JSON, ``from_dict`` reads it back."""
+"""What an analysis produces: no events; typed findings (:class:`perfscope.analysis.finding.Finding`), ops
+(:class:`perfscope.analysis.ops.Op`) and steps (:class:`perfscope.analysis.step_summary.StepSummary`), the
+rest plain data. Renderers read only this; ``to_dict`` is the JSON (``--json``, a run folder's
+ranks.json.gz, what a worker, a Ray task or a host sends back), ``from_dict`` reads it back."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from perfscope.analysis.finding import Finding, FixCommand
+from perfscope.analysis.ops import Op
+from perfscope.analysis.step_summary import StepSummary
 
 
 @dataclass
@@ -17,7 +21,7 @@ class RankAnalysis:
     rank: Optional[int]
     stage: Optional[str]
     meta: dict
-    steps: dict  # {phase, count, median_ms, method, ...}: the analysed phase
+    steps: StepSummary  # the analysed phase
     phases: list[dict]  # every phase found: {phase, count, median_ms}
     buckets: dict  # {bucket: {ms_per_step, share}}
     sub_buckets: dict  # {"copy/cast": {ms_per_step, share}}
@@ -25,7 +29,7 @@ class RankAnalysis:
     gpu_ms_total: float  # kernels + memcpy + memset
     kernel_ms_per_step: float
     idle_ms_per_step: float
-    ops: list[dict]
+    ops: list[Op]  # the dominant ops of the analysed steps, largest first
     findings: list[Finding]
     per_step: list[dict]
     timeline: dict  # one representative step: {step, t0_us, kernels: [[stream, start_ms, dur_ms, short, bucket]]}
@@ -35,13 +39,17 @@ class RankAnalysis:
     roofline: dict = field(default_factory=dict)  # perfscope.analysis.roofline: achieved TB/s, TFLOP/s per top op
 
     def to_dict(self) -> dict:
-        d = asdict(replace(self, findings=[]))
+        d = asdict(replace(self, steps=StepSummary(), ops=[], findings=[]))
+        d["steps"] = copy.deepcopy(self.steps.to_dict())
+        d["ops"] = copy.deepcopy([o.to_dict() for o in self.ops])
         d["findings"] = copy.deepcopy([f.to_dict() for f in self.findings])
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankAnalysis":
         kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        kw["steps"] = StepSummary.from_dict(d.get("steps") or {})
+        kw["ops"] = [Op.from_dict(o) for o in d.get("ops") or []]
         kw["findings"] = [Finding.from_dict(f) for f in d.get("findings") or []]
         return cls(**kw)
 
@@ -72,8 +80,8 @@ class Diagnosis:
     @property
     def primary(self) -> RankAnalysis:
         """The decode analysis of the slowest rank (else the slowest analysis of any phase)."""
-        pool = [r for r in self.ranks if r.steps.get("phase") == "decode"] or self.ranks
-        return max(pool, key=lambda r: r.steps.get("median_ms") or 0.0)
+        pool = [r for r in self.ranks if r.steps.phase == "decode"] or self.ranks
+        return max(pool, key=lambda r: r.steps.median_ms or 0.0)
 
     def fix_command(self, f: Finding) -> Optional[FixCommand]:
         """The command that fixes finding ``f``, as every renderer prints it: aimed at the run's inputs
@@ -96,7 +104,7 @@ class Diagnosis:
         d = {
             "tool": "perfscope",
             "schema_version": 1,
-            "steps": p.steps,
+            "steps": p.steps.to_dict(),
             "phases": p.phases,
             "buckets": p.buckets,
             "sub_buckets": p.sub_buckets,
@@ -105,7 +113,7 @@ class Diagnosis:
             "kernel_ms_per_step": p.kernel_ms_per_step,
             "idle_ms_per_step": p.idle_ms_per_step,
             "findings": [f.to_dict() for f in p.findings],
-            "ops": p.ops,
+            "ops": [o.to_dict() for o in p.ops],
             "device": {k: p.meta.get(k) for k in ("device_name", "compute_capability", "num_sms", "platform")},
             "notes": p.notes + self.warnings,
             "warnings": self.warnings,

@@ -187,17 +187,17 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     """
     groups: dict = {}
     for r in ranks:
-        if (r.steps.get("count") or 0) >= 2 and r.steps.get("median_ms"):
-            groups.setdefault((r.stage, r.steps.get("phase")), []).append(r)
+        if (r.steps.count or 0) >= 2 and r.steps.median_ms:
+            groups.setdefault((r.stage, r.steps.phase), []).append(r)
     groups = {k: v for k, v in groups.items() if len(v) >= 2}
     if not groups:
         return None
     key = max(groups, key=lambda k: (k[1] == "decode", len(groups[k])))
     timed = groups[key]
-    cpu_only = all(r.steps.get("analysed_on") == "cpu-ops" for r in timed)
+    cpu_only = all(r.steps.cpu_only for r in timed)
     if cpu_only:
         threshold = max(threshold, CPU_OPS_THRESHOLD)
-    step = {id(r): r.steps["median_ms"] for r in timed}
+    step = {id(r): r.steps.median_ms for r in timed}
     comp = {id(r): _compute_ms(r) for r in timed}
     by_step = max(timed, key=lambda r: step[id(r)])
     by_comp = max(timed, key=lambda r: comp[id(r)])
@@ -223,7 +223,7 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     mid_step = statistics.median(step.values())
     if use_comp:
         line = (f"rank {slow.rank}: {comp[id(slow)]:.3g} ms of compute per step, {comp_ratio:.2f}x the other ranks' "
-                f"median {ref_comp:.3g} ms (late before its collectives; its step {slow.steps['median_ms']:.3g} ms)")
+                f"median {ref_comp:.3g} ms (late before its collectives; its step {slow.steps.median_ms:.3g} ms)")
     elif step_ratio == 1.0 and step[id(slow)] > ref_step:
         # the lead is inside the step-to-step noise: say so, not "1.00x" beside two different numbers
         line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step against the other ranks' median {ref_step:.3g} "
@@ -231,7 +231,7 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     else:
         line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step, {step_ratio:.2f}x the other ranks' median "
                 f"{ref_step:.3g} ms/step")
-    return {"rank": slow.rank, "stage": slow.stage, "phase": key[1], "median_ms": slow.steps["median_ms"],
+    return {"rank": slow.rank, "stage": slow.stage, "phase": key[1], "median_ms": slow.steps.median_ms,
             "line": line,
             "ranks_median_ms": round(mid_step, 4),
             "others_median_ms": round(_median_of_others(timed, step, slow), 4),

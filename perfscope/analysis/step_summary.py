@@ -1,11 +1,13 @@
 """What the analysed steps add up to, apart from the passes that need the whole analysis: the window
-analysed (the steps, or the whole trace), each phase's steps, the timeline of the median step and the
-top CPU ops."""
+analysed (the steps, or the whole trace), the analysed phase's :class:`StepSummary`, each phase's steps,
+the timeline of the median step and the top CPU ops."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
 
 from perfscope.analysis.buckets import classify
 from perfscope.analysis.metrics import StepMetrics
@@ -15,6 +17,47 @@ from perfscope.analysis.steps import Step, StepSet
 from perfscope.load.model import Trace
 
 TIMELINE_MAX_KERNELS = 6000
+
+
+@dataclass
+class StepSummary:
+    """The analysed phase's steps: how many, their times, how they were found, what the trace is. The
+    JSON (``to_dict``: the ``steps`` of ``--json`` and of each rank) has the fields in this order,
+    ``unprofiled`` only when a bench measured the step without the profiler."""
+
+    phase: str = "unknown"
+    count: int = 0
+    median_ms: Optional[float] = None  # by the GPU work of each step (CPU ranges on a CPU-only trace)
+    method: str = ""  # perfscope.analysis.steps: which markers found the steps
+    how: str = ""  # the same, in words
+    window: dict = field(default_factory=dict)  # analysed_window: the steps, or the whole trace
+    workload: Optional[str] = None  # perfscope.analysis.workload: serving, training, ...
+    workload_how: Optional[str] = None
+    workload_model: Optional[str] = None
+    workload_evidence: Any = None
+    analysed_on: str = "gpu-kernels"  # or "cpu-ops": a trace without GPU kernels
+    mean_ms: Optional[float] = None
+    min_ms: Optional[float] = None
+    max_ms: Optional[float] = None
+    cpu_median_ms: Optional[float] = None  # the steps' CPU ranges
+    idle_median_ms: Optional[float] = None  # GPU idle inside a step
+    launches_per_step: float = 0
+    graph_launches_per_step: float = 0
+    unprofiled: Optional[dict] = None  # perfscope.analysis.hosttime.unprofiled_step: the bench's step
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.analysed_on == "cpu-ops"
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.unprofiled is None:
+            del d["unprofiled"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepSummary":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 STEPS_MIN_GPU_SHARE = 0.05  # steps holding less of the trace's GPU time than this: the whole trace is analysed
 

@@ -174,7 +174,7 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
         "ttft_ms": timings.get("ttft_ms"),
         "top": v.finding if v else None,
         "top_fix": v.fix if v else None,
-        "cpu": p.steps.get("analysed_on") == "cpu-ops",  # a CPU-only trace: no GPU, no GPU idle
+        "cpu": p.steps.cpu_only,  # a CPU-only trace: no GPU, no GPU idle
     }
 
 
@@ -248,7 +248,7 @@ def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
             "timelines": {"before": timeline_data(before.primary.timeline),
                           "after": timeline_data(after.primary.timeline)},
             "per_rank": {side: [{"rank": r.rank, "stage": r.stage, "buckets": r.buckets, "label": lab,
-                                 "idle_ms_per_step": r.idle_ms_per_step, "median_ms": r.steps.get("median_ms")}
+                                 "idle_ms_per_step": r.idle_ms_per_step, "median_ms": r.steps.median_ms}
                                 for r, lab in zip(dg.ranks, rank_labels(dg.ranks)[0])]
                          for side, dg in (("before", before), ("after", after))}}
     ranks_title = rank_labels(before.ranks)[1] if len(before.ranks) >= len(after.ranks) else rank_labels(after.ranks)[1]

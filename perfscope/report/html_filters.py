@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from perfscope.analysis.ops import Op
 from perfscope.report.terminal_tables import _fmt_ms, op_where
 
 
@@ -30,18 +31,18 @@ def signed_pct(x: Optional[float]) -> str:
     return ("+" if x > 0 else "\u2212" if x < 0 else "") + f"{abs(x) * 100:.1f} pp"
 
 
-def op_columns(o: dict, graph: str = "CUDA graph") -> dict:
-    """The ops table's text columns, from terminal.op_where on the relevant part of the op
+def op_columns(o: Op, graph: str = "CUDA graph") -> dict:
+    """The ops table's text columns, from terminal_tables.op_where on the relevant part of the op
     (``graph``: HIP graph on ROCm)."""
+    a = o.attribution
     return {
-        "launched_by": op_where({k: o.get(k) for k in ("graph_replay", "grid", "block", "op_chain")}, graph)
-                       or (o.get("launcher") or ""),
-        "dtype_shape": op_where({k: o.get(k) for k in ("input_types", "input_dims")}),
+        "launched_by": op_where(o, graph, ("replay", "chain")) or (a.launcher or ""),
+        "dtype_shape": op_where(o, graph, ("types", "dims")),
         # the same as pieces that must not break across lines: the dtypes, then each shape
-        "dtype_shape_parts": ([op_where({"input_types": o["input_types"]})] if o.get("input_types") else [])
-                             + [str(d) for d in (o.get("input_dims") or []) if d],
-        "source": o.get("source") or "",
-        "geometry": (f"grid {o['grid']} x block {o['block']}" if o.get("grid") else ""),
+        "dtype_shape_parts": ([op_where(o, graph, ("types",))] if a.input_types else [])
+                             + [str(d) for d in (a.input_dims or []) if d],
+        "source": a.source or "",
+        "geometry": (f"grid {list(o.grid)} x block {list(o.block) if o.block else None}" if o.grid else ""),
     }
 
 
@@ -69,7 +70,7 @@ def plain_lines(c: dict) -> dict:
             "predictions": [Text.from_markup(prediction_line(pr)).plain for pr in c.get("predictions") or []]}
 
 
-def op_table_columns(ops: list[dict]) -> dict:
+def op_table_columns(ops: list[Op]) -> dict:
     """Which optional columns of the ops table have anything to show (graph traces have no shapes)."""
     cols = [op_columns(o) for o in ops]
     return {k: any(c[k] for c in cols) for k in ("launched_by", "dtype_shape", "source")}

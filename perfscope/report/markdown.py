@@ -24,11 +24,11 @@ from perfscope.util.files import atomic_write_text
 def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     p = d.primary
     s = p.steps
-    cpu = s.get("analysed_on") == "cpu-ops"
+    cpu = s.cpu_only
     gpu = device_label(p.meta) or ("CPU (no GPU activity)" if cpu else "unknown GPU")
-    n = s.get("count", 0)
-    out = [f"### perfscope diagnose: {_text(gpu)}, {n} {_text(s.get('phase'))} step{'s' if n != 1 else ''}, "
-           f"median {wording.ms(s.get('median_ms'))} ms", ""]
+    n = s.count
+    out = [f"### perfscope diagnose: {_text(gpu)}, {n} {_text(s.phase)} step{'s' if n != 1 else ''}, "
+           f"median {wording.ms(s.median_ms)} ms", ""]
     verdict = view(d).top
     if verdict is not None:
         f = verdict.finding
@@ -50,7 +50,7 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
                 line += f" ({_text(pr.saving[0].upper() + pr.saving[1:])}.)"
         out += [line, ""]
     else:
-        out += [f"**No known bottleneck matched** in the {n} {s.get('phase')} steps analysed "
+        out += [f"**No known bottleneck matched** in the {n} {s.phase} steps analysed "
                 f"({'CPU ops' if cpu else 'GPU kernels'}).", ""]
     skipped = wording.skipped_note(d.skipped)
     if skipped:
@@ -68,8 +68,8 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
         out.append(f"| ({'idle' if cpu else 'GPU idle'} in step) | {wording.ms(p.idle_ms_per_step)} | |")
     out += ["", "**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
     for o in p.ops[:top]:
-        out.append(f"| {_code(o['short'], in_table=True)} | {_text(o['bucket'])} | {wording.ms(o['ms_per_step'])} | {wording.pct(o['share'])} | "
-                   f"{wording.per_step_count(o['count_per_step'])} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
+        out.append(f"| {_code(o.short, in_table=True)} | {_text(o.bucket)} | {wording.ms(o.ms_per_step)} | {wording.pct(o.share)} | "
+                   f"{wording.per_step_count(o.count_per_step)} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
     if p.findings:
         out += ["", "**Findings**", ""]
         for fv in view(d).findings:
@@ -82,10 +82,10 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     if len(d.ranks) > 1:
         out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]
         for r in d.ranks:
-            out.append(f"| {r.rank if r.rank is not None else '-'} | {_text(r.stage or '')} | {r.steps.get('count')} | "
-                       f"{wording.ms(r.steps.get('median_ms'))} |")
+            out.append(f"| {r.rank if r.rank is not None else '-'} | {_text(r.stage or '')} | {r.steps.count} | "
+                       f"{wording.ms(r.steps.median_ms)} |")
     out += ["", f"<sub>perfscope {__version__}; {len(d.ranks)} trace file(s); steps found by "
-                f"{_text(s.get('how') or s.get('method'))}</sub>", ""]
+                f"{_text(s.how or s.method)}</sub>", ""]
     return "\n".join(out)
 
 
@@ -109,16 +109,16 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
     rows = [["rank", "op", "bucket", "sub", "ms_per_step", "share", "count_per_step", "launched_by", "name"]]
     for r in d.ranks:
         for o in r.ops:
-            rows.append([r.rank if r.rank is not None else "", o["short"], o["bucket"], o.get("sub") or "",
-                         round(o["ms_per_step"], 6), round(o["share"], 6), round(o["count_per_step"], 3),
-                         op_where(o, wording.graph_word(r.meta)), o.get("name", "")])
+            rows.append([r.rank if r.rank is not None else "", o.short, o.bucket, o.sub or "",
+                         round(o.ms_per_step, 6), round(o.share, 6), round(o.count_per_step, 3),
+                         op_where(o, wording.graph_word(r.meta)), o.name])
     written.append(atomic_write_text(folder / "ops.csv", _csv(rows), shared=True))
     if len(d.ranks) > 1:
         buckets = sorted({b for r in d.ranks for b in r.buckets})
         rows = [["rank", "stage", "steps", "median_ms", "idle_ms_per_step", *[f"{b}_ms_per_step" for b in buckets]]]
         for r in d.ranks:
-            rows.append([r.rank if r.rank is not None else "", r.stage or "", r.steps.get("count"),
-                         r.steps.get("median_ms"), r.idle_ms_per_step,
+            rows.append([r.rank if r.rank is not None else "", r.stage or "", r.steps.count,
+                         r.steps.median_ms, r.idle_ms_per_step,
                          *[round((r.buckets.get(b) or {}).get("ms_per_step", 0.0), 6) for b in buckets]])
         written.append(atomic_write_text(folder / "ranks.csv", _csv(rows), shared=True))
     return written

@@ -39,11 +39,11 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     gives the line to print, unwrapped, right below it."""
     p = d.primary
     s = p.steps
-    cpu = s.get("analysed_on") == "cpu-ops"
+    cpu = s.cpu_only
     gpu = device_label(p.meta) or ("CPU (no GPU activity)" if cpu else "unknown GPU")
-    step_ms = s.get("median_ms")
+    step_ms = s.median_ms
     files = f" · {_plural(len(d.ranks), 'trace')}" if len(d.ranks) > 1 else ""
-    steps = _plural(s.get("count", 0), f"{s.get('phase')} step")
+    steps = _plural(s.count, f"{s.phase} step")
     title, rest = _fit_title(["perfscope diagnose", f"{gpu}{files}", steps, f"median {_fmt_ms(step_ms)} ms"], width)
     head = [f"[dim]{escape(rest)}[/]"] if rest else []
     if not p.findings:
@@ -122,15 +122,15 @@ def facts(d: Diagnosis) -> list[str]:
     p = d.primary
     m = p.meta
     s = p.steps
-    cpu = s.get("analysed_on") == "cpu-ops"
+    cpu = s.cpu_only
     arch = wording.gpu_arch(m)
     arch = f" ({arch})" if arch else ""
     ws = f", world size {m.get('world_size')}" if m.get("world_size") else ""
     lines = [f"[dim]{escape(str(device_label(m) or ('CPU' if cpu else 'unknown GPU')))}{arch}{ws}; steps found by "
-             f"{escape(str(s.get('how') or s.get('method')))}[/]",
+             f"{escape(str(s.how or s.method))}[/]",
              f"[dim]per step: {'op' if cpu else 'kernel'} time {_fmt_ms(p.kernel_ms_per_step)} ms, "
              f"{'idle' if cpu else 'GPU idle'} {_fmt_ms(p.idle_ms_per_step)} ms[/]"]
-    other = [ph for ph in p.phases if ph["phase"] != s.get("phase")]
+    other = [ph for ph in p.phases if ph["phase"] != s.phase]
     if other:
         lines[-1] = lines[-1][:-3] + "; other phases: " + ", ".join(
             f"{escape(ph['phase'])} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)" for ph in other) + "[/]"
@@ -151,7 +151,7 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
     A fix command too wide for the panel at ``width`` columns is named there and printed under it
     (:func:`long_finding_commands`), never folded."""
     p = d.primary
-    cpu = p.steps.get("analysed_on") == "cpu-ops"
+    cpu = p.steps.cpu_only
     if not p.findings:
         return None
     parts: list[Group | Text] = []

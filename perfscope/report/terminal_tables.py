@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from perfscope.analysis.ops import Op
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.report import wording
 from perfscope.report.escape import markup as escape, term
@@ -28,7 +29,7 @@ def _fmt_ms(x: Optional[float]) -> str:
 
 
 def bucket_table(p: RankAnalysis) -> Table:
-    what = "CPU op" if p.steps.get("analysed_on") == "cpu-ops" else "GPU kernel"
+    what = "CPU op" if p.steps.cpu_only else "GPU kernel"
     t = Table(title=f"{what} time per step, by bucket", title_justify="left")
     t.add_column("bucket")
     t.add_column("ms/step", justify="right")
@@ -47,22 +48,40 @@ def bucket_table(p: RankAnalysis) -> Table:
     return t
 
 
-def op_where(o: dict, graph: str = "CUDA graph") -> str:
-    """One line: who launched the op, with which dtypes/shapes, from which source line. ``graph``:
-    what the platform calls its graphs (``wording.graph_word``: HIP graph on ROCm)."""
-    where = []
-    if o.get("graph_replay"):
-        geo = f"grid {o.get('grid')} x block {o.get('block')}" if o.get("grid") else ""
-        where.append(f"{graph.replace(' ', '-')} replay {geo}".strip() + (f", captured in {o['captured']}:" if o.get("captured") else ""))
-    if o.get("op_chain"):
-        where.append(" > ".join(o["op_chain"]))
-    if o.get("input_types"):
-        where.append("(" + ", ".join(wording.dtype_name(t) for t in o["input_types"] if t) + ")")
-    if o.get("input_dims"):
-        where.append(" ".join(str(d) for d in o["input_dims"] if d))
-    if o.get("source"):
-        where.append(f"@ {o['source']}")
-    return "  ".join(where)
+def where_parts(o: Op, graph: str = "CUDA graph") -> dict[str, Optional[str]]:
+    """Who launched the op, in pieces (None where the trace did not record it): ``replay`` (graph-replayed:
+    the launch geometry), ``captured`` (said after it: the captured graph that attributed it), ``chain`` (the CPU op chain),
+    ``types``, ``dims`` (its inputs' dtypes and shapes) and ``source`` (the Python line). ``graph``: what
+    the platform calls its graphs (``wording.graph_word``: HIP graph on ROCm)."""
+    a = o.attribution
+    replay = None
+    if a.graph_replay:
+        geo = f"grid {list(o.grid)} x block {list(o.block) if o.block else None}" if o.grid else ""
+        replay = f"{graph.replace(' ', '-')} replay {geo}".strip()
+    return {
+        "replay": replay,
+        "captured": f", captured in {a.captured}:" if replay is not None and a.captured else None,
+        "chain": " > ".join(a.op_chain) if a.op_chain else None,
+        "types": "(" + ", ".join(wording.dtype_name(t) for t in a.input_types if t) + ")" if a.input_types else None,
+        "dims": " ".join(str(d) for d in a.input_dims if d) if a.input_dims else None,
+        "source": f"@ {a.source}" if a.source else None,
+    }
+
+
+WHERE_PARTS = ("replay", "captured", "chain", "types", "dims", "source")
+
+
+def op_where(o: Op, graph: str = "CUDA graph", parts: tuple[str, ...] = WHERE_PARTS) -> str:
+    """One line: who launched the op, with which dtypes/shapes, from which source line (``parts`` of
+    :func:`where_parts`; ``captured`` is said right after ``replay``)."""
+    w = where_parts(o, graph)
+    out = []
+    for k in parts:
+        x = w[k]
+        if x is None or k == "captured":
+            continue
+        out.append(x + (w["captured"] or "") if k == "replay" and "captured" in parts else x)
+    return "  ".join(out)
 
 
 def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
@@ -73,12 +92,12 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
     t.add_column("share", justify="right")
     t.add_column("n", justify="right")
     for o in p.ops[:limit]:
-        st = BUCKET_STYLE.get(o["bucket"], "white")
+        st = BUCKET_STYLE.get(o.bucket, "white")
         where = op_where(o, wording.graph_word(p.meta))
-        name = BoundaryText(Text(term(o["short"]), style="bold"))
+        name = BoundaryText(Text(term(o.short), style="bold"))
         cell = Group(name, hanging(f"[dim]  {escape(where)}[/]")) if where else name
-        t.add_row(cell, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["ms_per_step"]), f"{o['share']:.1%}",
-                  wording.per_step_count(o["count_per_step"]))
+        t.add_row(cell, f"[{st}]{o.bucket}[/]", _fmt_ms(o.ms_per_step), f"{o.share:.1%}",
+                  wording.per_step_count(o.count_per_step))
     return t
 
 
@@ -95,8 +114,8 @@ def ranks_table(d: Diagnosis) -> Optional[Table]:
     for r, h in zip(d.ranks, hosts):
         b = r.buckets
         mark = " [red](straggler)[/]" if strag == r.rank and (d.straggler or {}).get("significant") else ""
-        t.add_row(*([escape(h or "-")] if len(set(hosts)) > 1 else []), f"{r.rank if r.rank is not None else '-'}{mark}", escape(r.stage or ""), str(r.steps.get("count")),
-                  _fmt_ms(r.steps.get("median_ms")), *(f"{b[x]['share']:.0%}" for x in ("copy", "gemm", "attention", "communication")),
+        t.add_row(*([escape(h or "-")] if len(set(hosts)) > 1 else []), f"{r.rank if r.rank is not None else '-'}{mark}", escape(r.stage or ""), str(r.steps.count),
+                  _fmt_ms(r.steps.median_ms), *(f"{b[x]['share']:.0%}" for x in ("copy", "gemm", "attention", "communication")),
                   _fmt_ms(r.idle_ms_per_step))
     return t
 

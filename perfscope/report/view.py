@@ -65,5 +65,5 @@ def prediction(f: Finding, step_ms: Optional[float]) -> Optional[Prediction]:
 
 def view(d: Diagnosis) -> View:
     p = d.primary
-    step_ms = p.steps.get("median_ms")
+    step_ms = p.steps.median_ms
     return View(tuple(FindingView(f, d.fix_command(f), prediction(f, step_ms)) for f in p.findings))
