@@ -30,7 +30,6 @@ import gzip
 import io as _io
 import json
 import time
-import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +66,8 @@ _BOOT_PY = ("import sys; sys.path.insert(0, sys.argv[1]); from perfscope.cluster
 def package_zip() -> bytes:
     """perfscope's Python files (the installed package's, ``*.py`` only: no fixes, reports or example
     server) as a deterministic zip, at most MAX_ZIP_BYTES."""
+    import zipfile
+
     import perfscope
 
     root = Path(perfscope.__file__).resolve().parent

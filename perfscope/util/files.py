@@ -20,18 +20,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import stat as stat_mod
-import tempfile
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
 from perfscope.errors import InputError
 
 
+def _sha256():  # hashlib (OpenSSL) and tempfile load when a file is hashed or written, not with the CLI
+    import hashlib
+
+    return hashlib.sha256()
+
+
 def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    h = _sha256()
+    h.update(data)
+    return h.hexdigest()
 
 
 def sha256_file(path: str | os.PathLike | IO[bytes], chunk: int = 1 << 20) -> str:
@@ -43,7 +49,7 @@ def sha256_file(path: str | os.PathLike | IO[bytes], chunk: int = 1 << 20) -> st
 
 
 def _sha256_stream(f: IO[bytes], chunk: int) -> str:
-    h = hashlib.sha256()
+    h = _sha256()
     while block := f.read(chunk):
         h.update(block)
     return h.hexdigest()
@@ -52,7 +58,7 @@ def _sha256_stream(f: IO[bytes], chunk: int) -> str:
 def copy_hashed(src: IO[bytes], dst: IO[bytes], total: int = 0, progress=None, chunk: int = 1 << 20) -> str:
     """Copy ``src`` to ``dst`` in blocks, hashing as it goes (the copy is not read a second time);
     ``progress(done_bytes, total)`` after each block. Returns the sha256 of what was copied."""
-    h = hashlib.sha256()
+    h = _sha256()
     done = 0
     while b := src.read(chunk):
         dst.write(b)
@@ -186,6 +192,8 @@ def atomic_writer(path: str | os.PathLike, mode: int | None = None,
         with contextlib.suppress(OSError):
             if os.stat(tmp_dir).st_dev == os.stat(target.parent).st_dev:
                 where = Path(tmp_dir)
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=where)
     try:
         with os.fdopen(fd, "wb") as f:
