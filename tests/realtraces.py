@@ -1,8 +1,10 @@
 """Real traces read and diagnosed once per test session (tests/ is on sys.path).
 
 ``real_trace(name)`` is the :class:`perfscope.load.model.Trace` of one trace file, read by
-perfscope's reader; ``real_diagnosis(*names, config=None)`` the ``diagnose`` of one or more inputs
-(files, folders, run folders) with that config. A name is a path, or a path relative to the corpus
+perfscope's reader; ``real_analysis(name, config=None)`` its ``analyze_trace`` (one rank's
+:class:`perfscope.analysis.result.RankAnalysis`: steps, buckets, findings);
+``real_diagnosis(*names, config=None)`` the ``diagnose`` of one or more inputs (files, folders, run
+folders) with that config. A name is a path, or a path relative to the corpus
 (``tests/traces/corpus``, e.g. ``"h200-mla-fp8-kv/mla_pool_graph.json.xz"``).
 
 Each is computed the first time a test asks and then shared by every test of the session: read
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from paths import TRACES
+from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.diagnose import diagnose
 from perfscope.load.reader import load_trace
 
 _TRACES: dict[Path, Any] = {}
+_ANALYSES: dict[tuple, Any] = {}
 _DIAGNOSES: dict[tuple, Any] = {}
 
 
@@ -36,6 +40,14 @@ def real_trace(name):
     if p not in _TRACES:
         _TRACES[p] = load_trace(p)
     return _TRACES[p]
+
+
+def real_analysis(name, config: Optional[dict] = None):
+    """``analyze_trace(real_trace(name), config or {})`` (computed once per session for the same trace and config)."""
+    key = (path_of(name), json.dumps(config or {}, sort_keys=True, default=str))
+    if key not in _ANALYSES:
+        _ANALYSES[key] = analyze_trace(real_trace(name), config or {})
+    return _ANALYSES[key]
 
 
 def real_diagnosis(*names, config: Optional[dict] = None):

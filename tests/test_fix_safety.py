@@ -100,6 +100,7 @@ print(engine.apply(get("fp8-kv-cast"), LocalFixHost(), req).outcome.kind, flush=
 """
 
 
+@pytest.mark.slow  # 8 fix processes, two at a time: 4-6 s of CPU, 6-12 s on 2 cores
 def test_two_concurrent_applies_to_one_file_are_serialised(tmp_path):
     """Two concurrent applies with different strategies: serialised by the lock, the manifest
     names the strategy in the file."""
@@ -171,6 +172,7 @@ def test_read_only_target_is_refused(tmp_path):
     assert target.read_bytes() == original and _manifests(tmp_path / "state") == []
 
 
+@pytest.mark.slow  # 13 fix processes, each killed or run to the end: 6.5 s of CPU, 11 s on 2 cores
 def test_kill_at_any_moment_of_apply_leaves_original_or_patched_and_no_temp_file(tmp_path):
     """SIGKILL during --apply left a .tmp in the package folder (2 of 40): the patch's temp file
     lives in the state folder (same file system), else the package folder; the target is always

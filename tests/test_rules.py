@@ -19,7 +19,7 @@ from perfscope.analysis.rules import RULES, rule_ids
 from perfscope.analysis.rules.base import CONFIDENCE
 from perfscope.analysis.steps import find_steps
 from perfscope.load.model import Trace
-from realtraces import real_trace
+from realtraces import real_analysis, real_trace
 
 SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
 SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
@@ -31,6 +31,11 @@ H100 = TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"
 
 def findings(t: Trace, config: dict | None = None) -> dict[str, dict]:
     return {f.id: f.to_dict() for f in analyze_trace(t, config or {}).findings}
+
+
+def real_findings(name) -> dict[str, dict]:
+    """``findings`` of the real trace ``name`` as it is (its analysis shared by the session: realtraces)."""
+    return {f.id: f.to_dict() for f in real_analysis(name).findings}
 
 
 def check_finding(f: dict) -> None:
@@ -145,7 +150,7 @@ def test_registry_ids_unique_and_documented():
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_fp8_kv_cast_fires_on_pool_traces(mode):
-    f = findings(real_trace(H200 / f"mla_pool_{mode}.json.xz"))["fp8-kv-cast"]
+    f = real_findings(H200 / f"mla_pool_{mode}.json.xz")["fp8-kv-cast"]
     check_finding(f)
     assert f["evidence"]["pool_tokens"] == 495000
     assert f["evidence"]["casts_per_step"] == 60
@@ -154,11 +159,11 @@ def test_fp8_kv_cast_fires_on_pool_traces(mode):
 
 @pytest.mark.parametrize("name", ["mla_pages_eager", "mla_pages_graph", "mla_fp8_eager", "mla_fp8_graph"])
 def test_fp8_kv_cast_quiet_on_fixed_traces(name):
-    assert "fp8-kv-cast" not in findings(real_trace(H200 / f"{name}.json.xz"))
+    assert "fp8-kv-cast" not in real_findings(H200 / f"{name}.json.xz")
 
 
 def test_eager_decode_fires_on_eager_traces():
-    f = findings(real_trace(H200 / "mla_fp8_eager.json.xz"))["eager-decode"]
+    f = real_findings(H200 / "mla_fp8_eager.json.xz")["eager-decode"]
     check_finding(f)
     assert f["evidence"]["graph_launches_per_step"] == 0 and f["evidence"]["launches_per_step"] >= 100
     assert f["predicted_step_ms_after_fix"] < 0.5 * analyze_trace(real_trace(H200 / "mla_fp8_eager.json.xz")).steps.median_ms
@@ -167,12 +172,12 @@ def test_eager_decode_fires_on_eager_traces():
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H200 / "mla_pages_graph.json.xz",
                                   H200 / "mla_pool_graph.json.xz", SGL_DECODE, VLLM_FULL])
 def test_eager_decode_quiet_on_graph_traces(path):
-    assert "eager-decode" not in findings(real_trace(path))
+    assert "eager-decode" not in real_findings(path)
 
 
 def test_nccl_allreduce_quiet_on_the_v100_training_rank():
     # a training rank's NCCL all-reduces are gradient syncs: no server-flag advice (tests/test_workload.py)
-    assert "nccl-allreduce" not in findings(real_trace(V100_NCCL))
+    assert "nccl-allreduce" not in real_findings(V100_NCCL)
 
 
 def test_nccl_allreduce_fires_on_the_v100_nccl_kernels():
@@ -190,11 +195,11 @@ def test_nccl_allreduce_fires_on_the_v100_nccl_kernels():
 
 @pytest.mark.parametrize("name", ["mla_pool_graph", "mla_pool_eager", "mla_fp8_graph", "mla_pages_eager"])
 def test_nccl_allreduce_quiet_on_h200(name):
-    assert "nccl-allreduce" not in findings(real_trace(H200 / f"{name}.json.xz"))
+    assert "nccl-allreduce" not in real_findings(H200 / f"{name}.json.xz")
 
 
 def test_nccl_allreduce_quiet_on_custom_allreduce_b200():
-    assert "nccl-allreduce" not in findings(real_trace(TRACELENS / "b200/eager_trace.json.xz"))
+    assert "nccl-allreduce" not in real_findings(TRACELENS / "b200/eager_trace.json.xz")
 
 
 def test_warmup_fires_on_a_cold_first_step():
@@ -207,7 +212,7 @@ def test_warmup_fires_on_a_cold_first_step():
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", H100])
 def test_warmup_quiet_on_steady_traces(path):
     # the H100 trace has 168 real cudaFuncGetAttributes calls in its step: 0.4 ms of 35, below the bar
-    assert "warmup-in-window" not in findings(real_trace(path))
+    assert "warmup-in-window" not in real_findings(path)
 
 
 # ---- host-bubble (real traces) ----------------------------------------------------------------
@@ -239,7 +244,7 @@ def test_host_bubble_fires_on_short_graph_steps(name):
 def test_host_bubble_quiet(path):
     # pool: the same ~1 ms gap is 2% of a 57 ms step; eager: eager-decode's case; SGLang: one step;
     # the A100 training trace: a few graphs inside mostly eager steps
-    assert "host-bubble" not in findings(real_trace(path))
+    assert "host-bubble" not in real_findings(path)
 
 
 # ---- overlap-off (derived: real graph steps under SGLang's step annotation) -------------------
@@ -297,7 +302,7 @@ def test_overlap_off_quiet_when_overlap_is_on_or_gap_small():
     assert "overlap-off" not in fs and "host-bubble" in fs  # overlap on, still a bubble (the bench says so)
     assert "overlap-off" not in findings(as_sglang_steps(real_trace(H200 / "mla_pool_graph.json.xz")),
                                          {"disable_overlap_schedule": True})
-    assert "overlap-off" not in findings(real_trace(SGL_DECODE))  # real SGLang, overlap kernels present
+    assert "overlap-off" not in real_findings(SGL_DECODE)  # real SGLang, overlap kernels present
 
 
 # ---- torch-sampling (derived) -----------------------------------------------------------------
@@ -315,7 +320,7 @@ def test_torch_sampling_fires_when_every_step_sorts():
 @pytest.mark.parametrize("path", [H200 / "mla_fp8_graph.json.xz", SGL_DECODE, CONTROL])
 def test_torch_sampling_quiet(path):
     # SGLang decode samples with one argmax; the A100 control trace sorts each step but for 1.6%
-    assert "torch-sampling" not in findings(real_trace(path))
+    assert "torch-sampling" not in real_findings(path)
 
 
 # ---- untuned-fused-moe (derived) ---------------------------------------------------------------
@@ -367,8 +372,8 @@ def test_untuned_fused_moe_names_the_missing_file_and_reads_the_log():
 
 
 def test_untuned_fused_moe_quiet_on_other_moe_kernels():
-    assert "untuned-fused-moe" not in findings(real_trace(VLLM_FULL))
-    assert "untuned-fused-moe" not in findings(real_trace(H200 / "mla_fp8_graph.json.xz"))
+    assert "untuned-fused-moe" not in real_findings(VLLM_FULL)
+    assert "untuned-fused-moe" not in real_findings(H200 / "mla_fp8_graph.json.xz")
 
 
 # ---- triton-block-fp8-gemm (derived) ------------------------------------------------------------
@@ -383,8 +388,8 @@ def test_triton_block_fp8_gemm_fires():
 
 
 def test_triton_block_fp8_gemm_quiet():
-    assert "triton-block-fp8-gemm" not in findings(real_trace(H200 / "mla_fp8_graph.json.xz"))
-    assert "triton-block-fp8-gemm" not in findings(real_trace(SGL_DECODE))
+    assert "triton-block-fp8-gemm" not in real_findings(H200 / "mla_fp8_graph.json.xz")
+    assert "triton-block-fp8-gemm" not in real_findings(SGL_DECODE)
 
 
 # ---- chunked-prefill-interference (derived) ------------------------------------------------------
@@ -407,7 +412,7 @@ def test_chunked_prefill_quiet():
     assert "chunked-prefill-interference" not in findings(sglang_sequence([("D", 0), ("D", 1), ("D", 2)]))
     # the prefill comes first: nothing is interrupted
     assert "chunked-prefill-interference" not in findings(sglang_sequence([("E", 0), ("D", 1), ("D", 2), ("D", 3)]))
-    assert "chunked-prefill-interference" not in findings(real_trace(SGL_PREFILL))
+    assert "chunked-prefill-interference" not in real_findings(SGL_PREFILL)
 
 
 # ---- no rule fires without reason on the real traces --------------------------------------------
@@ -415,7 +420,7 @@ def test_chunked_prefill_quiet():
 @pytest.mark.parametrize("path", [SGL_DECODE, VLLM_FULL, TRACELENS / "b200/eager_trace.json.xz", H100,
                                   TRACELENS / "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz"])
 def test_healthy_real_traces_have_no_findings(path):
-    assert findings(real_trace(path)) == {}
+    assert real_findings(path) == {}
 
 
 def test_new_rules_run_on_every_shared_trace_without_error():
@@ -423,7 +428,7 @@ def test_new_rules_run_on_every_shared_trace_without_error():
     for p in sorted(TRACES.rglob("*.json.xz")):
         if "120steps" in p.name or "_et." in p.name or "908_results" in p.name:  # the last two: not Kineto
             continue
-        for f in findings(real_trace(p)).values():
+        for f in real_findings(p).values():
             check_finding(f)
 
 

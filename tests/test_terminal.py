@@ -5,6 +5,7 @@ when options would give the floor; a folder with non-trace JSON analysed, the re
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -20,6 +21,19 @@ def screen(*args, columns=80) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
     env.pop("NO_COLOR", None)
     return invoke("diagnose", *args, env=env)
+
+
+# The same command on the same real input (files of the repository, never changed) prints the same: the
+# tests that read one such output take it from here, run once per session.
+@functools.lru_cache(maxsize=None)
+def screen_once(*args, columns=80):
+    return screen(*args, columns=columns)
+
+
+@functools.lru_cache(maxsize=None)
+def piped_once(*args, columns=None):
+    """``perfscope ARGS`` with ``COLUMNS`` set (piped, the environment's TERM), or as it is when None."""
+    return invoke(*args, env={**os.environ, "COLUMNS": str(columns)} if columns else None)
 
 
 def test_first_screen_tells_the_story():
@@ -72,16 +86,16 @@ def test_a_long_fix_command_is_one_line_under_the_panel_and_fits_in_it_on_a_wide
 
 
 def test_eager_evidence_names_dtypes_and_shares_stay_within_100_percent():
-    r = screen(H200 / "mla_pool_eager.json.xz", columns=200)
+    r = screen_once(H200 / "mla_pool_eager.json.xz", columns=200)
     assert r.returncode == 0, r.stderr
     assert "fp8_e4m3 -> bf16" in r.stdout and "Float8_e4m3fn" not in r.stdout
     # eager-decode's idle is a share of the step, never of kernel time (which it can exceed)
-    r = screen(H200 / "mla_fp8_eager.json.xz", columns=200)
+    r = screen_once(H200 / "mla_fp8_eager.json.xz", columns=200)
     assert r.returncode == 0 and "eager-decode" in r.stdout, r.stderr
     assert re.search(r"eager-decode\] .*ms/step, \d+(\.\d)?% of the step", r.stdout), r.stdout
     for path in (H200 / "mla_pool_eager.json.xz", H200 / "mla_fp8_eager.json.xz",
                  HTA / "df_index_resolver/df_index_resolver.json.xz"):
-        out = screen(path, columns=200).stdout
+        out = screen_once(path, columns=200).stdout
         shares = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)%", out)]
         assert shares and max(shares) <= 100, (path, max(shares))
 
@@ -141,7 +155,7 @@ def test_host_bound_prediction_is_shown_with_its_range_the_measured_after_falls_
 
     res = GPU_LOOP / "h200-2026-12-01-sglang" / "pool495000-restart" / "runs"
     bug = res / "495000-bug"
-    d = json.loads(invoke("diagnose", bug, "--json").stdout)
+    d = json.loads(piped_once("diagnose", bug, "--json").stdout)
     f = d["findings"][0]
     model = f["evidence"]["prediction"]
     assert f["id"] == "fp8-kv-cast" and model["bound"] == "host"
@@ -253,8 +267,7 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
     flats = []
     for cols in (80, 200):  # piped
-        env = {**os.environ, "COLUMNS": str(cols)}
-        r = invoke("compare", runs / "bug", runs / "pages", env=env)
+        r = piped_once("compare", runs / "bug", runs / "pages", columns=cols)
         assert r.returncode == 0, r.stderr
         assert max(map(len, r.stdout.splitlines())) <= cols
         lines = r.stdout.splitlines()
@@ -269,7 +282,7 @@ def test_compare_says_why_the_measured_kernels_make_the_error_larger():
         flats.append(" ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split()))
     import json
 
-    c = json.loads(invoke("compare", runs / "bug", runs / "pages", "--json").stdout)
+    c = json.loads(piped_once("compare", runs / "bug", runs / "pages", "--json").stdout)
     pr = next(x for x in c["predictions"] if x["finding"] == "fp8-kv-cast")
     e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
     assert abs(e) > abs(e0) and pr["measured_tpot_ms"]  # held to AFTER's bench: the error grew with the kernels
@@ -364,9 +377,9 @@ def test_kernel_names_in_the_op_tables_wrap_at_their_separators(columns):
     from paths import GPU_LOOP
 
     trace = H200 / "mla_pool_eager.json.xz"
-    r = screen(trace, columns=columns)
+    r = screen_once(trace, columns=columns)
     assert r.returncode == 0, r.stderr
-    ops = json.loads(invoke("diagnose", trace, "--json").stdout)["ops"][:10]
+    ops = json.loads(piped_once("diagnose", trace, "--json").stdout)["ops"][:10]
     table = r.stdout[r.stdout.index("Dominant ops"):]
     used: set = set()
     got = _name_breaks(table, [o["short"] for o in ops], used)
@@ -379,10 +392,9 @@ def test_kernel_names_in_the_op_tables_wrap_at_their_separators(columns):
     assert rest and all(c.startswith("   ") for c in rest), rest
 
     runs = GPU_LOOP / "h200-2026-11-29" / "runs"
-    env = {**os.environ, "COLUMNS": str(columns)}
-    r = invoke("compare", runs / "bug", runs / "pages", env=env)
+    r = piped_once("compare", runs / "bug", runs / "pages", columns=columns)
     assert r.returncode == 0, r.stderr
-    c = json.loads(invoke("compare", runs / "bug", runs / "pages", "--json").stdout)
+    c = json.loads(piped_once("compare", runs / "bug", runs / "pages", "--json").stdout)
     names = [o["short"] + {"gone": " (gone)", "new": " (new)"}.get(o["status"], "") for o in c["ops"][:10]]
     got = _name_breaks(r.stdout[r.stdout.index("Top ops that changed"):], names)
     assert len(got) == len(names), (sorted(got), names)
@@ -394,7 +406,7 @@ def test_the_verdicts_indented_lines_wrap_with_their_indent(columns):
     """Piped, at 80 and 200 columns: a verdict line under `fix:` or `after:` (the fix's notes, what
     the prediction is made of) that wraps continues under its own text, not at the panel's edge
     (at 80 columns "(no host recorded: ... or run it on the server's" / "machine)" began at column 0)."""
-    r = screen(H200 / "mla_pool_eager.json.xz", columns=columns)
+    r = screen_once(H200 / "mla_pool_eager.json.xz", columns=columns)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     end = next(k for k, ln in enumerate(lines) if ln.startswith("╰"))
