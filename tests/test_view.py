@@ -1,7 +1,7 @@
 """Every renderer draws the same verdict: for the same real input (a run folder of the H200 loop, a
 trace of the kernel-mix corpus), the terminal (80 and 240 columns, piped), the Markdown summary,
 diagnose --html, perfscope report and --json show the same fix command and the same predicted step
-after it, with its range."""
+after it, with its range (--json writes each finding from the view the others draw)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -46,8 +45,8 @@ def test_every_renderer_shows_the_same_fix_command_and_predicted_step(tmp_path, 
     cmd = f["fix_command"]
     assert cmd == f"perfscope fix {f['fix']} --trace {target}"  # no host recorded: the one input it read
     pred = f["predicted_step_ms_after_fix"]
-    lo, hi = f["evidence"]["prediction"]["range_ms"]
-    assert lo < pred < hi
+    lo, hi = f["predicted_range_ms"]  # --json writes the view's prediction, as the others draw it
+    assert [lo, hi] == f["evidence"]["prediction"]["range_ms"] and lo < pred < hi
     after = f"~{ms(pred)} ms per step predicted ({ms(lo)}-{ms(hi)})"
 
     for cols in (80, 240):
@@ -67,3 +66,27 @@ def test_every_renderer_shows_the_same_fix_command_and_predicted_step(tmp_path, 
         codes = re.findall(r'class="fixcmd">fix: <code>([^<]*)</code>', text)
         assert codes and all(html.unescape(c) == cmd for c in codes), (page, codes)
         assert f'predicted step after fix <b class="good">{ms(pred)} ms</b> (range {ms(lo)}-{ms(hi)} ms)' in text, page
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_json_findings_are_the_view_of_each_finding(name):
+    """Every finding of --json, not only the verdict: its command and predicted step and range are
+    the view's (a point prediction's range is [step, step]); the analysis' own findings are unchanged."""
+    from perfscope.cli._diagnosis import build_diagnosis
+    from perfscope.report.view import diagnosis_json, view
+
+    target = INPUTS[name]
+    js = json.loads(cli("diagnose", target, "--json"))
+    d = build_diagnosis([target])
+    views = view(d).findings
+    assert [f["id"] for f in js["findings"]] == [fv.finding.id for fv in views] and views
+    for f, fv in zip(js["findings"], views):
+        assert f["fix_command"] == (fv.fix.check if fv.fix else None)
+        pr = fv.prediction
+        assert f["predicted_range_ms"] == ([pr.low, pr.high] if pr else None)
+        if pr is not None:
+            assert f["predicted_step_ms_after_fix"] == pr.step_ms and pr.low <= pr.step_ms <= pr.high
+    # the rest of the document is the diagnosis' JSON
+    assert json.loads(json.dumps(diagnosis_json(d), default=str)) == js
+    assert {k: v for k, v in js.items() if k != "findings"} == json.loads(json.dumps(
+        {k: v for k, v in d.to_dict().items() if k != "findings"}, default=str))

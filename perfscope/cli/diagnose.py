@@ -157,8 +157,9 @@ def command(
                                  highlight=False)
     if json_out:
         from perfscope.report import jsonout
+        from perfscope.report.view import diagnosis_json
 
-        jsonout.emit(d.to_dict())
+        jsonout.emit(diagnosis_json(d))
     else:
         from perfscope.report import terminal
         from perfscope.report.escape import Console

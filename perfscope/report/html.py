@@ -28,7 +28,7 @@ from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
 from perfscope.report.html_filters import (code_spans, evidence_value, fmt_ms, op_columns, op_table_columns, pct,
                                           plain_lines, signed_ms, signed_pct)
-from perfscope.report.view import view
+from perfscope.report.view import diagnosis_json, view
 from perfscope.report.wording import (evidence_pairs, gpu_arch, graph_word, ms_range,
                                      per_step_count as count,
                                      skipped_note)
@@ -112,9 +112,9 @@ def _slim_op(o: dict) -> dict:
 
 
 def diagnosis_data(d: Diagnosis) -> dict:
-    """``Diagnosis.to_dict()`` trimmed for a page: no per-rank timelines (the primary's one is under
-    ``timeline``), short stacks, fewer ops for the other ranks."""
-    out = d.to_dict()
+    """``--json``'s diagnosis (:func:`perfscope.report.view.diagnosis_json`) trimmed for a page: no per-rank
+    timelines (the primary's one is under ``timeline``), short stacks, fewer ops for the other ranks."""
+    out = diagnosis_json(d)
     p = d.primary
     out["ops"] = [_slim_op(o) for o in out["ops"][:MAX_OPS]]
     ranks = []

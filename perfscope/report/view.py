@@ -1,12 +1,12 @@
-"""The view of a diagnosis that every renderer draws (terminal, Markdown, HTML): per finding, the
-command that fixes it and the step predicted once fixed, with its range and what it rests on;
-the verdict is the first. ``--json`` carries the same command and prediction in each finding
-(:meth:`perfscope.analysis.finding.Finding.to_dict`)."""
+"""The view of a diagnosis that every renderer draws (terminal, Markdown, HTML, ``--json``): per
+finding, the command that fixes it and the step predicted once fixed, with its range and what it
+rests on; the verdict is the first. ``--json`` writes each finding from its view
+(:meth:`FindingView.to_dict`, :func:`diagnosis_json`): the command and the prediction the others draw."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from perfscope.analysis.finding import Finding, FixCommand
 from perfscope.analysis.result import Diagnosis
@@ -41,6 +41,22 @@ class FindingView:
     fix: Optional[FixCommand]  # None: no fix module answers it (its remedy says what to do)
     prediction: Optional[Prediction]  # None: no predicted step (or one of nothing: the finding is the whole step)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The finding's JSON with this view's fix command (``fix_command``; ``fix_trace``, the one input it
+        reads; ``fix_where``, where it runs) and predicted step with its range (``predicted_range_ms``:
+        [low, high], equal for a point; None without a prediction)."""
+        d = self.finding.to_dict()
+        fc, pr = self.fix, self.prediction
+        d["fix_command"] = fc.check if fc else None
+        if fc is not None:
+            if fc.trace:
+                d["fix_trace"] = fc.trace
+            d["fix_where"] = fc.where
+        if pr is not None:
+            d["predicted_step_ms_after_fix"] = pr.step_ms
+        d["predicted_range_ms"] = [pr.low, pr.high] if pr is not None else None
+        return d
+
 
 @dataclass(frozen=True)
 class View:
@@ -67,3 +83,11 @@ def view(d: Diagnosis) -> View:
     p = d.primary
     step_ms = p.steps.median_ms
     return View(tuple(FindingView(f, d.fix_command(f), prediction(f, step_ms)) for f in p.findings))
+
+
+def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
+    """``--json``: the diagnosis' JSON (:meth:`perfscope.analysis.result.Diagnosis.to_dict`) with its findings
+    written from the view every renderer draws."""
+    out = d.to_dict()
+    out["findings"] = [fv.to_dict() for fv in view(d).findings]
+    return out
