@@ -36,7 +36,9 @@ removes, less the profiler's cost per recorded event on them (the profiled step 
 bench's step, over the CPU ops and Python frames recorded per cycle: `steps.unprofiled.cpu_host`,
 `perfscope.analysis.cpuhost`); a fix that removes more than half of that step leaves one the bench did
 not measure: the profiled step left x the bench's TPOT over the profiled cycle. Without a bench, the
-profiled step less that self time.
+profiled step less that self time. `diagnose --json` writes each finding as every report draws it:
+`fix_command` (with `fix_trace` and `fix_where`: the input it reads, where it runs) and
+`predicted_range_ms` ([low, high] around `predicted_step_ms_after_fix`, equal for a point prediction).
 The rules are about LLM serving: on a training trace (autograd backward ops, optimizer steps), a
 diffusion pipeline (xDiT / diffusers) or a convolution-heavy non-LLM one none of them runs, and
 `steps.workload` (`steps.workload_model`) says what the trace is.
