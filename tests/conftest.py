@@ -1,6 +1,8 @@
 # Shared fixtures live in plugin modules beside this file (tests/ is on sys.path for conftest).
 # browser: one Chromium (session) for every module that uses it; bigtrace: the 120-step eager trace;
 # profileserver: the profile server stand-in of the trace, signal and capture tests.
+import re
+
 import pytest
 
 pytest_plugins = ["sshd", "real_engines", "browser", "bigtrace", "profileserver"]
@@ -40,3 +42,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(REAL_ENGINE_TIMEOUT_S if _uses_real_engine(item) else SLOW_TIMEOUT_S))
+
+
+# A module whose top-level `pytestmark` carries `pytest.mark.slow` (one line, as every such module writes
+# it) has only slow tests: under `-m "not slow"` it is not even imported, which spares the fast run the
+# imports only those modules make (torch, hypothesis, Ray: ~6 s of CPU) and their assertion rewriting.
+_SLOW_MODULE = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.slow\b", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if (config.getoption("markexpr", "") or "").strip() != "not slow":
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if _SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")):
+            return True
+    return None

@@ -13,11 +13,15 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import need
 from clirun import run
 
 from perfscope import rundir
 from test_fix_restart import BENCH, MARKER, site  # noqa: F401  (the fixture: a restartable repro server)
+
+pytestmark = pytest.mark.slow  # the reproduction server (test_fix_restart's `site`)
 
 need.module("torch")
 
