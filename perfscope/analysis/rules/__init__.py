@@ -101,7 +101,7 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
         # other outcomes of the same fix (another strategy, kernels it is known to slow down), replayed alike
         alt = {}
         for name, (nd, added, why) in f.alternatives.items():
-            q = predict_after(ctx.trace, ctx.steps, ctx.step_ms, nd, added)
+            q = predict_after(ctx.trace, ctx.steps, ctx.step_ms, nd, added, lower_bound=False)  # its GPU work only
             if q:
                 qp, qlo, qhi, qb = hosttime.cycle(hosttime.gpu_work_ms(q), host, tail)
                 alt[name] = {"predicted_step_ms": round(qp, 4), "bound": qb, "why": why,

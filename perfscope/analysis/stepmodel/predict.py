@@ -51,11 +51,12 @@ def _back_to_back_slots(streams: list, nd: list) -> float:
 
 
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
-                  added_us_per_step: float = 0.0) -> dict:
+                  added_us_per_step: float = 0.0, *, lower_bound: bool = True) -> dict:
     """The step after a fix that changes kernel durations (``new_duration(i)``: µs, or None = unchanged).
 
     ``added_us_per_step``: GPU time of kernels the fix adds (e.g. one fused sampling kernel), put
-    at the step's end. Returns the prediction and how it was bound."""
+    at the step's end. ``lower_bound``: also replay each step on the runtime calls alone for
+    ``lower_bound_ms`` (None without: a replay per step less). Returns the prediction and how it was bound."""
     kern = trace.kernels
     by_corr, index = indexes(trace)
     saved, low_after, kernel_saved, launch_bound = [], [], [], 0
@@ -82,12 +83,12 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         ks = sum(map(operator.sub, durs, nd)) - added_us_per_step
         saved.append(base["span_us"] - after["span_us"] - added_us_per_step)
         kernel_saved.append(ks)
-        # the lower bound: the GPU work left, and the runtime calls alone back to back
-        low = r.run_slots(nd, timeline="launch-api", prepared=prep)
         busy_after.append(_back_to_back_slots(_streams(r), prep[0]) + added_us_per_step)
         graph_steps += _mostly_graph(r, kern, s, by_corr)
         gpu_left = s.gpu_us - ks
-        low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))
+        if lower_bound:  # the GPU work left, and the runtime calls alone back to back
+            low = r.run_slots(nd, timeline="launch-api", prepared=prep)
+            low_after.append(max(low["span_us"] + added_us_per_step, gpu_left, 0.0))
         # launch-bound: the replayed step ends within a few launch latencies of its last launch
         if after["last_launch_us"] + 3 * r.latency_us >= after["last_end_us"]:
             launch_bound += 1
@@ -97,14 +98,14 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
     ks = statistics.median(kernel_saved) / 1e3
     gpu_pred = max(step_ms - sv, 0.0)
     host = statistics.median(host_left) / 1e3 if host_left else None
-    lower = min(statistics.median(low_after) / 1e3, gpu_pred)
+    lower = min(statistics.median(low_after) / 1e3, gpu_pred) if low_after else None
     return {
         # the GPU side only: perfscope.analysis.hosttime adds the host's unprofiled time (rules.model_prediction)
         "predicted_step_ms": round(gpu_pred, 4),
         "bound": "gpu",
         "gpu_prediction_ms": round(gpu_pred, 4),
         "host_floor_ms": round(host, 4) if host is not None else None,  # profiled: the host's busy time left
-        "lower_bound_ms": round(lower, 4),
+        "lower_bound_ms": round(lower, 4) if lower is not None else None,
         "gpu_busy_after_ms": round(statistics.median(busy_after) / 1e3, 4),
         "graph_steps": graph_steps >= len(saved) / 2,
         "host_busy_ms": round(statistics.median(host_before) / 1e3, 4) if host_before else None,
