@@ -59,3 +59,25 @@ def test_a_command_line_imports_its_command_alone(tmp_path):
     assert not others & set(got["mods"]), got["mods"]
     assert not [m for m in got["mods"] if m.startswith(("pydantic", "rich"))], got["mods"]
     assert json.loads(r.stdout)["steps"]
+
+
+def test_a_typer_without_its_coercion_internals_still_runs_every_command(tmp_path):
+    """_coerce uses typer's private coercion names; a typer release without them must leave perfscope
+    working on typer's own coercion, same output, same refusals. Here the name _coerce imports is taken
+    away while it imports (as if absent), then given back for typer's own use."""
+    probe = ("import sys\nimport typer._param_types as m\nf = m.coerce_cli_path\ndel m.coerce_cli_path\n"
+             "from perfscope.cli import _coerce\nm.coerce_cli_path = f\nassert _coerce.RuntimeParam is None\n"
+             "from perfscope.cli import main\nmain(sys.argv[1:])\n")
+    trace = H200 / "mla_pool_graph.json.xz"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    def run(*args, hidden=True):
+        cmd = [sys.executable, "-c", probe, *args] if hidden else [sys.executable, "-m", "perfscope", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    hid, plain = run("diagnose", str(trace), "--json", "--top", "3"), run("diagnose", str(trace), "--json", "--top", "3",
+                                                                         hidden=False)
+    assert hid.returncode == plain.returncode == 0, hid.stderr
+    assert json.loads(hid.stdout) == json.loads(plain.stdout)
+    bad, bad_plain = run("diagnose", str(trace), "--top", "x"), run("diagnose", str(trace), "--top", "x", hidden=False)
+    assert bad.returncode == bad_plain.returncode == 2 and bad.stderr == bad_plain.stderr and "--top" in bad.stderr

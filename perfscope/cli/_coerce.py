@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from typer._click.exceptions import BadParameter
-from typer._coercion import RuntimeParam, build_runtime_param
-from typer._param_types import coerce_cli_path
+
+try:  # typer's private coercion internals (as in typer 0.29): a typer without them keeps its own coercion
+    from typer._coercion import RuntimeParam, build_runtime_param
+    from typer._param_types import coerce_cli_path
+except ImportError:  # install() then leaves every parameter to typer (tests/test_cli_startup.py hides them)
+    RuntimeParam = None  # type: ignore[assignment,misc]
 
 _INT = re.compile(r"-?[0-9]{1,18}")
 _FLOAT = re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,15})?")
@@ -63,25 +67,32 @@ def _plain(descriptor: Any, value: Any, param: Any, ctx: Any) -> Any:
     return _leaf(ann, value, info, param, ctx)
 
 
-class PlainFirst(RuntimeParam):
-    """typer's coercion of one parameter, plain values first (see above)."""
+if RuntimeParam is not None:
 
-    descriptor: Any  # typer's TypeDescriptor of the parameter
+    class PlainFirst(RuntimeParam):
+        """typer's coercion of one parameter, plain values first (see above)."""
 
-    def __init__(self, descriptor: Any):
-        super().__init__(parameter_info=descriptor.parameter_info, annotation=descriptor.annotation)
-        object.__setattr__(self, "descriptor", descriptor)
+        descriptor: Any  # typer's TypeDescriptor of the parameter
 
-    def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-        try:
-            return _plain(self.descriptor, value, param, ctx)
-        except _Unplain:
-            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+        def __init__(self, descriptor: Any):
+            super().__init__(parameter_info=descriptor.parameter_info, annotation=descriptor.annotation)
+            object.__setattr__(self, "descriptor", descriptor)
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            try:
+                return _plain(self.descriptor, value, param, ctx)
+            except _Unplain:
+                return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
 
 
 def install(params: list) -> list:
     """``params`` (a typer command's), each coerced by :class:`PlainFirst` from now on."""
+    if RuntimeParam is None:
+        return params
     for p in params:
         if getattr(p, "_runtime_param", "absent") is None and hasattr(p, "type_descriptor"):
-            p._runtime_param = PlainFirst(p.type_descriptor)
+            try:
+                p._runtime_param = PlainFirst(p.type_descriptor)
+            except (TypeError, AttributeError):  # a typer whose RuntimeParam is built otherwise: its own coercion
+                return params
     return params
