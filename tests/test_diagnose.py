@@ -11,6 +11,7 @@ import pytest
 from clirun import error_line, invoke
 from paths import H200, HTA, TRACELENS, TRACES, gz_bytes, topen
 from perfscope.analysis.diagnose import diagnose
+from realtraces import real_diagnosis
 
 MEASURED = json.loads((H200 / "measured.json").read_text())
 
@@ -21,7 +22,7 @@ def finding(d: dict, fid: str):
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_pool_trace_finds_the_fp8_cast(mode):
-    d = diagnose([H200 / f"mla_pool_{mode}.json.xz"]).to_dict()
+    d = real_diagnosis(H200 / f"mla_pool_{mode}.json.xz").to_dict()
     assert d["steps"]["phase"] == "decode"
     assert d["steps"]["count"] == 5
     assert d["steps"]["median_ms"] == pytest.approx(MEASURED["graph"]["pool"]["median_ms"], rel=0.05)
@@ -43,7 +44,7 @@ def test_pool_trace_finds_the_fp8_cast(mode):
 
 
 def test_eager_trace_names_the_cast_op_chain_dtypes_and_source():
-    d = diagnose([H200 / "mla_pool_eager.json.xz"]).to_dict()
+    d = real_diagnosis(H200 / "mla_pool_eager.json.xz").to_dict()
     top = d["ops"][0]
     assert top["bucket"] == "copy" and top["sub"] == "cast"
     assert top["op_chain"] == ["aten::to", "aten::_to_copy", "aten::copy_"]
@@ -55,7 +56,7 @@ def test_eager_trace_names_the_cast_op_chain_dtypes_and_source():
 
 
 def test_graph_trace_sizes_the_pool_from_launch_geometry():
-    d = diagnose([H200 / "mla_pool_graph.json.xz"]).to_dict()
+    d = real_diagnosis(H200 / "mla_pool_graph.json.xz").to_dict()
     top = d["ops"][0]
     assert top["graph_replay"] is True and top["grid"] == [556875, 1, 1] and top["block"] == [128, 1, 1]
     ev = finding(d, "fp8-kv-cast")["evidence"]
@@ -69,7 +70,7 @@ def test_graph_trace_sizes_the_pool_from_launch_geometry():
 
 @pytest.mark.parametrize("name", ["mla_pages_eager", "mla_pages_graph", "mla_fp8_eager", "mla_fp8_graph"])
 def test_fixed_traces_have_no_cast_finding(name):
-    d = diagnose([H200 / f"{name}.json.xz"]).to_dict()
+    d = real_diagnosis(H200 / f"{name}.json.xz").to_dict()
     assert finding(d, "fp8-kv-cast") is None
     if name.endswith("graph"):
         variant = name.split("_")[1]
@@ -89,32 +90,32 @@ def _plain_kernel_ms(path) -> float:
     "public/HolisticTraceAnalysis/tests/data/df_index_resolver/df_index_resolver.json.xz",
 ])
 def test_kernel_total_equals_plain_sum(rel):
-    d = diagnose([TRACES / rel]).to_dict()
+    d = real_diagnosis(TRACES / rel).to_dict()
     plain = _plain_kernel_ms(TRACES / rel)
     assert plain > 0
     assert d["kernel_ms_total"] == pytest.approx(plain, rel=0.005)
 
 
 def test_communication_bucket_on_b200_and_v100():
-    b200 = diagnose([TRACELENS / "b200" / "eager_trace.json.xz"]).to_dict()
+    b200 = real_diagnosis(TRACELENS / "b200" / "eager_trace.json.xz").to_dict()
     assert b200["sub_buckets"].get("communication/custom", {}).get("share", 0) > 0.10
-    v100 = diagnose([HTA / "df_index_resolver" / "df_index_resolver.json.xz"]).to_dict()
+    v100 = real_diagnosis(HTA / "df_index_resolver" / "df_index_resolver.json.xz").to_dict()
     assert v100["buckets"]["communication"]["share"] > 0.10
     assert v100["sub_buckets"]["communication/nccl"]["ms_per_step"] > 0
 
 
 def test_sglang_mi300x_prefill_and_decode_kept_apart():
-    dec = diagnose([TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"]).to_dict()
+    dec = real_diagnosis(TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz").to_dict()
     assert dec["steps"]["phase"] == "decode" and dec["steps"]["method"] == "sglang-annotation"
     # decode under a HIP graph: ~10 ms of GPU work, not the 465 ms CPU annotation
     assert 5 < dec["steps"]["median_ms"] < 20
-    pre = diagnose([TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"]).to_dict()
+    pre = real_diagnosis(TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz").to_dict()
     assert {p["phase"] for p in pre["phases"]} >= {"prefill"}
     assert pre["steps"]["phase"] == "prefill"
 
 
 def test_cpu_only_trace_is_analysed_on_cpu_ops():
-    d = diagnose([next((HTA / "cpu_only").glob("*.json.xz"))]).to_dict()
+    d = real_diagnosis(next((HTA / "cpu_only").glob("*.json.xz"))).to_dict()
     assert d["kernel_ms_total"] == 0
     assert d["steps"]["analysed_on"] == "cpu-ops"
     assert any("no GPU kernels" in n for n in d["notes"])
