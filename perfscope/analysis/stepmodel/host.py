@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
+from itertools import chain
 from typing import Optional
 
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
+
+_CORR = operator.attrgetter("corr")
 
 
 def host_wait_us(l, copies) -> float:
@@ -38,7 +42,7 @@ def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
     count: dict = {}
     copies: dict = {}  # corr -> the memcpy activities of that call
     # kernels per launching thread (counted per correlation id first: one launch, one thread)
-    per_corr = Counter(kern[i].corr for s in steps for i in s.kernels)
+    per_corr = Counter(map(_CORR, map(kern.__getitem__, chain.from_iterable(s.kernels for s in steps))))
     for corr, n in per_corr.items():
         l = by_corr.get(corr)
         if l is not None:

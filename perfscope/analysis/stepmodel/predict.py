@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import operator
 import statistics
+from collections import deque
+from itertools import accumulate
 from typing import Callable, Optional
 
 from perfscope.analysis.stepmodel.memo import host_busy_once, indexes, replay_once
@@ -34,20 +36,23 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
 
 
 def _streams(r: StepReplay) -> list:
-    """Each kernel's stream by slot (``step.kernels`` order), once per replay."""
+    """The step's slots grouped by stream: [slots of the first stream to run a kernel, ...], once per replay."""
     hit = r._streams
     if hit is None:
         kern = r.trace.kernels
-        hit = r._streams = [kern[i].stream for i in r.step.kernels]
+        per: dict = {}
+        for p, i in enumerate(r.step.kernels):
+            per.setdefault(kern[i].stream, []).append(p)
+        hit = r._streams = list(per.values())
     return hit
 
 
 def _back_to_back_slots(streams: list, nd: list) -> float:
-    """:func:`_back_to_back_us` with the durations by slot, each at least 0."""
-    per: dict = {}
-    for st, v in zip(streams, nd):  # nd: clamped at 0 already (StepReplay.prepare)
-        per[st] = per.get(st, 0.0) + v
-    return max(per.values(), default=0.0)
+    """:func:`_back_to_back_us` with the durations by slot, each at least 0 (``streams``: :func:`_streams`).
+    Each stream's total added up in slot order from 0.0 (itertools.accumulate: one float addition after
+    another, as a loop adds them)."""
+    return max([deque(accumulate(map(nd.__getitem__, slots), operator.add, initial=0.0), maxlen=1)[0]
+                for slots in streams], default=0.0)
 
 
 def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
@@ -70,10 +75,7 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         r, base = replay_once(trace, s, by_corr, index)
         durs = r._plan()[4]
         # the step's new durations by slot (step.kernels order), asked once per kernel
-        nd = []
-        for i, d in zip(s.kernels, durs):
-            v = new_duration(i)
-            nd.append(d if v is None else v)
+        nd = [d if v is None else v for d, v in zip(durs, map(new_duration, s.kernels))]
         prep = r.prepare(nd)
         after = r.run_slots(nd, prepared=prep)
         if id(s) in busy:

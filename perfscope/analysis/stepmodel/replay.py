@@ -95,9 +95,12 @@ class StepReplay:
         self.delay: dict = {}
         self.first_on_stream: dict = {}
         # whether each kernel (by slot: ``step.kernels`` order) ran in a graph launch, a byte each
-        graph_of_kernel = {i: g for i, _, _, g in lk}
-        self.graph_slots = bytes([graph_of_kernel[i] for i in step.kernels])
-        del graph_of_kernel
+        if not eager and not self.orphans:  # every kernel in a graph launch (a CUDA-graph decode step)
+            self.graph_slots = b"\x01" * len(step.kernels)
+        else:
+            graph_of_kernel = {i: g for i, _, _, g in lk}
+            self.graph_slots = bytes([graph_of_kernel[i] for i in step.kernels])
+            del graph_of_kernel
         if eager:
             prev_end = {}
             for i, k, l, g in lk:
@@ -198,14 +201,14 @@ class StepReplay:
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
-            kplan: list = []  # per kernel: its slot, its anchor's slot, the gap after it, its extra anchors
-            ss = []  # the event's kernels' slots
-            for i in ks:
+            ss = [slot[i] for i in ks]  # the event's kernels' slots
+            # per kernel: its slot, its anchor's slot, the gap after it, its extra anchors (a launch of many
+            # kernels: the four flat, one after another)
+            kplan: list = []
+            put = kplan.extend if len(ks) >= _FLAT_FROM else kplan.append
+            for i, p in zip(ks, ss):
                 k = kern[i]
-                st, kts, kdur = k.stream, k.ts, k.dur
-                kend = kts + kdur
-                p = slot[i]
-                ss.append(p)
+                st, kts, kend = k[3], k[1], rec_end[p]  # Kernel: its stream and start by position (read once each)
                 # the anchor: the kernel before it on its stream (plus its delay); in a graph launch, the
                 # one before it in the launch on its stream, with the recorded gap (never less than the
                 # stream's own order, as the gap is not negative and graph kernels have no delay)
@@ -225,7 +228,7 @@ class StepReplay:
                 if graph and gd is None and prev is not None and prev[2] == n:
                     gap = kts - prev[1]
                     add = gap if gap > 0.0 else 0.0
-                kplan.append((p, a, add, extra))
+                put((p, a, add, extra))
                 prev_on[st] = (p, kend, n)
                 if kend > orig_done:
                     orig_done = kend
@@ -237,7 +240,7 @@ class StepReplay:
                 wait_extra = extra if extra > 0.0 else 0.0
             events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
                            bool(ks) and launch, wait_extra, ss,
-                           _Flat4([x for t in kplan for x in t]) if len(kplan) >= _FLAT_FROM else kplan))
+                           _Flat4(kplan) if len(ks) >= _FLAT_FROM else kplan))
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
         orphans = [(slot[i], kern[i].ts) for i in self.orphans]
         plan = self._plan_cache = (events, ops, orphans, rec_end, durs, [e[9] for e in events])
