@@ -27,6 +27,18 @@ PUBLIC_TRACES = sorted(p for p in PUBLIC.rglob("*.json.xz") if not any(s in p.na
 def diag(path: Path) -> dict:
     return real_diagnosis(path).to_dict()
 
+@lru_cache(maxsize=None)
+def raw_marks(path: Path) -> tuple[dict, ...]:
+    """The trace's ProfilerStep# and Optimizer.step# events as its raw JSON holds them (the truth the
+    step tests recount from; the file read once for both)."""
+    import json
+
+    with topen(path) as f:
+        ev = json.load(f)["traceEvents"]
+    return tuple(e for e in ev if isinstance(e.get("name"), str)
+                 and e["name"].startswith(("ProfilerStep#", "Optimizer.step#")))
+
+
 TRAINING = [
     HTA / "df_index_resolver/df_index_resolver.json.xz",
     HTA / "negative_queue_length_values_check/rank0.json.xz",
@@ -119,13 +131,11 @@ def test_optimizer_steps_count_each_iteration_once(path):
     # once; zero_grad (df_index_resolver: 5 + 5 read as 10), the GPU-side copy of the range
     # (ns_resolution: 10) and a second optimizer of the same iteration (sampled_rank: Shampoo then an
     # EMA, 4) are not more iterations
-    import json
     from collections import Counter
 
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
-    steps = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
-    opt = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
+    marks = raw_marks(path)
+    steps = [e for e in marks if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    opt = [e for e in marks if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
     for s in steps:
         inside = Counter(e["name"] for e in opt if s["ts"] <= e["ts"] <= s["ts"] + s["dur"])
         assert set(inside.values()) == {1}, inside
@@ -142,15 +152,13 @@ def test_training_iterations_from_optimizer_steps_without_profiler_steps(path):
     # a training loop profiled without torch.profiler's schedule has no ProfilerStep#N: its iterations end
     # with their Optimizer.step (was: the whole trace, one "step"). With the ProfilerSteps of these real
     # traces dropped, the iterations found are the same GPU work; their count recounted from the raw JSON.
-    import json
     from dataclasses import replace
 
     from perfscope.analysis.analyze import analyze_trace
     from perfscope.analysis.steps import find_steps
 
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
-    opt = [e for e in ev if e.get("cat") in ("user_annotation", "Operator") and e["name"].startswith("Optimizer.step#")]
+    opt = [e for e in raw_marks(path) if e.get("cat") in ("user_annotation", "Operator")
+           and e["name"].startswith("Optimizer.step#")]
     t = real_trace(path)
     marked = find_steps(t)
     assert marked.method == "ProfilerStep" and len(marked.steps) == len(opt)
