@@ -16,7 +16,6 @@ import pytest
 
 from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES, topen
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
-from perfscope.load.reader import load_trace
 from realtraces import real_diagnosis, real_trace
 
 SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et", "908_results")  # a duplicate of a smaller file; not Kineto (x2)
@@ -367,7 +366,7 @@ def test_sampling_topk_after_the_lm_head_stays_sampling(name):
     # the same torch top-k / sort kernels after the step's last GEMM (the LM head, H200 kernel-mix traces):
     # sampling, every one of them
 
-    t = load_trace(KERNEL_MIX / f"{name}.json.gz")
+    t = real_trace(KERNEL_MIX / f"{name}.json.gz")
     sort_us = sum(k.dur for k in t.kernels if re.search(r"gatherTopK|bitonicSort|RadixSort|radixSort|mbtopk", k.name))
     assert sort_us > 0
     d = real_diagnosis(KERNEL_MIX / f"{name}.json.gz").to_dict()

@@ -12,7 +12,7 @@ import pytest
 
 from clirun import invoke
 from paths import H200, REPO, TRACELENS
-from realtraces import real_diagnosis
+from realtraces import real_diagnosis, real_trace
 from perfscope.analysis.floor import compute_floor, with_floor_inputs
 from perfscope.analysis.gpus import GPUS, match_gpu
 from perfscope.analysis.model_config import (
@@ -375,9 +375,8 @@ def test_report_header_names_an_unnamed_rocm_gpu_by_its_match():
     its compute capability and memory match, and that it was matched, not named."""
     from perfscope.analysis.analyze import analyze_trace
     from perfscope.analysis.gpus import device_label
-    from perfscope.load.reader import load_trace
 
-    r = analyze_trace(load_trace(TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"))
+    r = analyze_trace(real_trace(TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"))
     assert not r.meta.get("device_name")
     assert device_label(r.meta) == "AMD Instinct MI300X (matched by compute capability and memory)"
     assert device_label({"device_name": "NVIDIA H200"}) == "NVIDIA H200"

@@ -14,8 +14,8 @@ import pytest
 
 from clirun import invoke
 from paths import H200, HTA, TRACELENS, topen
+from realtraces import real_trace
 from perfscope.analysis.analyze import analyze_trace
-from perfscope.load.reader import load_trace
 
 V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"  # NCCL on its own stream, never overlapped
 TWO_STREAMS = HTA / "trace_filter/sampled_rank-0.json.xz"  # NCCL partly under compute
@@ -42,7 +42,7 @@ def _oracle_overlapped_share(path) -> float:
 
 
 def _comm(path) -> dict:
-    return analyze_trace(load_trace(path)).buckets["communication"]
+    return analyze_trace(real_trace(path)).buckets["communication"]
 
 
 def test_partly_hidden_collectives():
@@ -61,7 +61,7 @@ def test_collectives_on_an_idle_gpu_are_all_exposed():
     # the all-reduce rule counts only exposed time as what a faster all-reduce can save. DERIVED, as in
     # test_rules.py: the rank's autograd and optimizer markers removed, so that it is analysed as
     # inference (a training rank gets no serving finding); its real NCCL kernels are untouched
-    t = load_trace(V100_NCCL)
+    t = real_trace(V100_NCCL)
     t = replace(t, cpu_ops=[o for o in t.cpu_ops if "Backward" not in o.name and "autograd" not in o.name
                             and not o.name.startswith("Optimizer.")],
                 annotations=[a for a in t.annotations if not a.name.startswith("Optimizer.")])

@@ -20,8 +20,7 @@ from paths import H200, HTA, KERNEL_MIX, TRACELENS
 from perfscope.analysis.cpu_ops import cpu_ops_as_kernels
 from perfscope.analysis.steps import find_steps
 from perfscope.analysis.stepmodel import StepReplay
-from perfscope.load.reader import load_trace
-from realtraces import real_diagnosis
+from realtraces import real_diagnosis, real_trace
 
 MEASURED = json.loads((H200 / "measured.json").read_text())
 
@@ -68,7 +67,7 @@ V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"  # NCCL on its o
 def test_replay_with_recorded_durations_reproduces_the_step(path):
     # one compute stream (+ graph replays), and ranks with their collectives on other streams, whose
     # cross-stream waits the replay reads off the GPU timeline
-    t = load_trace(path)
+    t = real_trace(path)
     steps = [s for s in find_steps(t).steps if s.kernels]
     errs = []
     for s in steps[:8]:
@@ -162,7 +161,7 @@ def test_cpu_only_cast_prediction_pairs_each_step_with_its_own_casts():
     f = next(f for f in r["findings"] if f["id"] == "fp8-kv-cast")
     step = r["steps"]["median_ms"]
     # independently: each step's span and its aten::copy_ self time, from the raw trace
-    t = load_trace(REPRO_CPU)
+    t = real_trace(REPRO_CPU)
     t = replace(t, kernels=cpu_ops_as_kernels(t))
     steps = [s for s in find_steps(t).steps if s.phase == "decode"]
     assert len(steps) == 4
@@ -208,7 +207,7 @@ def test_graph_decode_fixed_is_bound_by_the_host():
     # independently: per step, the scheduler thread's time from one step[DECODE] annotation to the
     # next, less its cudaEventSynchronize time (it waits there on the previous step's GPU work); the
     # quickest tenth of the steps, scaled
-    t = load_trace(next((bug / "traces").glob("*DECODE*")))
+    t = real_trace(next((bug / "traces").glob("*DECODE*")))
     ann = sorted(a.ts for a in t.annotations if a.name.startswith("step[DECODE") and not a.gpu)
     busy = []
     for a, b in zip(ann, ann[1:]):
@@ -320,7 +319,7 @@ def test_cross_stream_waits_found_on_the_timeline_are_real_event_waits(path):
     and HTA's V100 rank (NCCL on its own stream)."""
     import bisect
 
-    t = load_trace(path)
+    t = real_trace(path)
     by_corr = {l.corr: l for l in t.launches if l.corr is not None}
     waits = {}
     for l in t.launches:
@@ -355,7 +354,7 @@ XS_TIMINGS = json.loads((XS / "timings.json").read_text())
 
 
 def _xs(name):
-    t = load_trace(XS / f"{name}.json.gz")
+    t = real_trace(XS / f"{name}.json.gz")
     return t, [s for s in find_steps(t).steps if s.kernels]
 
 

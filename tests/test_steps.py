@@ -13,7 +13,7 @@ from clirun import invoke
 from paths import H200, HTA, TRACELENS, topen
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.steps import find_steps
-from perfscope.load.reader import load_trace
+from realtraces import real_trace
 
 SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
 SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
@@ -23,7 +23,7 @@ CPU_ONLY = next((HTA / "cpu_only").glob("*.json.xz"))
 
 
 def test_sglang_decode_file_yields_a_decode_step_timed_by_its_gpu_work():
-    t = load_trace(SGL_DECODE)
+    t = real_trace(SGL_DECODE)
     ss = find_steps(t)
     assert ss.method == "sglang-annotation"
     (s,) = ss.steps
@@ -38,7 +38,7 @@ def test_sglang_decode_file_yields_a_decode_step_timed_by_its_gpu_work():
 
 
 def test_sglang_prefill_file_yields_its_extend_step_as_prefill():
-    t = load_trace(SGL_PREFILL)
+    t = real_trace(SGL_PREFILL)
     ss = find_steps(t)
     assert ss.method == "sglang-annotation"
     (s,) = ss.steps
@@ -65,7 +65,7 @@ def test_prefill_and_decode_are_kept_apart():
 @pytest.mark.parametrize("name,launches,graphs", [("mla_pool_eager", 420, 0), ("mla_pool_graph", 1, 1),
                                                    ("mla_fp8_eager", 360, 0), ("mla_fp8_graph", 1, 1)])
 def test_profiler_step_traces(name, launches, graphs):
-    t = load_trace(H200 / f"{name}.json.xz")
+    t = real_trace(H200 / f"{name}.json.xz")
     ss = find_steps(t)
     assert ss.method == "ProfilerStep"
     assert len(ss.steps) == 5 and all(s.phase == "decode" for s in ss.steps)
@@ -77,7 +77,7 @@ def test_profiler_step_traces(name, launches, graphs):
 
 
 def test_vllm_full_graph_execution_is_one_decode_step():
-    t = load_trace(VLLM_FULL)
+    t = real_trace(VLLM_FULL)
     ss = find_steps(t)
     assert ss.method == "execute-annotation"
     (s,) = ss.steps
@@ -87,14 +87,14 @@ def test_vllm_full_graph_execution_is_one_decode_step():
 
 
 def test_vllm_piecewise_prefill_plus_decode_is_mixed():
-    (s,) = find_steps(load_trace(VLLM_PIECE)).steps
+    (s,) = find_steps(real_trace(VLLM_PIECE)).steps
     assert s.phase == "mixed"  # context 9 requests, generation 37
     assert s.graph_launches == 25
 
 
 def test_graph_launches_are_steps_when_nothing_marks_them():
     # DERIVED: mla_fp8_graph with its ProfilerStep annotations removed
-    t = load_trace(H200 / "mla_fp8_graph.json.xz")
+    t = real_trace(H200 / "mla_fp8_graph.json.xz")
     t = replace(t, annotations=[a for a in t.annotations if not a.name.startswith("ProfilerStep")])
     ss = find_steps(t)
     assert ss.method == "graph-replay"
@@ -103,13 +103,13 @@ def test_graph_launches_are_steps_when_nothing_marks_them():
 
 
 def test_whole_trace_fallback():
-    t = load_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz")
+    t = real_trace(TRACELENS / "mi210/gpu_only_trace/gpu_only_trace.json.xz")
     ss = find_steps(t)
     assert ss.method == "whole-trace" and len(ss.steps) == 1 and len(ss.steps[0].kernels) == len(t.kernels)
 
 
 def test_trace_without_gpu_kernels_is_analysed_on_cpu_ops_with_one_note():
-    t = load_trace(CPU_ONLY)
+    t = real_trace(CPU_ONLY)
     assert not t.kernels and t.cpu_ops
     a = analyze_trace(t)
     assert a.steps.analysed_on == "cpu-ops"
@@ -143,7 +143,7 @@ def test_vllm_annotation_with_squared_token_counts_is_a_step():
     `execute_context_1(888_788544)_generation_0(0)`: the vLLM build that wrote it puts the tokens and
     their square (888 * 888 = 788544) in the brackets. The step was not found (whole trace, phase
     unknown); it is one prefill step, timed by the GPU work its launches gave."""
-    t = load_trace(TRACELENS / "b200/eager_trace.json.xz")
+    t = real_trace(TRACELENS / "b200/eager_trace.json.xz")
     (ann,) = [a for a in t.annotations if not a.gpu and a.name.startswith("execute_context_")]
     assert ann.name == "execute_context_1(888_788544)_generation_0(0)" and 888 * 888 == 788544
     ss = find_steps(t)
@@ -179,10 +179,10 @@ def test_old_kineto_format_profiler_steps_are_steps():
         spans.append((max(g["ts"] + g["dur"] for g in mine) - min(g["ts"] for g in mine)) / 1e3)
     assert len(marks) == 6 and all(110 < s < 125 for s in spans), spans
 
-    ss = find_steps(load_trace(path))
+    ss = find_steps(real_trace(path))
     assert ss.method == "ProfilerStep" and [s.label for s in ss.steps] == [m["name"] for m in marks]
     assert [s.gpu_us / 1e3 for s in ss.steps] == pytest.approx(spans, abs=1e-6)
-    a = analyze_trace(load_trace(path))
+    a = analyze_trace(real_trace(path))
     assert a.steps.count == 6 and a.steps.workload == "training" and a.steps.phase == "train"
 
 
@@ -201,7 +201,7 @@ def test_vllm_model_runner_frames_are_the_steps_without_annotations(path):
     calls = [e for e in ev if e.get("cat") == "python_function" and e["name"].endswith(": execute_model")
              and "vllm/v1/worker/gpu_model_runner.py(" in e["name"]]
     graphs = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "GraphLaunch" in e["name"]]
-    t = load_trace(path)
+    t = real_trace(path)
     ann = find_steps(t)
     assert ann.method == "execute-annotation"
     bare = replace(t, annotations=[])
@@ -226,7 +226,7 @@ def test_vllm_cpu_model_runner_frames_match_its_annotations():
     # frames give the same 11 windows, each inside its annotation
     from paths import VLLM_CPU
 
-    t = load_trace(VLLM_CPU / "plain.json.gz")
+    t = real_trace(VLLM_CPU / "plain.json.gz")
     ann = find_steps(t).steps
     fr = find_steps(replace(t, annotations=[]))
     assert fr.method == "model-runner-frames" and len(fr.steps) == len(ann) == 11
@@ -256,7 +256,7 @@ def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
     attn = [n for n in between if "attention" in n.lower() or "reshape_and_cache" in n]
     assert len(attn) >= 2 * 24  # a cache write and an attention kernel between each two pieces
 
-    t = replace(load_trace(VLLM_PIECE), annotations=[], frames=[])
+    t = replace(real_trace(VLLM_PIECE), annotations=[], frames=[])
     ss = find_steps(t)
     assert ss.method == "graph-pieces" and len(ss.steps) == 1
     (s,) = ss.steps
@@ -286,7 +286,7 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
     copy = sum(e["dur"] for e in gpu if e["cat"] != "kernel" or "FillFunctor" in e["name"])
     assert len(marks) == 2 and held / total < 0.01 and copy / total > 0.95
 
-    r = analyze_trace(load_trace(path))
+    r = analyze_trace(real_trace(path))
     w = r.steps.window
     assert w["analysed"] == "whole-trace" and w["steps_gpu_share"] == pytest.approx(held / total, abs=1e-4)
     assert w["gpu_ms_total"] == pytest.approx(total / 1e3)
@@ -299,7 +299,7 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
 def test_the_analysed_window_is_said_when_the_steps_hold_the_work():
     # the H100 Qwen1.5 forward: its ProfilerStep holds ~70% of the trace's GPU time (the rest runs outside
     # it): the step is analysed, and its share said
-    t = load_trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz")
+    t = real_trace(TRACELENS / "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.xz")
     r = analyze_trace(t)
     ss = find_steps(t)
     share = sum(t.kernels[i].dur for s in ss.steps for i in s.kernels) / sum(k.dur for k in t.kernels)
@@ -315,7 +315,7 @@ def test_full_graph_decode_without_annotations_stays_one_launch_per_step():
     from paths import GPU_LOOP
 
     path = next((GPU_LOOP / "h200-2026-12-01-eager-decode/graph/traces").glob("*-DECODE.trace.json.xz"))
-    t = load_trace(path)
+    t = real_trace(path)
     marked = find_steps(t)
     ss = find_steps(replace(t, annotations=[], frames=[]))
     assert ss.method == "graph-replay" and len(ss.steps) == len(marked.steps) == 10
@@ -344,7 +344,7 @@ def test_sglang_piecewise_prefill_among_full_graph_decode(case):
     full = sum(1 for n in sizes if n > 100)
     pieces = len(sizes) - full
     assert pieces % 9 == 0 and pieces and full >= 27
-    ss = find_steps(load_trace(path))
+    ss = find_steps(real_trace(path))
     assert ss.method == "graph-pieces"
     by = Counter(s.phase for s in ss.steps)
     assert by["decode"] == full and by["prefill"] == pieces // 9 and len(ss.steps) == full + pieces // 9
@@ -404,7 +404,7 @@ def test_vllm_piecewise_step_buckets_and_idle_match_a_recount(drop):
         want, method = _piecewise_recount(g[0]["ts"], g[-1]["ts"] + g[-1]["dur"] + 2000), "graph-pieces"
     assert want["attention"] > 0.03 and want["gemm"] < 0.2 and want["idle_ms"] > 0.3
 
-    t = load_trace(VLLM_PIECE)
+    t = real_trace(VLLM_PIECE)
     bare = replace(t, annotations=[]) if drop == "annotations" else replace(t, annotations=[], frames=[])
     r = analyze_trace(bare)
     assert r.steps.method == method and r.steps.count == 1
