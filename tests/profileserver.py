@@ -94,7 +94,8 @@ def profile_server():
 
     httpd = Quiet(("127.0.0.1", 0), H)
     httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # a short poll, so that shutdown() at teardown returns in ~0.05 s instead of the default 0.5 s
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield H, httpd.server_address[1]
     httpd.shutdown()
 

@@ -34,7 +34,7 @@ def test_start_profile_wait_is_bounded_by_timeout(profile_server, tmp_path):
     H, port = profile_server
     H.start_delay = 60.0
     args = url_args(port, tmp_path)
-    args[args.index("--timeout") + 1] = "2"
+    args[args.index("--timeout") + 1] = "1"  # the option's least
     t0 = time.monotonic()
     rc, _, err = invoke("trace", *args, "--out", str(tmp_path / "o"))
     # bounded: well before the server's 60 s answer (the stop that follows has its own short timeout; on a
@@ -82,7 +82,7 @@ def test_a_failed_trace_leaves_no_host_folder_and_an_incomplete_run_folder(profi
     H, port = profile_server
     H.write_trace = False  # the profile never completes
     args = url_args(port, tmp_path)
-    args[args.index("--timeout") + 1] = "2"
+    args[args.index("--timeout") + 1] = "1"  # the option's least
     rc, _, err = invoke("trace", *args, "--out", str(tmp_path / "o"))
     assert rc == 3 and "did not complete" in one_line(err)
     assert "/stop_profile" in H.calls

@@ -64,7 +64,7 @@ class _Hostile(StubHandler):
                 self.end_headers()
                 return
             if self.mode == "trickle_info":
-                return self._endless(b"", b" ", pause=0.5)
+                return self._endless(b"", b" ", pause=0.2)
             return self._send(200, INFO)
         self._send(404, b'{"error": "not found"}')
 
@@ -111,7 +111,8 @@ def hostile():
             pass
 
     httpd = Quiet(("127.0.0.1", 0), H)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # a short poll, so that shutdown() at teardown returns in ~0.05 s instead of the default 0.5 s
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield H, httpd.server_address[1]
     httpd.shutdown()
 
@@ -161,13 +162,13 @@ def test_reply_announcing_a_huge_length_is_refused_before_reading(hostile, tmp_p
 
 
 def test_trickling_server_meets_the_total_deadline(hostile, tmp_path):
-    """One byte every 0.5 s kept each read alive, so the per-read socket timeout never fired and
-    `trace` hung for ever; the total deadline (here 3 s) ends it with one line."""
+    """One byte every 0.2 s kept each read alive, so the per-read socket timeout never fired and
+    `trace` hung for ever; the total deadline (here 1 s, under the 60 s --timeout) ends it with one line."""
     H, port = hostile
     H.mode = "trickle_info"
-    rc, err, secs, _ = _trace(port, tmp_path, env={"PERFSCOPE_HTTP_DEADLINE_S": "3"})
+    rc, err, secs, _ = _trace(port, tmp_path, env={"PERFSCOPE_HTTP_DEADLINE_S": "1"})
     line = one_line(err)
-    assert rc == 3 and "within 3s" in line and "PERFSCOPE_HTTP_DEADLINE_S" in line, err
+    assert rc == 3 and "within 1s" in line and "PERFSCOPE_HTTP_DEADLINE_S" in line, err
     assert secs < 60, secs  # the deadline, not the 300 s of the test's own guard
 
 
@@ -208,8 +209,8 @@ def test_client_reply_bound_and_deadline_in_process(hostile, monkeypatch):
         SGLangClient(f"http://127.0.0.1:{port}").server_info()
     H.mode = "trickle_info"
     t0 = time.monotonic()
-    with pytest.raises(RemoteError, match="within 2s"):
-        SGLangClient(f"http://127.0.0.1:{port}", timeout=2).server_info()
+    with pytest.raises(RemoteError, match="within 1s"):
+        SGLangClient(f"http://127.0.0.1:{port}", timeout=1).server_info()
     assert time.monotonic() - t0 < 30
     H.mode = ""
     assert SGLangClient(f"http://127.0.0.1:{port}").server_info()["version"] == "0.4.6"
