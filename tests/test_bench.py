@@ -154,7 +154,7 @@ class _OldSGLang(http.server.BaseHTTPRequestHandler):
 
 def test_server_info_falls_back_to_get_server_info():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OldSGLang)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         c = SGLangClient(f"127.0.0.1:{srv.server_address[1]}")
         assert c.server_info()["version"] == "0.4.6"

@@ -250,7 +250,7 @@ def _trace_against(tmp_path, answer):
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         r = run("trace", "--url", f"http://127.0.0.1:{srv.server_address[1]}", "--out", tmp_path / "run",
                 "--timeout", "20")

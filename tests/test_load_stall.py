@@ -61,7 +61,7 @@ def stalling_server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
     srv.daemon_threads = True
     srv.stall = threading.Event()
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     try:
         yield srv

@@ -199,7 +199,7 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 
 def test_forward_reaches_remote_loopback_only(sshd):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    th = threading.Thread(target=httpd.serve_forever, daemon=True)
+    th = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     th.start()
     try:
         with connect(sshd.target()) as s, s.forward(httpd.server_address[1]) as fwd:

@@ -187,7 +187,7 @@ def stuck_server():
     _NeverCompletes.calls = []
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NeverCompletes)
     httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield httpd.server_address[1], _NeverCompletes.calls
     httpd.shutdown()
 
