@@ -246,6 +246,24 @@ def test_median_change_on_real_bench_rounds():
     assert median_change([5.0, 5.1], [4.0, 4.1])["verdict"] is None  # too few samples: numbers, no verdict
 
 
+def test_a_fix_held_to_a_gain_is_reverted_unless_the_gain_is_shown():
+    """keep_only_if_faster (untuned-fused-moe: 2%): on the real H200 rounds the cast fix, far faster, is
+    kept at a 2% bar and reverted at a 99% one it cannot reach; rounds too noisy to decide revert it
+    (the promised gain was not shown), where a fix held to --max-slowdown stays undecided on them."""
+    from paths import GPU_LOOP
+    from perfscope.bench.store import tpot_samples
+    from perfscope.fixengine.verdict import decide, keep_or_revert
+
+    runs = GPU_LOOP / "h200-2026-11-29" / "runs"
+    bug, pages = tpot_samples(runs / "bug"), tpot_samples(runs / "pages")
+    assert keep_or_revert(bug, pages, 0.10, gain=0.02)[0] == "keep"
+    assert keep_or_revert(bug, pages, 0.10, gain=0.99)[0] == "revert"
+    noisy = [3.6, 12.2, 4.1, 9.8, 5.0, 3.9, 11.0, 4.4]
+    assert decide(noisy[:4], noisy[4:], -0.02)[0] is None  # undecided against the bar itself
+    assert keep_or_revert(noisy[:4], noisy[4:], 0.10, gain=0.02)[0] == "revert"
+    assert keep_or_revert(noisy[:4], noisy[4:], 0.10)[0] is None
+
+
 def test_blame_tells_the_patch_from_the_host_on_real_rounds():
     """A-B-A after a revert for slowness, on the real H200 rounds: the patched side (here the bug's
     slow rounds standing for a slow patch) against the original measured again. When the original

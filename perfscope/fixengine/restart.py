@@ -25,7 +25,9 @@ The sequence:
    to +-5%, AFTER until the interval of the change lies wholly above ``max_slowdown`` (slower:
    revert) or wholly at or below it (keep), each side at most ``max_requests``. Undecided at the
    bound: the patch stays, the record says so, and the command ends ``Failed`` (exit 1) with the
-   interval, for the user to decide (``--revert`` undoes it);
+   interval, for the user to decide (``--revert`` undoes it). A fix kept only when it is faster by
+   more than its ``keep_only_if_faster`` (a fraction: untuned-fused-moe's 2%) is decided against that
+   gain instead, and reverted unless the gain is shown, undecided included (``verdict.keep_or_revert``);
 7. unhealthy, or surely slower than before by more than ``max_slowdown`` (default 10%):
    revert the file byte for byte, run CMD again and wait again (the same bound), and end
    ``Failed`` with one line saying what happened and whether the server answers again;
@@ -58,7 +60,7 @@ from perfscope.fixengine.patch import apply
 from perfscope.fixengine.request import FixRequest, Report
 from perfscope.fixengine.restore import revert
 from perfscope.fixengine.server_restart import restart, server_pid
-from perfscope.fixengine.verdict import before_known, blame, decide, measure, samples, store, tpot
+from perfscope.fixengine.verdict import before_known, blame, decide, keep_or_revert, measure, samples, store, tpot
 from perfscope.util.files import atomic_write_text
 
 __all__ = ["BenchSpec", "RestartOptions", "apply_with_restart"]
@@ -172,13 +174,14 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         # a fix kept only when it is faster beyond the noise (keep_only_if_faster: a fraction) decides
         # against that gain; any other against --max-slowdown
         gain = getattr(fix, "keep_only_if_faster", 0.0)
-        decision, c = decide(record["before_samples_ms"], record["after_samples_ms"], -gain if gain else max_slowdown)
+        decision, c = keep_or_revert(record["before_samples_ms"], record["after_samples_ms"], max_slowdown, gain)
         record["change"] = c
         record["decision"] = decision or "undecided"
         said = describe(c)
         if decision == "revert":
             slower = True
-            why = (f"{said}; not faster by more than {gain:.0%}: {fix.id} keeps its change only when it is" if gain
+            why = (f"{said}; not faster by more than {gain:.0%} beyond the noise: {fix.id} keeps its change only "
+                   "when it is" if gain
                    else f"{said}; surely more than --max-slowdown {max_slowdown:.0%} slower")
         elif decision == "keep":
             rep.notes.append(f"{said}; kept (" + (f"faster by more than {gain:.0%}" if gain else

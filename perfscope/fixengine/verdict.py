@@ -53,6 +53,19 @@ def decide(before: list[float], after: list[float], max_slowdown: float) -> tupl
     return None, c
 
 
+def keep_or_revert(before: list[float], after: list[float], max_slowdown: float,
+                   gain: float = 0.0) -> tuple[Optional[str], dict]:
+    """``decide`` against what the fix holds itself to: a fix kept only when it is faster by more than
+    ``gain`` (a fraction; its ``keep_only_if_faster``) is reverted unless that gain is shown, an
+    undecided change included (the gain is what it promised, and the noise did not show it); any other
+    fix against ``max_slowdown``, where an undecided change stays undecided (it is neither kept nor
+    reverted on that evidence)."""
+    decision, c = decide(before, after, -gain if gain else max_slowdown)
+    if gain and decision is None:
+        return "revert", c
+    return decision, c
+
+
 def blame(after: list[float], again: list[float], max_slowdown: float) -> tuple[Optional[str], dict]:
     """Who made it slower, once a patch was reverted as slower: the original server measured again
     after the revert (``again``; an A-B-A design) against the patched one (``after``). "patch" when
