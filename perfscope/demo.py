@@ -80,11 +80,17 @@ class Server:
         # the bug's 37 MB BF16 copy of the pool then cost a page fault per 4 KB and a 3-5 ms munmap per layer,
         # outside any op (CUDA's caching allocator on a GPU server does neither). Large allocations from the
         # heap, kept: the CPU server pays for the cast itself, as a GPU one does.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_=str(1 << 32),
-                   MALLOC_TRIM_THRESHOLD_=str(1 << 32))
-        self.proc = subprocess.Popen([sys.executable, "-m", "examples.repro_server", "--port", "0", *self.args],
-                                     cwd=self.root, stdout=subprocess.PIPE, stderr=logf, env=env,
-                                     start_new_session=True)
+        env = dict(
+            os.environ, PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_=str(1 << 32), MALLOC_TRIM_THRESHOLD_=str(1 << 32)
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "examples.repro_server", "--port", "0", *self.args],
+            cwd=self.root,
+            stdout=subprocess.PIPE,
+            stderr=logf,
+            env=env,
+            start_new_session=True,
+        )
         self.url = read_server_url(self.proc, timeout)
         if self.url:
             # keep draining stdout so the server never blocks on a full pipe
@@ -158,10 +164,12 @@ def patch_summary(check: dict, diff_path: Path) -> str:
     """A few lines in place of the whole diff: what is patched, with which strategy and why, how
     big the change is, and where the full diff lies."""
     a, r, h = diff_stat(check.get("diff") or "")
-    lines = [f"{check.get('outcome')}: {check.get('target')} {check.get('path')}"
-             + (f" (variant {check['variant']})" if check.get("variant") else ""),
-             f"strategy {check.get('strategy')}" + (f": {check['strategy_reason']}" if check.get("strategy_reason") else ""),
-             f"patch: +{a} -{r} lines in {h} hunk{'s' if h != 1 else ''}; full diff: {diff_path}"]
+    lines = [
+        f"{check.get('outcome')}: {check.get('target')} {check.get('path')}"
+        + (f" (variant {check['variant']})" if check.get("variant") else ""),
+        f"strategy {check.get('strategy')}" + (f": {check['strategy_reason']}" if check.get("strategy_reason") else ""),
+        f"patch: +{a} -{r} lines in {h} hunk{'s' if h != 1 else ''}; full diff: {diff_path}",
+    ]
     return "\n".join(lines)
 
 
@@ -186,18 +194,47 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         raise InputError(f"{out}: folder exists and is not empty; pass --out to a new folder")
     out.mkdir(parents=True, exist_ok=True)
     target = copy_server(out)
-    args = ["--device", cfg.device, "--num-layers", str(cfg.layers), "--max-total-tokens", str(cfg.pool_tokens),
-            "--threads", str(cfg.threads), *cfg.extra_server_args]
+    args = [
+        "--device",
+        cfg.device,
+        "--num-layers",
+        str(cfg.layers),
+        "--max-total-tokens",
+        str(cfg.pool_tokens),
+        "--threads",
+        str(cfg.threads),
+        *cfg.extra_server_args,
+    ]
     server = Server(target.parents[2], args, out / "server.log")
-    bench_args = ["--input-len", str(cfg.input_len), "--output-len", str(cfg.output_len),
-                  "--num-requests", str(cfg.requests), "--warmup", "1", "--json"]
-    trace_args = ["--steps", str(cfg.steps), "--input-len", str(cfg.input_len),
-                  "--output-len", str(cfg.steps + 4), "--timeout", "120", "--json"]
+    bench_args = [
+        "--input-len",
+        str(cfg.input_len),
+        "--output-len",
+        str(cfg.output_len),
+        "--num-requests",
+        str(cfg.requests),
+        "--warmup",
+        "1",
+        "--json",
+    ]
+    trace_args = [
+        "--steps",
+        str(cfg.steps),
+        "--input-len",
+        str(cfg.input_len),
+        "--output-len",
+        str(cfg.steps + 4),
+        "--timeout",
+        "120",
+        "--json",
+    ]
     before, after = out / "before", out / "after"
     try:
         console.rule("[bold]1. the server as shipped: FP8 KV pool cast to BF16 on every layer")
         url = server.start()
-        console.print(f"reproduction server on {url} ({cfg.layers} layers, {cfg.pool_tokens:,}-token FP8 pool, {cfg.device})")
+        console.print(
+            f"reproduction server on {url} ({cfg.layers} layers, {cfg.pool_tokens:,}-token FP8 pool, {cfg.device})"
+        )
         _perfscope(["trace", "--url", url, "--out", str(before), *trace_args], console)
         b_bench = _perfscope(["bench", "--url", url, "--out", str(before), *bench_args], console)
         diag_b = _perfscope(["diagnose", str(before), "--json"], console)
@@ -208,13 +245,28 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
             raise PerfscopeError("the demo's diagnosis did not find fp8-kv-cast; see " + str(before))
 
         console.rule("[bold]2. fix it: check and diff, then apply (backup + manifest)")
-        check = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
-                            "--strategy", cfg.strategy, "--json"], console)
+        check = _perfscope(
+            ["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url, "--strategy", cfg.strategy, "--json"],
+            console,
+        )
         diff_path = out / "fix.diff"
         atomic_write_text(diff_path, check.get("diff") or "", shared=True)
         console.print(patch_summary(check, diff_path))
-        fixed = _perfscope(["fix", "fp8-kv-cast", "--target-file", str(target), "--url", url,
-                            "--strategy", cfg.strategy, "--apply", "--json"], console)
+        fixed = _perfscope(
+            [
+                "fix",
+                "fp8-kv-cast",
+                "--target-file",
+                str(target),
+                "--url",
+                url,
+                "--strategy",
+                cfg.strategy,
+                "--apply",
+                "--json",
+            ],
+            console,
+        )
         server.stop()
 
         console.rule("[bold]3. restart, re-measure, trace again")
@@ -230,10 +282,12 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
     cmp = _perfscope(["compare", str(before), str(after), "--html", str(html), "--json"], console)
     tb, ta = b_bench.get("tpot_ms"), a_bench.get("tpot_ms")
     summary = {
-        "tpot_ms_before": tb, "tpot_ms_after": ta,
+        "tpot_ms_before": tb,
+        "tpot_ms_after": ta,
         "speedup": (tb / ta) if tb and ta else None,
         "predicted_step_ms_after_fix": top.get("predicted_step_ms_after_fix"),
-        "step_ms_before": diag_b["steps"]["median_ms"], "step_ms_after": diag_a["steps"]["median_ms"],
+        "step_ms_before": diag_b["steps"]["median_ms"],
+        "step_ms_after": diag_a["steps"]["median_ms"],
         "findings_before": [f["id"] for f in diag_b["findings"]],
         "findings_after": [f["id"] for f in diag_a["findings"]],
         "fix": {k: fixed.get(k) for k in ("outcome", "strategy", "target", "path") if k in fixed},
@@ -241,7 +295,9 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict:
         "change": cmp.get("change") or {},  # the noise: spreads, intervals, verdicts (analysis/change.py)
         "predictions": cmp.get("predictions") or [],
         "diff": str(out / "fix.diff"),
-        "html": str(html), "before": str(before), "after": str(after),
+        "html": str(html),
+        "before": str(before),
+        "after": str(after),
         "seconds": round(time.monotonic() - t0, 1),
     }
     atomic_write_text(out / "demo.json", json.dumps(summary, indent=2, default=str), shared=True)

@@ -17,8 +17,10 @@ def pick_chunk(current: int, prefill_ms, interval_ms) -> tuple[int, str]:
     ~linear in chunk tokens at these sizes), a power of two, at least MIN_CHUNK, at most half of now."""
     if prefill_ms and interval_ms and prefill_ms > 0:
         scaled = current * TARGET_RATIO * interval_ms / prefill_ms
-        why = (f"a chunk of {current} tokens took {prefill_ms:.1f} ms against a {interval_ms:.1f} ms decode "
-               f"interval: scaled to ~{TARGET_RATIO:g} intervals")
+        why = (
+            f"a chunk of {current} tokens took {prefill_ms:.1f} ms against a {interval_ms:.1f} ms decode "
+            f"interval: scaled to ~{TARGET_RATIO:g} intervals"
+        )
     else:
         scaled = current / 2
         why = f"no prefill timing in the trace: half of {current}"
@@ -35,8 +37,10 @@ class ChunkedPrefillFix(LaunchFlagFix):
     engines = ("sglang",)
     flags = {"sglang": (CHUNK, MIXED)}
     required_keys = ("chunked_prefill_size", "enable_mixed_chunk")
-    requirements = {"flags": "SGLang whose /server_info reports chunked_prefill_size and enable_mixed_chunk; "
-                             "chunked prefill on (not -1) or set by this fix"}
+    requirements = {
+        "flags": "SGLang whose /server_info reports chunked_prefill_size and enable_mixed_chunk; "
+        "chunked prefill on (not -1) or set by this fix"
+    }
 
     def decide(self, engine: str, current: dict, env) -> Decision:
         args = env.server_args or {}
@@ -50,8 +54,10 @@ class ChunkedPrefillFix(LaunchFlagFix):
         if cur is None or cur <= 0:
             base = 8192
             new, why = pick_chunk(base, ev.get("prefill_median_ms"), ev.get("decode_interval_median_ms"))
-            whys.append(f"chunked prefill is {'off' if cur is not None else 'at the default'}: "
-                        f"--chunked-prefill-size {new} (from SGLang's 8192 on large GPUs; {why})")
+            whys.append(
+                f"chunked prefill is {'off' if cur is not None else 'at the default'}: "
+                f"--chunked-prefill-size {new} (from SGLang's 8192 on large GPUs; {why})"
+            )
             changes.append(FlagChange("set", "--chunked-prefill-size", str(new), why="bound each prefill chunk"))
         elif cur <= MIN_CHUNK:
             whys.append(f"--chunked-prefill-size {cur} is already at or below {MIN_CHUNK}")
@@ -70,8 +76,10 @@ class ChunkedPrefillFix(LaunchFlagFix):
         med = ev.get("decode_interval_median_ms")
         prediction = ""
         if pred is not None and worst and med:
-            prediction = (f"decode step unchanged; the worst decode interval {worst:.1f} ms should fall towards "
-                          f"~{TARGET_RATIO + 1:g}x the {med:.1f} ms median")
+            prediction = (
+                f"decode step unchanged; the worst decode interval {worst:.1f} ms should fall towards "
+                f"~{TARGET_RATIO + 1:g}x the {med:.1f} ms median"
+            )
         return Decision(changes, why="; ".join(whys), predicted_step_ms=pred, prediction=prediction)
 
 

@@ -66,13 +66,18 @@ class EagerDecodeFix(LaunchFlagFix):
     title = "Run decode under CUDA graphs (drop --disable-cuda-graph, cover the batch sizes seen)"
     answers = ("eager-decode",)
     engines = ("sglang", "vllm", "repro")
-    flags = {"sglang": (DISABLE, DISABLE_DECODE, BACKEND_DECODE, MAX_BS, MAX_BS_DECODE), "vllm": (ENFORCE_EAGER,),
-             "repro": (REPRO_GRAPH, MAX_BS)}
+    flags = {
+        "sglang": (DISABLE, DISABLE_DECODE, BACKEND_DECODE, MAX_BS, MAX_BS_DECODE),
+        "vllm": (ENFORCE_EAGER,),
+        "repro": (REPRO_GRAPH, MAX_BS),
+    }
     assumed = {"--disable-cuda-graph": True}
     required_keys = ("disable_cuda_graph",)
-    requirements = {"flags": "a CUDA GPU (the server's /server_info device is not cpu); SGLang whose "
-                             "/server_info reports disable_cuda_graph, and cuda_graph_max_bs (up to 0.5.1x) or "
-                             "cuda_graph_max_bs_decode (0.5.2x) when the max batch size must change"}
+    requirements = {
+        "flags": "a CUDA GPU (the server's /server_info device is not cpu); SGLang whose "
+        "/server_info reports disable_cuda_graph, and cuda_graph_max_bs (up to 0.5.1x) or "
+        "cuda_graph_max_bs_decode (0.5.2x) when the max batch size must change"
+    }
 
     def decide(self, engine: str, current: dict, env) -> Decision:
         args = env.server_args or {}
@@ -87,16 +92,23 @@ class EagerDecodeFix(LaunchFlagFix):
         if engine == "vllm":
             if current.get("--enforce-eager"):
                 changes.append(FlagChange("remove", "--enforce-eager", why="vLLM captures decode graphs by default"))
-            return Decision(changes, why="drop --enforce-eager" if changes else "--enforce-eager is not set",
-                            predicted_step_ms=pred, prediction=how)
+            return Decision(
+                changes,
+                why="drop --enforce-eager" if changes else "--enforce-eager is not set",
+                predicted_step_ms=pred,
+                prediction=how,
+            )
         if engine == "sglang":
             for fl in (DISABLE, DISABLE_DECODE):
                 if current.get(fl.flag):
                     changes.append(FlagChange("remove", fl.flag, why="SGLang captures decode graphs by default"))
                     whys.append(f"{fl.flag} turns the decode graphs off")
             if current.get(BACKEND_DECODE.flag) == "disabled":
-                changes.append(FlagChange("remove", BACKEND_DECODE.flag, takes_value=True,
-                                          why="the default decode graph backend is full"))
+                changes.append(
+                    FlagChange(
+                        "remove", BACKEND_DECODE.flag, takes_value=True, why="the default decode graph backend is full"
+                    )
+                )
                 whys.append(f"{BACKEND_DECODE.flag} disabled turns the decode graphs off")
         if engine == "repro" and not current.get("--cuda-graph"):
             changes.append(FlagChange("add", "--cuda-graph", why="the reproduction server's graphs are opt-in"))
@@ -104,9 +116,12 @@ class EagerDecodeFix(LaunchFlagFix):
         seen = batch_sizes(f, env)
         mflag = max_bs_flag(args, current) if engine == "sglang" else MAX_BS.flag
         if engine == "sglang" and args and mflag.lstrip("-").replace("-", "_") not in args and seen:
-            return Decision([], refused="the server's /server_info has neither cuda_graph_max_bs nor "
-                                        "cuda_graph_max_bs_decode: perfscope does not know this version's max "
-                                        "batch size flag; nothing changed")
+            return Decision(
+                [],
+                refused="the server's /server_info has neither cuda_graph_max_bs nor "
+                "cuda_graph_max_bs_decode: perfscope does not know this version's max "
+                "batch size flag; nothing changed",
+            )
         cur = as_value(current.get(mflag))
         if cur is None:
             cur = served_max_bs(args)
@@ -114,9 +129,11 @@ class EagerDecodeFix(LaunchFlagFix):
             want = graph_max_bs_for(max(seen))
             if cur is None or cur < max(seen):
                 changes.append(FlagChange("set", mflag, str(want), why=f"the trace's decode batches reach {max(seen)}"))
-                whys.append(f"{mflag} {want}: the trace saw decode batch sizes up to {max(seen)} "
-                            f"({', '.join(map(str, seen[-6:]))}); batches above "
-                            f"{cur if cur is not None else 'the default'} run eagerly")
+                whys.append(
+                    f"{mflag} {want}: the trace saw decode batch sizes up to {max(seen)} "
+                    f"({', '.join(map(str, seen[-6:]))}); batches above "
+                    f"{cur if cur is not None else 'the default'} run eagerly"
+                )
             else:
                 whys.append(f"{mflag} {cur} covers the batch sizes seen (up to {max(seen)})")
         elif cur is None:

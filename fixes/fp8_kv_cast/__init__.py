@@ -51,9 +51,9 @@ class Fp8KvCast(FixModule):
     strategies = ("native", "pages")
     requirements = {
         "native": "SM90 (H100/H200) GPU, FlashInfer >= 0.6.14 (fa3; >= 0.6.18 also fa2), "
-                  "kv_cache_dtype fp8_e4m3, BF16 model; run() gets ckv_scale=kpe_scale=1.0",
+        "kv_cache_dtype fp8_e4m3, BF16 model; run() gets ckv_scale=kpe_scale=1.0",
         "pages": "any GPU and FlashInfer; Triton (SGLang depends on it) for the CUDA-graph-safe "
-                 "row conversion; scratch memory = one layer of the pool in BF16",
+        "row conversion; scratch memory = one layer of the pool in BF16",
     }
     marker = MARKER
 
@@ -70,15 +70,17 @@ class Fp8KvCast(FixModule):
     def detect(self, target: TargetSpec, data: bytes, env: Environment) -> Detection:
         return _detect(target, data, env)
 
-    def choose_strategy(self, target: TargetSpec, det: Detection, env: Environment,
-                        requested: str = "auto") -> StrategyChoice:
+    def choose_strategy(
+        self, target: TargetSpec, det: Detection, env: Environment, requested: str = "auto"
+    ) -> StrategyChoice:
         return _choose_strategy(target, det, env, requested)
 
     def transform(self, target: TargetSpec, det: Detection, data: bytes, strategy: str) -> tuple[bytes, list]:
         return _transform(target, det, data, strategy)
 
-    def postconditions(self, target: TargetSpec, det: Detection, before: bytes, after: bytes,
-                       strategy: str) -> list[str]:
+    def postconditions(
+        self, target: TargetSpec, det: Detection, before: bytes, after: bytes, strategy: str
+    ) -> list[str]:
         return _postconditions(target, det, before, after, strategy)
 
 

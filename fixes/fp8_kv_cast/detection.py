@@ -45,6 +45,7 @@ FA3_VARIANTS = {
 
 class _Plan(TypedDict):
     """A FlashInfer MLA plan() call and the node of its KV dtype argument."""
+
     call: ast.Call
     kv: ast.expr
     fast: bool
@@ -52,6 +53,7 @@ class _Plan(TypedDict):
 
 class _Fa3Site(TypedDict):
     """One FA3 pool cast and what its kernel call reads."""
+
     stmt: ast.Assign
     buf: ast.expr
     page_table: str
@@ -84,7 +86,8 @@ def _version_note(det: Detection, env: Environment) -> None:
     if v and v > TESTED_MAX:
         det.facts.setdefault("notes", []).append(
             f"sglang {env.sglang_version} is newer than the last version checked against released "
-            f"source (0.5.23); its structure matches the known variant {det.variant}")
+            f"source (0.5.23); its structure matches the known variant {det.variant}"
+        )
 
 
 def _backend(tree: ast.Module, name: str):
@@ -117,7 +120,9 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
         v = parse_version(env.sglang_version)
         ver = f"sglang {env.sglang_version}" if env.sglang_version else "this sglang (0.4.6 - 0.4.6.post4 shape)"
         return Detection(
-            target.name, "mla-0.4.6", "refused",
+            target.name,
+            "mla-0.4.6",
+            "refused",
             f"{ver} has no pool cast to remove: it plans FlashInfer MLA with the FP8 KV dtype for the "
             "query too, which fails to JIT-compile with an FP8 KV cache (sglang#5651); upgrade to "
             "0.4.6.post5 or later, then run this fix",
@@ -128,8 +133,10 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
     pool_d = [c for c in dec_casts if c[1] == "pool"]
     dcp_e = [c for c in ext_casts if c[1] == "dcp"]
     if len(pool_e) != 1 or len(pool_d) != 1:
-        raise _Refuse(f"expected one KV-pool cast in forward_extend and one in forward_decode, found "
-                      f"{len(pool_e)} and {len(pool_d)}")
+        raise _Refuse(
+            f"expected one KV-pool cast in forward_extend and one in forward_decode, found "
+            f"{len(pool_e)} and {len(pool_d)}"
+        )
     if [c for c in dec_casts if c[1] == "dcp"] or len(dcp_e) > 1:
         raise _Refuse("unexpected DCP buffer casts")
     owners = {_pool_owner(pool_e[0][2]), _pool_owner(pool_d[0][2])}
@@ -155,7 +162,8 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
         raise _Refuse("prefill_wrapper_paged is not self.forward_metadata.prefill_wrapper")
     init_b = _method(backend, "__init__")
     has_indptr = init_b is not None and any(
-        isinstance(s, ast.Assign) and any(_dotted(t) == "self.kv_indptr" for t in s.targets) for s in ast.walk(init_b))
+        isinstance(s, ast.Assign) and any(_dotted(t) == "self.kv_indptr" for t in s.targets) for s in ast.walk(init_b)
+    )
     if not has_indptr and target is not REPRO:
         raise _Refuse("FlashInferMLAAttnBackend.__init__ does not set self.kv_indptr")
 
@@ -163,9 +171,16 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
     runs = {}
     for fn, st, wname in ((fd, d_stmt, "decode_wrapper"), (fe, e_stmt, "prefill_wrapper_paged")):
         var = _dotted(st.targets[0])  # a Name: _casts keeps only `NAME = ...`
-        calls = _calls_after(fn, st.lineno, lambda c, w=wname, v=var: (
-            isinstance(c.func, ast.Attribute) and c.func.attr == "run" and _dotted(c.func.value) == w
-            and any(_uses_name(a, v) for a in c.args)))
+        calls = _calls_after(
+            fn,
+            st.lineno,
+            lambda c, w=wname, v=var: (
+                isinstance(c.func, ast.Attribute)
+                and c.func.attr == "run"
+                and _dotted(c.func.value) == w
+                and any(_uses_name(a, v) for a in c.args)
+            ),
+        )
         if len(calls) != 1:
             raise _Refuse(f"{fn.name}: expected one {wname}.run(...) reading {var}, found {len(calls)}")
         runs[fn.name] = calls[0]
@@ -211,8 +226,13 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
     inits = []
     for cls in (upd_d, upd_p):
         init = _method(cls, "__init__")
-        hit = [s for s in (init.body if init else []) if isinstance(s, ast.Assign)
-               and any(_dotted(t) == "self.data_type" for t in s.targets) and _dotted(s.value) == "model_runner.dtype"]
+        hit = [
+            s
+            for s in (init.body if init else [])
+            if isinstance(s, ast.Assign)
+            and any(_dotted(t) == "self.data_type" for t in s.targets)
+            and _dotted(s.value) == "model_runner.dtype"
+        ]
         if len(hit) != 1:
             raise _Refuse(f"{cls.name}.__init__ does not set self.data_type = model_runner.dtype once")
         inits.append(hit[0])
@@ -225,15 +245,33 @@ def _detect_mla(target: TargetSpec, tree: ast.Module, data: bytes, env: Environm
         {"what": "forward_extend cast", "line": e_stmt.lineno, "text": idx.segment(e_stmt)},
         {"what": "forward_decode cast", "line": d_stmt.lineno, "text": idx.segment(d_stmt)},
         *({"what": "forward_extend DCP cast", "line": c[0].lineno, "text": idx.segment(c[0])} for c in dcp_e),
-        *({"what": "plan() kv_data_type", "line": p["kv"].lineno, "text": idx.segment(p["call"]).splitlines()[0] + " …"}
-          for p in plans),
+        *(
+            {
+                "what": "plan() kv_data_type",
+                "line": p["kv"].lineno,
+                "text": idx.segment(p["call"]).splitlines()[0] + " …",
+            }
+            for p in plans
+        ),
     ]
-    det = Detection(target.name, variant, "original", "", anchors=anchors, facts={
-        "tree": tree, "ext": pool_e[0], "dec": pool_d[0], "dcp": dcp_e[0] if dcp_e else None,
-        "runs": runs, "plans": plans, "inits": inits,
-        # the repro server plans eagerly only: its decode wrapper's index list is exact
-        "indptr": "self.kv_indptr" if has_indptr else "None",
-    })
+    det = Detection(
+        target.name,
+        variant,
+        "original",
+        "",
+        anchors=anchors,
+        facts={
+            "tree": tree,
+            "ext": pool_e[0],
+            "dec": pool_d[0],
+            "dcp": dcp_e[0] if dcp_e else None,
+            "runs": runs,
+            "plans": plans,
+            "inits": inits,
+            # the repro server plans eagerly only: its decode wrapper's index list is exact
+            "indptr": "self.kv_indptr" if has_indptr else "None",
+        },
+    )
     _version_note(det, env)
     return det
 
@@ -244,12 +282,17 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
     ce = [c for c in _casts(fe) if c[1] == "pool"]
     cd = [c for c in _casts(fd) if c[1] == "pool"]
     if not ce and not cd:
-        return Detection(FA3.name, "fa3-no-cast", "not-applicable",
-                         "this fa3 backend does not convert the KV pool (it hands FA3 an FP8 query "
-                         "and the FP8 pool): nothing to fix")
+        return Detection(
+            FA3.name,
+            "fa3-no-cast",
+            "not-applicable",
+            "this fa3 backend does not convert the KV pool (it hands FA3 an FP8 query "
+            "and the FP8 pool): nothing to fix",
+        )
     if len(ce) != 1 or len(cd) != 1:
-        raise _Refuse(f"expected one KV-pool cast in forward_extend and one in forward_decode, found "
-                      f"{len(ce)} and {len(cd)}")
+        raise _Refuse(
+            f"expected one KV-pool cast in forward_extend and one in forward_decode, found {len(ce)} and {len(cd)}"
+        )
     init_b = _method(backend, "__init__")
     if init_b is None or not any(
         isinstance(s, ast.Assign) and any(_dotted(t) == "self.page_size" for t in s.targets) for s in ast.walk(init_b)
@@ -258,8 +301,11 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
     sites: dict[str, _Fa3Site] = {}
     for fn, (st, _, buf) in ((fe, ce[0]), (fd, cd[0])):
         # the first flash_attn_with_kvcache(...) after the cast reads views of the cast's target
-        nested = [(n.lineno, n.end_lineno) for n in ast.walk(fn)
-                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and n is not fn]
+        nested = [
+            (n.lineno, n.end_lineno)
+            for n in ast.walk(fn)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and n is not fn
+        ]
         calls = _calls_after(
             fn,
             st.lineno,
@@ -273,7 +319,8 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
             raise _Refuse(f"{fn.name}: flash_attn_with_kvcache without page_table / cache_seqlens")
         pt, sl = kw["page_table"], kw["cache_seqlens"]
         roots = {n.id for n in ast.walk(pt) if isinstance(n, ast.Name)} | {
-            n.id for n in ast.walk(sl) if isinstance(n, ast.Name)}
+            n.id for n in ast.walk(sl) if isinstance(n, ast.Name)
+        }
         for name in roots - {"self"}:
             if _assigned_before(fn, name, st.lineno) is None:
                 raise _Refuse(f"{fn.name}: {name} is not set before the cast")
@@ -283,8 +330,13 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
         # Paths that read other pages than (page_table, cache_seqlens) keep the whole-pool cast:
         # cascade (speculative top-k > 1 reads a second page table), context-parallel chunks.
         flags = [f for f in ("use_cascade_attn", "cp_active") if _assigned_before(fn, f, st.lineno) is not None]
-        sites[fn.name] = {"stmt": st, "buf": buf, "page_table": idx.segment(pt), "seqlens": idx.segment(sl),
-                          "fallback": " or ".join(flags) or "False"}
+        sites[fn.name] = {
+            "stmt": st,
+            "buf": buf,
+            "page_table": idx.segment(pt),
+            "seqlens": idx.segment(sl),
+            "fallback": " or ".join(flags) or "False",
+        }
     owners = {_pool_owner(ce[0][2]), _pool_owner(cd[0][2])}
     layouts = {"oneline" if c[0].lineno == c[0].end_lineno else "split" for c in ce + cd}
     if len(owners) != 1:
@@ -293,8 +345,9 @@ def _detect_fa3(tree: ast.Module, data: bytes, env: Environment) -> Detection:
     variant = FA3_VARIANTS.get((owner, "split" if "split" in layouts else "oneline"))
     if variant is None:
         raise _Refuse(f"pool reached through {owner}")
-    anchors = [{"what": f"{name} cast", "line": s["stmt"].lineno, "text": idx.segment(s["stmt"])}
-               for name, s in sites.items()]
+    anchors = [
+        {"what": f"{name} cast", "line": s["stmt"].lineno, "text": idx.segment(s["stmt"])} for name, s in sites.items()
+    ]
     det = Detection(FA3.name, variant, "original", "", anchors=anchors, facts={"tree": tree, "sites": sites})
     _version_note(det, env)
     return det

@@ -18,19 +18,16 @@ NATIVE_FA2_MIN_FLASHINFER = (0, 6, 18, -1)
 def applicable(env: Environment, target: TargetSpec) -> Optional[str]:
     kv = (env.kv_cache_dtype or "").lower()
     if kv and kv not in FP8_KV:
-        return (f"kv_cache_dtype is {env.kv_cache_dtype!r}: the KV pool is not FP8, so there is no "
-                "cast to remove")
+        return f"kv_cache_dtype is {env.kv_cache_dtype!r}: the KV pool is not FP8, so there is no cast to remove"
     backend = (env.decode_attention_backend or env.attention_backend or "").lower()
     if backend and target.backends and backend not in target.backends and target is not REPRO:
         if backend in ("flashinfer", "fa3"):
             return None  # the caller picked the other target on purpose
-        return (f"attention backend is {backend!r}: only 'flashinfer' (FlashInfer MLA) and 'fa3' "
-                "convert the whole pool")
+        return f"attention backend is {backend!r}: only 'flashinfer' (FlashInfer MLA) and 'fa3' convert the whole pool"
     return None
 
 
-def choose_strategy(target: TargetSpec, det: Detection, env: Environment,
-                    requested: str = "auto") -> StrategyChoice:
+def choose_strategy(target: TargetSpec, det: Detection, env: Environment, requested: str = "auto") -> StrategyChoice:
     rejected = {}
     why_not_native = _native_blockers(target, env)
     if why_not_native:
@@ -52,19 +49,25 @@ def choose_strategy(target: TargetSpec, det: Detection, env: Environment,
 
 
 def _native_reason(target: TargetSpec, env: Environment) -> str:
-    how = ("the MLA kernel reads the FP8 pool itself (plan kv_data_type = FP8, run with ckv_scale = "
-           "kpe_scale = 1.0); no conversion at all")
+    how = (
+        "the MLA kernel reads the FP8 pool itself (plan kv_data_type = FP8, run with ckv_scale = "
+        "kpe_scale = 1.0); no conversion at all"
+    )
     if target is REPRO and env.sm is None:
-        return ("no GPU here: the reproduction server's attention reads the FP8 pool directly and "
-                "upcasts only the rows it attends to")
+        return (
+            "no GPU here: the reproduction server's attention reads the FP8 pool directly and "
+            "upcasts only the rows it attends to"
+        )
     return f"SM{env.compute_cap} with FlashInfer {env.flashinfer_version or 'unknown'}: {how}"
 
 
 def _native_blockers(target: TargetSpec, env: Environment) -> list[str]:
     out = []
     if "native" not in target.strategies:
-        return [f"{target.name} has no FP8-reading kernel to hand the pool to (FA3's MLA path needs BF16 KV "
-                "with a BF16 query)"]
+        return [
+            f"{target.name} has no FP8-reading kernel to hand the pool to (FA3's MLA path needs BF16 KV "
+            "with a BF16 query)"
+        ]
     if target is REPRO:
         if env.compute_cap and env.sm != (9, 0) and env.compute_cap != "cpu":
             out.append(f"GPU is SM{env.compute_cap}")
@@ -73,14 +76,17 @@ def _native_blockers(target: TargetSpec, env: Environment) -> list[str]:
     if sm is None:
         out.append("GPU compute capability unknown (no nvidia-smi answer; pass --gpu-cc)")
     elif sm[0] != 9:
-        out.append(f"GPU is SM{env.compute_cap}: FlashInfer's MLA kernels read FP8 KV with a BF16 query "
-                   "only on SM90 (SM100 trtllm-gen wants equal dtypes; SM120 has none)")
+        out.append(
+            f"GPU is SM{env.compute_cap}: FlashInfer's MLA kernels read FP8 KV with a BF16 query "
+            "only on SM90 (SM100 trtllm-gen wants equal dtypes; SM120 has none)"
+        )
     fi = parse_version(env.flashinfer_version)
     if not fi:
         out.append("FlashInfer version unknown")
     elif fi < NATIVE_MIN_FLASHINFER:
-        out.append(f"FlashInfer {env.flashinfer_version} < 0.6.14 has no BF16-query/FP8-KV MLA kernel "
-                   "('DType must be 16bit')")
+        out.append(
+            f"FlashInfer {env.flashinfer_version} < 0.6.14 has no BF16-query/FP8-KV MLA kernel ('DType must be 16bit')"
+        )
     kv = (env.kv_cache_dtype or "").lower()
     if kv == "fp8_e5m2":
         out.append("kv_cache_dtype fp8_e5m2: FlashInfer's FP8 MLA path reads e4m3 only")

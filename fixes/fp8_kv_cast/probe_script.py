@@ -6,6 +6,7 @@ original code path (BF16 plan, whole pool converted), the candidate is the chose
 one JSON line: {"ok", "max_abs_diff", "ref_max_abs", "tolerance", "reason"}.
 Not run on this project's CPU-only CI machines: it needs a GPU and FlashInfer.
 """
+
 import json
 import sys
 
@@ -47,8 +48,7 @@ def main():
 
     def run(kv_dtype, kv, **kw):
         w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend="auto")
-        w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, heads, ckv, kpe, 1, False, scale,
-               torch.bfloat16, kv_dtype)
+        w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, heads, ckv, kpe, 1, False, scale, torch.bfloat16, kv_dtype)
         return w, w.run(q_nope, q_pe, kv[:, :, :ckv], kv[:, :, ckv:], **kw)
 
     _, ref = run(torch.bfloat16, pool.to(torch.bfloat16))
@@ -57,8 +57,20 @@ def main():
             _, got = run(torch.float8_e4m3fn, pool, ckv_scale=1.0, kpe_scale=1.0)
         else:
             w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend="auto")
-            w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, heads, ckv, kpe, 1, False, scale,
-                   torch.bfloat16, torch.bfloat16)
+            w.plan(
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                kv_lens,
+                heads,
+                ckv,
+                kpe,
+                1,
+                False,
+                scale,
+                torch.bfloat16,
+                torch.bfloat16,
+            )
             conv = ns["_perfscope_fp8kv_rows"](pool, torch.bfloat16, w._kv_indices_buf, kv_indptr, len(lens))
             got = w.run(q_nope, q_pe, conv[:, :, :ckv], conv[:, :, ckv:])
     except Exception as e:  # noqa: BLE001
@@ -66,9 +78,15 @@ def main():
     torch.cuda.synchronize()
     diff = (ref.float() - got.float()).abs().max().item()
     ok = diff <= TOL and bool(torch.isfinite(got).all())
-    return {"ok": ok, "max_abs_diff": diff, "ref_max_abs": ref.float().abs().max().item(), "tolerance": TOL,
-            "device": torch.cuda.get_device_name(), "flashinfer": flashinfer.__version__,
-            "reason": "" if ok else f"max abs diff {diff:.4g} > {TOL}"}
+    return {
+        "ok": ok,
+        "max_abs_diff": diff,
+        "ref_max_abs": ref.float().abs().max().item(),
+        "tolerance": TOL,
+        "device": torch.cuda.get_device_name(),
+        "flashinfer": flashinfer.__version__,
+        "reason": "" if ok else f"max abs diff {diff:.4g} > {TOL}",
+    }
 
 
 if __name__ == "__main__":

@@ -59,9 +59,14 @@ def _casts(fn: ast.FunctionDef) -> list[tuple[ast.Assign, str, ast.expr]]:
         if len(v.args) != 1 or v.keywords or not _is_q_dtype(v.args[0]):
             continue
         buf = v.func.value
-        if (isinstance(buf, ast.Call) and isinstance(buf.func, ast.Attribute)
-                and buf.func.attr == "get_key_buffer" and len(buf.args) == 1 and not buf.keywords
-                and _dotted(buf.args[0]) == "layer.layer_id"):
+        if (
+            isinstance(buf, ast.Call)
+            and isinstance(buf.func, ast.Attribute)
+            and buf.func.attr == "get_key_buffer"
+            and len(buf.args) == 1
+            and not buf.keywords
+            and _dotted(buf.args[0]) == "layer.layer_id"
+        ):
             out.append((st, "pool", buf))
         elif isinstance(buf, ast.Attribute) and buf.attr == "dcp_kv_buffer":
             out.append((st, "dcp", buf))
@@ -87,7 +92,9 @@ def _assigned_before(fn: ast.FunctionDef, name: str, lineno: int) -> Optional[as
         if isinstance(st, (ast.Assign, ast.AnnAssign)) and st.lineno < lineno:
             targets = st.targets if isinstance(st, ast.Assign) else [st.target]
             for t in targets:
-                names = [t] if isinstance(t, ast.Name) else [e for e in getattr(t, "elts", []) if isinstance(e, ast.Name)]
+                names = (
+                    [t] if isinstance(t, ast.Name) else [e for e in getattr(t, "elts", []) if isinstance(e, ast.Name)]
+                )
                 if any(n.id == name for n in names):
                     best = st
     return best

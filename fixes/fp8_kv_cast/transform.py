@@ -48,68 +48,123 @@ def transform(target: TargetSpec, det: Detection, data: bytes, strategy: str) ->
             st = s["stmt"]
             var = st.targets[0].id
             fallback = s["fallback"]
-            edits.append(statement_edit(idx, st, [
-                f"{var} = _perfscope_fp8kv_paged(",
-                f"    {idx.segment(s['buf'])},",
-                "    q.dtype,",
-                f"    {s['page_table']},",
-                f"    {s['seqlens']},",
-                "    self.page_size,",
-                f"    {fallback},",
-                ")",
-            ], f"{name} cast"))
+            edits.append(
+                statement_edit(
+                    idx,
+                    st,
+                    [
+                        f"{var} = _perfscope_fp8kv_paged(",
+                        f"    {idx.segment(s['buf'])},",
+                        "    q.dtype,",
+                        f"    {s['page_table']},",
+                        f"    {s['seqlens']},",
+                        "    self.page_size,",
+                        f"    {fallback},",
+                        ")",
+                    ],
+                    f"{name} cast",
+                )
+            )
         return apply_edits(data, edits), notes
 
     ext_st, _, ext_buf = det.facts["ext"]
     dec_st, _, dec_buf = det.facts["dec"]
-    edits.append(statement_edit(idx, dec_st, [
-        f"{dec_st.targets[0].id} = _perfscope_fp8kv_decode(",
-        f"    {idx.segment(dec_buf)},",
-        "    q.dtype,",
-        "    decode_wrapper,",
-        f"    {det.facts['indptr']},",
-        "    q_nope.shape[0],",
-        ")",
-    ], "forward_decode cast"))
-    edits.append(statement_edit(idx, ext_st, [
-        f"{ext_st.targets[0].id} = _perfscope_fp8kv_extend(",
-        f"    {idx.segment(ext_buf)}, q.dtype, prefill_wrapper_paged",
-        ")",
-    ], "forward_extend cast"))
+    edits.append(
+        statement_edit(
+            idx,
+            dec_st,
+            [
+                f"{dec_st.targets[0].id} = _perfscope_fp8kv_decode(",
+                f"    {idx.segment(dec_buf)},",
+                "    q.dtype,",
+                "    decode_wrapper,",
+                f"    {det.facts['indptr']},",
+                "    q_nope.shape[0],",
+                ")",
+            ],
+            "forward_decode cast",
+        )
+    )
+    edits.append(
+        statement_edit(
+            idx,
+            ext_st,
+            [
+                f"{ext_st.targets[0].id} = _perfscope_fp8kv_extend(",
+                f"    {idx.segment(ext_buf)}, q.dtype, prefill_wrapper_paged",
+                ")",
+            ],
+            "forward_extend cast",
+        )
+    )
     if strategy == "native":
         dcp = det.facts["dcp"]
         if dcp is not None:
             st, _, buf = dcp
-            edits.append(statement_edit(idx, st, [
-                f"{st.targets[0].id} = _perfscope_fp8kv_keep(",
-                f"    {idx.segment(buf)}, q.dtype, prefill_wrapper_paged",
-                ")",
-            ], "forward_extend DCP cast"))
-        for fname, wname, var in (("forward_decode", "decode_wrapper", dec_st.targets[0].id),
-                                  ("forward_extend", "prefill_wrapper_paged", ext_st.targets[0].id)):
+            edits.append(
+                statement_edit(
+                    idx,
+                    st,
+                    [
+                        f"{st.targets[0].id} = _perfscope_fp8kv_keep(",
+                        f"    {idx.segment(buf)}, q.dtype, prefill_wrapper_paged",
+                        ")",
+                    ],
+                    "forward_extend DCP cast",
+                )
+            )
+        for fname, wname, var in (
+            ("forward_decode", "decode_wrapper", dec_st.targets[0].id),
+            ("forward_extend", "prefill_wrapper_paged", ext_st.targets[0].id),
+        ):
             call = det.facts["runs"][fname]
             items = sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
             last = items[-1]
             indent = idx.indent_of(last.lineno)
             if last.lineno == call.lineno or len(indent.encode()) != last.col_offset:
                 raise ValueError(f"{fname}: {wname}.run(...) is not laid out one argument per line")
-            tail = idx.line(last.end_lineno)[last.end_col_offset:].decode("utf-8")
+            tail = idx.line(last.end_lineno)[last.end_col_offset :].decode("utf-8")
             if not tail.lstrip().startswith(","):
-                edits.append(Edit((last.end_lineno, last.end_col_offset), (last.end_lineno, last.end_col_offset),
-                                  ",", f"{fname} run() trailing comma"))
-            edits.append(insert_lines_after(idx, last.end_lineno, [
-                f"{indent}**_perfscope_fp8kv_scales({wname}, {var}),\n"], f"{fname} run() scales"))
+                edits.append(
+                    Edit(
+                        (last.end_lineno, last.end_col_offset),
+                        (last.end_lineno, last.end_col_offset),
+                        ",",
+                        f"{fname} run() trailing comma",
+                    )
+                )
+            edits.append(
+                insert_lines_after(
+                    idx,
+                    last.end_lineno,
+                    [f"{indent}**_perfscope_fp8kv_scales({wname}, {var}),\n"],
+                    f"{fname} run() scales",
+                )
+            )
         for p in det.facts["plans"]:
             kv = p["kv"]
-            edits.append(Edit((kv.lineno, kv.col_offset), (kv.end_lineno, kv.end_col_offset),
-                              "self._perfscope_kv_data_type", "plan() kv_data_type"))
+            edits.append(
+                Edit(
+                    (kv.lineno, kv.col_offset),
+                    (kv.end_lineno, kv.end_col_offset),
+                    "self._perfscope_kv_data_type",
+                    "plan() kv_data_type",
+                )
+            )
         for st in det.facts["inits"]:
             ind = idx.indent_of(st.lineno)
-            edits.append(insert_lines_after(idx, st.end_lineno, [
-                f"{ind}self._perfscope_kv_data_type = _perfscope_fp8kv_plan_dtype(model_runner)\n"],
-                "kv dtype for plan()"))
-        notes.append("native: plan() gets the pool's FP8 dtype where the GPU/FlashInfer support it (checked "
-                     "again at server start); otherwise the patched code falls back to the pages conversion")
+            edits.append(
+                insert_lines_after(
+                    idx,
+                    st.end_lineno,
+                    [f"{ind}self._perfscope_kv_data_type = _perfscope_fp8kv_plan_dtype(model_runner)\n"],
+                    "kv dtype for plan()",
+                )
+            )
+        notes.append(
+            "native: plan() gets the pool's FP8 dtype where the GPU/FlashInfer support it (checked "
+            "again at server start); otherwise the patched code falls back to the pages conversion"
+        )
     return apply_edits(data, edits), notes
 
 
@@ -122,8 +177,7 @@ def _patched_method(backend: ast.ClassDef | None, name: str) -> ast.FunctionDef:
     return fn
 
 
-def postconditions(target: TargetSpec, det: Detection, before: bytes, after: bytes,
-                   strategy: str) -> list[str]:
+def postconditions(target: TargetSpec, det: Detection, before: bytes, after: bytes, strategy: str) -> list[str]:
     from perfscope.fixengine.edit import compiles
 
     problems = []
@@ -151,8 +205,12 @@ def postconditions(target: TargetSpec, det: Detection, before: bytes, after: byt
             if n < len(det.facts["plans"]):
                 problems.append("plan() calls do not all get the KV dtype")
         # the chunked-KV runner's fresh k/v casts must be untouched
-        chunk_b, chunk_a = _class(ast.parse(before), "FlashInferMhaChunkKVRunner"), _class(tree, "FlashInferMhaChunkKVRunner")
+        chunk_b, chunk_a = (
+            _class(ast.parse(before), "FlashInferMhaChunkKVRunner"),
+            _class(tree, "FlashInferMhaChunkKVRunner"),
+        )
         if (chunk_b is None) != (chunk_a is None) or (
-            chunk_b is not None and chunk_a is not None and ast.dump(chunk_b) != ast.dump(chunk_a)):
+            chunk_b is not None and chunk_a is not None and ast.dump(chunk_b) != ast.dump(chunk_a)
+        ):
             problems.append("FlashInferMhaChunkKVRunner changed")
     return problems

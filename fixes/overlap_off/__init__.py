@@ -16,15 +16,20 @@ class OverlapOffFix(LaunchFlagFix):
     flags = {"sglang": (DISABLE,), "repro": (DISABLE,)}
     assumed = {"--disable-overlap-schedule": True}
     required_keys = ("disable_overlap_schedule",)
-    requirements = {"flags": "SGLang whose /server_info reports disable_overlap_schedule; no pipeline "
-                             "parallelism (pp_size 1), where SGLang turns the overlap off itself"}
+    requirements = {
+        "flags": "SGLang whose /server_info reports disable_overlap_schedule; no pipeline "
+        "parallelism (pp_size 1), where SGLang turns the overlap off itself"
+    }
 
     def decide(self, engine: str, current: dict, env) -> Decision:
         args = env.server_args or {}
         pp = as_value(args.get("pp_size"))
         if pp and pp > 1:
-            return Decision([], refused=f"pp_size {pp}: SGLang runs pipeline parallelism without the overlap "
-                                        "scheduler whatever the flag; nothing changed")
+            return Decision(
+                [],
+                refused=f"pp_size {pp}: SGLang runs pipeline parallelism without the overlap "
+                "scheduler whatever the flag; nothing changed",
+            )
         f = self.finding(env, "overlap-off") or self.finding(env, "host-bubble")
         pred = f.get("predicted_step_ms_after_fix")
         ev = f.get("evidence") or {}
@@ -34,16 +39,20 @@ class OverlapOffFix(LaunchFlagFix):
         if not current.get("--disable-overlap-schedule"):
             why = "--disable-overlap-schedule is not on the launch command"
             if args.get("disable_overlap_schedule") is True:
-                why += (" but /server_info reports disable_overlap_schedule=true: the server turned it off "
-                        "itself (speculative decoding, an option that needs the normal loop...): see its log")
+                why += (
+                    " but /server_info reports disable_overlap_schedule=true: the server turned it off "
+                    "itself (speculative decoding, an option that needs the normal loop...): see its log"
+                )
             return Decision([], why=why)
-        return Decision([FlagChange("remove", "--disable-overlap-schedule",
-                                    why="the overlap scheduler is SGLang's default")],
-                        why="the next batch is scheduled while the current forward runs"
-                            + (f", hiding the {gap:.2f} ms per step the GPU idles waiting for the host" if gap else ""),
-                        predicted_step_ms=pred,
-                        prediction=(_range(ev) or "the larger of the step's GPU work and the host's serial work")
-                        if pred is not None else "")
+        return Decision(
+            [FlagChange("remove", "--disable-overlap-schedule", why="the overlap scheduler is SGLang's default")],
+            why="the next batch is scheduled while the current forward runs"
+            + (f", hiding the {gap:.2f} ms per step the GPU idles waiting for the host" if gap else ""),
+            predicted_step_ms=pred,
+            prediction=(_range(ev) or "the larger of the step's GPU work and the host's serial work")
+            if pred is not None
+            else "",
+        )
 
 
 def _range(ev: dict) -> str:

@@ -20,9 +20,14 @@ from perfscope.fixengine.model import Detection, Environment, FixModule, Strateg
 from perfscope.util import jsonio
 
 HERE = Path(__file__).resolve().parent
-SPEC = TargetSpec("sglang-moe-config", f"{LOADER_RELDIR}/configs/triton_<version>/E=..,N=..,device_name=...json",
-                  "0.5.13.post1 - 0.5.23", ("tune",), description="the tuned fused-MoE config SGLang loads (created)",
-                  creates=True)
+SPEC = TargetSpec(
+    "sglang-moe-config",
+    f"{LOADER_RELDIR}/configs/triton_<version>/E=..,N=..,device_name=...json",
+    "0.5.13.post1 - 0.5.23",
+    ("tune",),
+    description="the tuned fused-MoE config SGLang loads (created)",
+    creates=True,
+)
 BUDGET_S = 240.0
 MAX_BATCHES = 4
 
@@ -56,7 +61,7 @@ def served_batches(env: Environment) -> list[int]:
     ends = {min(seen), max(seen)}
     target = measured if measured is not None else max(want, default=1)
     near = sorted(seen - ends, key=lambda b: (abs(b - target), b))
-    return sorted(ends | set(near[:MAX_BATCHES - 2]))
+    return sorted(ends | set(near[: MAX_BATCHES - 2]))
 
 
 class UntunedFusedMoeFix(FixModule):
@@ -65,8 +70,10 @@ class UntunedFusedMoeFix(FixModule):
     answers = ("untuned-fused-moe",)
     targets = (SPEC,)
     strategies = ("tune",)
-    requirements = {"tune": "the server's Python with SGLang 0.5.13.post1 - 0.5.23, its GPU (minutes of GPU time), "
-                            "the model's config.json readable on the host"}
+    requirements = {
+        "tune": "the server's Python with SGLang 0.5.13.post1 - 0.5.23, its GPU (minutes of GPU time), "
+        "the model's config.json readable on the host"
+    }
     keep_only_if_faster = 0.02
     budget_s = BUDGET_S
     max_candidates = 0  # 0: the whole pruned space (tests on CPU cap it: Triton's interpreter is slow)
@@ -84,8 +91,15 @@ class UntunedFusedMoeFix(FixModule):
         info: dict = {"could_not_read": []}
         f["moe"] = info
         if env.python and (not env.triton_version or not env.gpu_name):
-            r = host.run([env.python, "-c", "import json, triton, torch; print(json.dumps([triton.__version__, "
-                          "torch.cuda.get_device_name() if torch.cuda.is_available() else None]))"], timeout=120)
+            r = host.run(
+                [
+                    env.python,
+                    "-c",
+                    "import json, triton, torch; print(json.dumps([triton.__version__, "
+                    "torch.cuda.get_device_name() if torch.cuda.is_available() else None]))",
+                ],
+                timeout=120,
+            )
             try:
                 tv, dev = json.loads(r.stdout.strip().splitlines()[-1])
                 env.triton_version = env.triton_version or tv
@@ -111,9 +125,11 @@ class UntunedFusedMoeFix(FixModule):
                 if s:
                     shape = {"E": s.experts, "N": s.intermediate, "hidden": s.hidden, "topk": s.top_k}
         if shape is None:
-            info["could_not_read"].append("the model's MoE shape: give --url (the server's /server_info names its "
-                                          "model_path; its config.json is read on the host) or --trace RUN recorded "
-                                          "from the server")
+            info["could_not_read"].append(
+                "the model's MoE shape: give --url (the server's /server_info names its "
+                "model_path; its config.json is read on the host) or --trace RUN recorded "
+                "from the server"
+            )
             return
         info["shape"] = shape
         if env.gpu_name and env.triton_version:
@@ -123,7 +139,9 @@ class UntunedFusedMoeFix(FixModule):
                 root = env.sglang_root.rstrip("/") + "/" + LOADER_RELDIR + "/configs"
                 r = host.run(["ls", "-1", root], timeout=30)
                 dirs = r.stdout.split() if r.rc == 0 else []
-                kind, where = lookup(dirs, lambda d, n: host.exists(f"{root}/{d}/{n}"), info["name"], env.triton_version)
+                kind, where = lookup(
+                    dirs, lambda d, n: host.exists(f"{root}/{d}/{n}"), info["name"], env.triton_version
+                )
                 info["loads_now"] = {"kind": kind, "folder": where}
         info["batches"] = served_batches(env)
 
@@ -134,8 +152,14 @@ class UntunedFusedMoeFix(FixModule):
         if not m.get("name"):
             why = "; ".join(m.get("could_not_read") or []) or "the GPU name and Triton version are unknown"
             return TargetSpec(SPEC.name, None, SPEC.versions, SPEC.strategies, description=why, creates=True)
-        return TargetSpec(SPEC.name, f"{LOADER_RELDIR}/configs/{m['version_dir']}/{m['name']}", SPEC.versions,
-                          SPEC.strategies, description=SPEC.description, creates=True)
+        return TargetSpec(
+            SPEC.name,
+            f"{LOADER_RELDIR}/configs/{m['version_dir']}/{m['name']}",
+            SPEC.versions,
+            SPEC.strategies,
+            description=SPEC.description,
+            creates=True,
+        )
 
     def detect(self, target: TargetSpec, data: bytes, env: Environment) -> Detection:
         m = (env.facts or {}).get("moe") or {}
@@ -148,9 +172,17 @@ class UntunedFusedMoeFix(FixModule):
             except ValueError:
                 ok = False
             if not ok:
-                return Detection(target.name, None, "refused", f"{target.relpath} exists and is not an SGLang MoE config")
-            return Detection(target.name, "tuned", "patched", "a tuned config for this shape is installed",
-                             patched_strategy="tune", facts=facts)
+                return Detection(
+                    target.name, None, "refused", f"{target.relpath} exists and is not an SGLang MoE config"
+                )
+            return Detection(
+                target.name,
+                "tuned",
+                "patched",
+                "a tuned config for this shape is installed",
+                patched_strategy="tune",
+                facts=facts,
+            )
         variant = now.get("kind") or "default"
         if variant == "fallback":
             facts["notes"] = [f"SGLang loads this shape's config from {now.get('folder')} (another Triton version)"]
@@ -158,22 +190,41 @@ class UntunedFusedMoeFix(FixModule):
             facts["notes"] = ["SGLang has no tuned config for this shape in its install: it runs its default config"]
         else:
             facts["notes"] = ["what SGLang loads now was not read (its install's configs folder is unknown)"]
-        return Detection(target.name, variant, "original", f"no config for this Triton version ({variant})", facts=facts)
+        return Detection(
+            target.name, variant, "original", f"no config for this Triton version ({variant})", facts=facts
+        )
 
     def choose_strategy(self, target, det, env, requested="auto") -> StrategyChoice:
         if requested not in ("auto", "tune"):
             return StrategyChoice(None, f"unknown strategy {requested}; this fix knows: tune")
         b = det.facts.get("batches") or [1]
         n = len(b)
-        return StrategyChoice("tune", f"tune SGLang's kernel at batch {', '.join(map(str, b))} ({n} sizes, pruned "
-                                      f"space, bounded at {self.bound_s(env):.0f} s of GPU time on the server's GPU)")
+        return StrategyChoice(
+            "tune",
+            f"tune SGLang's kernel at batch {', '.join(map(str, b))} ({n} sizes, pruned "
+            f"space, bounded at {self.bound_s(env):.0f} s of GPU time on the server's GPU)",
+        )
 
     def tune_argv(self, env: Environment, det: Detection, out: str, script: str) -> list[str]:
         s = det.facts["shape"]
-        return [env.python or "python3", script, "--E", str(s["E"]), "--N", str(s["N"]), "--hidden", str(s["hidden"]),
-                "--topk", str(s["topk"]), "--batches", ",".join(map(str, det.facts.get("batches") or [1])),
-                "--budget-s", str(self.bound_s(env)), "--out", out] + (
-                    ["--max-candidates", str(self.max_candidates), "--iters", "1"] if self.max_candidates else [])
+        return [
+            env.python or "python3",
+            script,
+            "--E",
+            str(s["E"]),
+            "--N",
+            str(s["N"]),
+            "--hidden",
+            str(s["hidden"]),
+            "--topk",
+            str(s["topk"]),
+            "--batches",
+            ",".join(map(str, det.facts.get("batches") or [1])),
+            "--budget-s",
+            str(self.bound_s(env)),
+            "--out",
+            out,
+        ] + (["--max-candidates", str(self.max_candidates), "--iters", "1"] if self.max_candidates else [])
 
     def prepare(self, host, env, target, path, det) -> Optional[str]:
         """Run the tuner on the host (bounded); its winners become the file's bytes."""
@@ -190,7 +241,9 @@ class UntunedFusedMoeFix(FixModule):
             try:
                 res = json.loads(r.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
-                return f"the tuner did not run (rc {r.rc}): {(r.stderr or '').strip().splitlines()[-1:] or ['no output']}"
+                return (
+                    f"the tuner did not run (rc {r.rc}): {(r.stderr or '').strip().splitlines()[-1:] or ['no output']}"
+                )
             det.facts["tune"] = {k: res.get(k) for k in ("per_batch", "elapsed_s", "stopped", "tried", "planned")}
             if not res.get("ok") or not host.exists(out):
                 return f"tuning gave no config: {res.get('reason') or res.get('per_batch')}"
@@ -209,17 +262,26 @@ class UntunedFusedMoeFix(FixModule):
             mod = util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             e = (det.facts.get("shape") or {}).get("E", 1)
-            tuned = (json.dumps({str(b): mod.default_config(b, e) for b in det.facts.get("batches") or [1]}, indent=4)
-                     + "\n").encode()
-            notes.append("the values shown are SGLang's defaults for these batch sizes: --apply replaces them with "
-                         "the tuner's winners")
-            argv = self.tune_argv(Environment(python="PYTHON", facts={"budget_s": det.facts.get("budget_s")}), det, "OUT",
-                                  "tune_script.py")
+            tuned = (
+                json.dumps({str(b): mod.default_config(b, e) for b in det.facts.get("batches") or [1]}, indent=4) + "\n"
+            ).encode()
+            notes.append(
+                "the values shown are SGLang's defaults for these batch sizes: --apply replaces them with "
+                "the tuner's winners"
+            )
+            argv = self.tune_argv(
+                Environment(python="PYTHON", facts={"budget_s": det.facts.get("budget_s")}),
+                det,
+                "OUT",
+                "tune_script.py",
+            )
             notes.append("tuning runs on the server's GPU: " + " ".join(shlex.quote(x) for x in argv))
         else:
             for m, v in (det.facts.get("tune") or {}).get("per_batch", {}).items():
-                notes.append(f"batch {m}: default {v.get('default_us')} us, tuned {v.get('best_us')} us "
-                             f"({v.get('tried')} configs tried)")
+                notes.append(
+                    f"batch {m}: default {v.get('default_us')} us, tuned {v.get('best_us')} us "
+                    f"({v.get('tried')} configs tried)"
+                )
         return tuned, notes
 
     def postconditions(self, target, det, before, after, strategy) -> list[str]:
@@ -229,8 +291,14 @@ class UntunedFusedMoeFix(FixModule):
             return [f"not JSON: {e}"]
         if not isinstance(cfg, dict) or not cfg:
             return ["not a non-empty object"]
-        bad = [k for k, v in cfg.items() if not str(k).isdigit() or not isinstance(v, dict)
-               or not set(v) <= set(CONFIG_KEYS) or not all(isinstance(x, int) for x in v.values())]
+        bad = [
+            k
+            for k, v in cfg.items()
+            if not str(k).isdigit()
+            or not isinstance(v, dict)
+            or not set(v) <= set(CONFIG_KEYS)
+            or not all(isinstance(x, int) for x in v.values())
+        ]
         return [f"entries not in SGLang's format: {bad[:3]}"] if bad else []
 
 

@@ -39,8 +39,16 @@ def candidates(m: int, E: int, topk: int, N: int, hidden: int) -> list[dict]:
                     continue
                 for w in (4, 8):
                     for st in (2, 3, 4):
-                        out.append({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
-                                    "num_warps": w, "num_stages": st})
+                        out.append(
+                            {
+                                "BLOCK_SIZE_M": bm,
+                                "BLOCK_SIZE_N": bn,
+                                "BLOCK_SIZE_K": bk,
+                                "GROUP_SIZE_M": 1,
+                                "num_warps": w,
+                                "num_stages": st,
+                            }
+                        )
     return out
 
 
@@ -107,10 +115,23 @@ def _server_args(a):
         folder = tempfile.mkdtemp(prefix="perfscope-moe-cfg-")
         try:
             with open(os.path.join(folder, "config.json"), "w") as f:
-                json.dump({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": a.hidden,
-                           "intermediate_size": a.N, "num_hidden_layers": 1, "num_attention_heads": 4,
-                           "num_key_value_heads": 4, "num_local_experts": a.E, "num_experts_per_tok": a.topk,
-                           "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}, f)
+                json.dump(
+                    {
+                        "architectures": ["MixtralForCausalLM"],
+                        "model_type": "mixtral",
+                        "hidden_size": a.hidden,
+                        "intermediate_size": a.N,
+                        "num_hidden_layers": 1,
+                        "num_attention_heads": 4,
+                        "num_key_value_heads": 4,
+                        "num_local_experts": a.E,
+                        "num_experts_per_tok": a.topk,
+                        "vocab_size": 1000,
+                        "max_position_embeddings": 4096,
+                        "torch_dtype": "bfloat16",
+                    },
+                    f,
+                )
             rc.publish(sa.ServerArgs(model_path=folder, device=a.device, skip_tokenizer_init=True), role="test")
         finally:
             import shutil
@@ -144,8 +165,15 @@ def runner(args):
     g = torch.Generator(device="cpu").manual_seed(0)
     w1 = (torch.randn(args.E, 2 * args.N, args.hidden, generator=g) * 0.02).to(dev, dt)
     w2 = (torch.randn(args.E, args.hidden, args.N, generator=g) * 0.02).to(dev, dt)
-    cfg = MoeRunnerConfig(num_experts=args.E, num_local_experts=args.E, hidden_size=args.hidden,
-                          intermediate_size_per_partition=args.N, top_k=args.topk, params_dtype=dt, inplace=False)
+    cfg = MoeRunnerConfig(
+        num_experts=args.E,
+        num_local_experts=args.E,
+        hidden_size=args.hidden,
+        intermediate_size_per_partition=args.N,
+        top_k=args.topk,
+        params_dtype=dt,
+        inplace=False,
+    )
 
     def make(m):
         x = torch.randn(m, args.hidden, generator=g).to(dev, dt)
@@ -158,6 +186,7 @@ def runner(args):
             torch.cuda.synchronize()
 
     if dev.type == "cuda":
+
         def call(x, topk):
             return fused_experts(x, w1, w2, topk, cfg)
     else:
@@ -241,8 +270,16 @@ def main(argv=None) -> int:
     if a.max_candidates:
         plan = {m: c[: a.max_candidates + 1] for m, c in plan.items()}
     n = sum(len(c) for c in plan.values())
-    res = {"ok": True, "E": a.E, "N": a.N, "hidden": a.hidden, "topk": a.topk, "batches": batches,
-           "candidates": {str(m): len(c) for m, c in plan.items()}, "budget_s": a.budget_s}
+    res = {
+        "ok": True,
+        "E": a.E,
+        "N": a.N,
+        "hidden": a.hidden,
+        "topk": a.topk,
+        "batches": batches,
+        "candidates": {str(m): len(c) for m, c in plan.items()},
+        "budget_s": a.budget_s,
+    }
     if a.dry_run:
         res["dry_run"] = True
         res["bound_s"] = a.budget_s
@@ -274,7 +311,9 @@ def main(argv=None) -> int:
                 try:
                     us, out = time_one(m, inputs[m], c, a.iters)
                 except Exception as e:  # a config that does not compile or fit (shared memory): skip it
-                    tried[m].append({"config": c, "error": str(e).splitlines()[0][:200] if str(e) else type(e).__name__})
+                    tried[m].append(
+                        {"config": c, "error": str(e).splitlines()[0][:200] if str(e) else type(e).__name__}
+                    )
                     continue
                 ref = refs.setdefault(m, out)
                 if out is not ref and not bool((out - ref).abs().max() <= 1e-2 * (ref.abs().max() + 1e-6)):
@@ -284,25 +323,40 @@ def main(argv=None) -> int:
         for m in batches:
             ok = [t for t in tried[m] if "us" in t]
             if not ok:
-                per[str(m)] = {"tried": len(tried[m]), "failed": len(tried[m]),
-                               "errors": sorted({t["error"] for t in tried[m]})[:3]}
+                per[str(m)] = {
+                    "tried": len(tried[m]),
+                    "failed": len(tried[m]),
+                    "errors": sorted({t["error"] for t in tried[m]})[:3],
+                }
                 continue
             d = ok[0] if ok[0]["config"] == plan[m][0] else None
             b = min(ok, key=lambda t: t["us"])
-            per[str(m)] = {"default_us": d["us"] if d else None, "best_us": b["us"], "best": b["config"],
-                           "tried": len(tried[m]), "failed": sum(1 for t in tried[m] if "error" in t)}
+            per[str(m)] = {
+                "default_us": d["us"] if d else None,
+                "best_us": b["us"],
+                "best": b["config"],
+                "tried": len(tried[m]),
+                "failed": sum(1 for t in tried[m] if "error" in t),
+            }
             best[str(m)] = {k: b["config"][k] for k in KEYS if k in b["config"]}
     except (Stop, KeyboardInterrupt):
-        res.update(ok=False, reason="stopped: nothing written", per_batch=per,
-                   elapsed_s=round(time.monotonic() - t_start, 1))
+        res.update(
+            ok=False, reason="stopped: nothing written", per_batch=per, elapsed_s=round(time.monotonic() - t_start, 1)
+        )
         print(json.dumps(res))
         return 130
     except ImportError as e:
         res.update(ok=False, reason=f"SGLang's fused-MoE kernel does not import here: {e}")
         print(json.dumps(res))
         return 3
-    res.update(per_batch=per, config=best, elapsed_s=round(time.monotonic() - t_start, 1), stopped=stopped,
-               tried=sum(v["tried"] for v in per.values()), planned=n)
+    res.update(
+        per_batch=per,
+        config=best,
+        elapsed_s=round(time.monotonic() - t_start, 1),
+        stopped=stopped,
+        tried=sum(v["tried"] for v in per.values()),
+        planned=n,
+    )
     if a.out and best:
         folder = os.path.dirname(os.path.abspath(a.out))
         os.makedirs(folder, exist_ok=True)

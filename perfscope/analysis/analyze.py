@@ -32,6 +32,7 @@ from perfscope.load.model import Trace
 if TYPE_CHECKING:
     from perfscope.analysis.capture_map import CaptureSet
 
+
 @dataclass
 class State:
     trace: Trace
@@ -68,9 +69,11 @@ def pass_steps(st: State) -> None:
         marked = st.stepset
         st.stepset = find_steps(st.trace, whole=True)
         st.stepset.note = f"the whole trace as one window ({marked.method} ranges hold almost none of its GPU work)"
-        st.notes.append(f"the {len(marked.steps)} step(s) found ({marked.how}) hold {st.window['steps_gpu_share']:.1%} "
-                        f"of the trace's GPU time ({st.window['gpu_ms_total']:.2f} ms, {st.window['outside_top']} outside "
-                        "them): the whole trace is analysed as one window")
+        st.notes.append(
+            f"the {len(marked.steps)} step(s) found ({marked.how}) hold {st.window['steps_gpu_share']:.1%} "
+            f"of the trace's GPU time ({st.window['gpu_ms_total']:.2f} ms, {st.window['outside_top']} outside "
+            "them): the whole trace is analysed as one window"
+        )
     st.workload = classify_workload(st.trace)
     if st.workload["kind"] == "training":
         # training iterations, not decode steps
@@ -89,36 +92,46 @@ def pass_steps(st: State) -> None:
     if not st.workload["serving_rules"]:
         st.notes.append(f"This is {st.workload['how']}.")
     st.phase = st.stepset.primary_phase
-    st.steps = [s for s in st.stepset.steps if s.phase == st.phase and s.kernels] or \
-               [s for s in st.stepset.steps if s.phase == st.phase]
+    st.steps = [s for s in st.stepset.steps if s.phase == st.phase and s.kernels] or [
+        s for s in st.stepset.steps if s.phase == st.phase
+    ]
     if st.trace.meta.repaired_names:
-        st.notes.append(f"{st.trace.meta.repaired_names} event name(s) held unescaped quotes (a torch profiler "
-                        "bug that breaks the JSON) and were repaired on load")
+        st.notes.append(
+            f"{st.trace.meta.repaired_names} event name(s) held unescaped quotes (a torch profiler "
+            "bug that breaks the JSON) and were repaired on load"
+        )
     m = st.trace.meta
     if m.lone_surrogates:
-        st.notes.append(f"{m.lone_surrogates} lone UTF-16 surrogate escape(s) in the trace's strings were read as "
-                        "U+FFFD (the replacement character)")
+        st.notes.append(
+            f"{m.lone_surrogates} lone UTF-16 surrogate escape(s) in the trace's strings were read as "
+            "U+FFFD (the replacement character)"
+        )
     if m.negative_durations:
         kern = f", {m.negative_kernels} of them GPU kernels or copies" if m.negative_kernels else ""
-        st.notes.append(f"{m.negative_durations} event(s) with a negative duration{kern} were left out of the "
-                        "analysis (the profiler's clock went back for them)")
+        st.notes.append(
+            f"{m.negative_durations} event(s) with a negative duration{kern} were left out of the "
+            "analysis (the profiler's clock went back for them)"
+        )
     if st.cpu_only:
         st.notes.append(CPU_ONLY_NOTE)
         dev = str(st.config.get("device") or "").lower()
         if dev in ("cuda", "gpu") or (dev == "" and st.trace.meta.device_name):
             # measured on the H200: SGLang servers started with TEARDOWN_CUPTI=1 (torch 2.11, CUDA 13)
             # wrote GPU traces without a single kernel (examples/gpu_loop/results/h200-2026-12-01-predict)
-            st.notes.append("the server runs on a GPU, yet its trace recorded no GPU kernel: a server started "
-                            "with TEARDOWN_CUPTI=1 in its environment traces so (torch 2.11, CUDA 13, H200); "
-                            "restart it without that variable and trace again")
+            st.notes.append(
+                "the server runs on a GPU, yet its trace recorded no GPU kernel: a server started "
+                "with TEARDOWN_CUPTI=1 in its environment traces so (torch 2.11, CUDA 13, H200); "
+                "restart it without that variable and trace again"
+            )
 
 
 def pass_metrics(st: State) -> None:
     sampler = bool(st.workload.get("serving_rules"))
     st.metrics = [step_metrics(st.trace, s, sampler=sampler) for s in st.steps]
     gpu = [m.gpu_ms for m in st.metrics if m.kernels]
-    st.step_ms = statistics.median(gpu) if gpu else (statistics.median([m.cpu_ms for m in st.metrics])
-                                                    if st.metrics else 0.0)
+    st.step_ms = (
+        statistics.median(gpu) if gpu else (statistics.median([m.cpu_ms for m in st.metrics]) if st.metrics else 0.0)
+    )
     n = max(len(st.metrics), 1)
     st.kernel_ms_per_step = sum(m.kernel_ms for m in st.metrics) / n
     st.buckets_ms = {b: sum(m.buckets[b] for m in st.metrics) / n for b in BUCKETS}
@@ -126,13 +139,20 @@ def pass_metrics(st: State) -> None:
     idle = [m.idle_ms for m in st.metrics if m.kernels]
     cpu = [m.cpu_ms for m in st.metrics]
     st.summary = StepSummary(
-        phase=st.phase, count=len(st.metrics), median_ms=round(st.step_ms, 4),
-        method=st.stepset.method, how=st.stepset.how, window=st.window,
-        workload=st.workload.get("kind"), workload_how=st.workload.get("how"),
-        workload_model=st.workload.get("model"), workload_evidence=st.workload.get("evidence"),
+        phase=st.phase,
+        count=len(st.metrics),
+        median_ms=round(st.step_ms, 4),
+        method=st.stepset.method,
+        how=st.stepset.how,
+        window=st.window,
+        workload=st.workload.get("kind"),
+        workload_how=st.workload.get("how"),
+        workload_model=st.workload.get("model"),
+        workload_evidence=st.workload.get("evidence"),
         analysed_on="cpu-ops" if st.cpu_only else "gpu-kernels",
         mean_ms=round(statistics.fmean(gpu), 4) if gpu else None,
-        min_ms=round(min(gpu), 4) if gpu else None, max_ms=round(max(gpu), 4) if gpu else None,
+        min_ms=round(min(gpu), 4) if gpu else None,
+        max_ms=round(max(gpu), 4) if gpu else None,
         cpu_median_ms=round(statistics.median(cpu), 4) if cpu else None,
         idle_median_ms=round(statistics.median(idle), 4) if idle else None,
         launches_per_step=statistics.median([m.launches for m in st.metrics]) if st.metrics else 0,
@@ -144,20 +164,25 @@ def pass_metrics(st: State) -> None:
             unprof["cpu_host"] = cpuhost.profiler_cost(st.trace, st.stepset.steps, st.config.get("bench"))
         st.summary.unprofiled = unprof
         if unprof["profiler_slowdown"] > 1 + 2 * hosttime.BENCH_NOISE:  # beyond two benches' noise
-            st.notes.append(f"the profiled step cycle ({unprof['profiled_cycle_ms']:.2f} ms) is "
-                            f"{unprof['profiler_slowdown']:.2f}x the {unprof['step_ms']:.2f} ms the bench measured "
-                            f"without the profiler: the idle and host time this trace shows are the profiled host's; "
-                            f"the findings take the host's time from the bench, or scale it to the unprofiled one")
+            st.notes.append(
+                f"the profiled step cycle ({unprof['profiled_cycle_ms']:.2f} ms) is "
+                f"{unprof['profiler_slowdown']:.2f}x the {unprof['step_ms']:.2f} ms the bench measured "
+                f"without the profiler: the idle and host time this trace shows are the profiled host's; "
+                f"the findings take the host's time from the bench, or scale it to the unprofiled one"
+            )
     cpu_ms = st.summary.cpu_median_ms
     if cpu_ms and gpu and cpu_ms > 1.5 * st.step_ms:
-        st.notes.append(f"CPU step ranges ({cpu_ms:.1f} ms) are much longer than the "
-                        f"GPU work they launch ({st.step_ms:.1f} ms): profiler overhead or host-side waits")
+        st.notes.append(
+            f"CPU step ranges ({cpu_ms:.1f} ms) are much longer than the "
+            f"GPU work they launch ({st.step_ms:.1f} ms): profiler overhead or host-side waits"
+        )
 
 
 def pass_buckets(st: State) -> None:
     total = st.kernel_ms_per_step or 1e-12
-    st.out["buckets"] = {b: {"ms_per_step": round(ms, 4), "share": round(ms / total, 4)}
-                         for b, ms in st.buckets_ms.items()}
+    st.out["buckets"] = {
+        b: {"ms_per_step": round(ms, 4), "share": round(ms / total, 4)} for b, ms in st.buckets_ms.items()
+    }
     comm = st.out["buckets"].get("communication")
     if comm and comm["ms_per_step"] > 0 and not st.cpu_only and st.metrics:
         # a collective hidden behind compute on another stream costs no step time; an exposed one does
@@ -177,8 +202,10 @@ def pass_buckets(st: State) -> None:
                 lab = labels[bs] = f"{bs[0]}/{bs[1]}"
             sub[lab] += kern[i].dur
     n = max(len(st.steps), 1)
-    st.out["sub_buckets"] = {k: {"ms_per_step": round(v / n / 1e3, 4), "share": round(v / n / 1e3 / total, 4)}
-                             for k, v in sorted(sub.items(), key=lambda kv: -kv[1])}
+    st.out["sub_buckets"] = {
+        k: {"ms_per_step": round(v / n / 1e3, 4), "share": round(v / n / 1e3 / total, 4)}
+        for k, v in sorted(sub.items(), key=lambda kv: -kv[1])
+    }
 
 
 def pass_ops(st: State) -> None:
@@ -193,10 +220,21 @@ def pass_ops(st: State) -> None:
 
 def pass_findings(st: State) -> None:
     assert st.attributor is not None, "pass_ops runs first"
-    ctx = RuleContext(trace=st.trace, stepset=st.stepset, steps=st.steps, metrics=st.metrics, phase=st.phase,
-                      step_ms=st.step_ms, kernel_ms_per_step=st.kernel_ms_per_step, buckets_ms=st.buckets_ms,
-                      ops=st.ops, attributor=st.attributor, config=st.config, gpu_timeline=not st.cpu_only,
-                      server=st.workload.get("model") != "transformers")
+    ctx = RuleContext(
+        trace=st.trace,
+        stepset=st.stepset,
+        steps=st.steps,
+        metrics=st.metrics,
+        phase=st.phase,
+        step_ms=st.step_ms,
+        kernel_ms_per_step=st.kernel_ms_per_step,
+        buckets_ms=st.buckets_ms,
+        ops=st.ops,
+        attributor=st.attributor,
+        config=st.config,
+        gpu_timeline=not st.cpu_only,
+        server=st.workload.get("model") != "transformers",
+    )
     # model forwards outside a server (transformers): the rules that hold for forwards (launch-bound steps)
     rules_apply = st.workload.get("serving_rules", True) or not ctx.server
     st.findings = run_rules(ctx) if st.trace.kernels and rules_apply else []
@@ -206,13 +244,21 @@ def pass_findings(st: State) -> None:
         if note:
             st.notes.append(note)
     top = st.ops[0] if st.ops else None
-    if (st.cpu_only and not st.findings and top is not None and top.bucket == "copy" and top.share >= 0.3
-            and not top.attribution.input_types):
+    if (
+        st.cpu_only
+        and not st.findings
+        and top is not None
+        and top.bucket == "copy"
+        and top.share >= 0.3
+        and not top.attribution.input_types
+    ):
         # the cast rule reads dtypes and shapes from CPU ops when there are no kernels to size
-        st.notes.append(f"the top op ({top.short}, {top.share:.0%} of op time) is a copy, but this trace recorded "
-                        "no input dtypes or shapes, which fp8-kv-cast needs on a trace without GPU kernels: "
-                        "profile with shapes (SGLang: record_shapes, on by default since 0.5.5; vLLM: "
-                        "VLLM_TORCH_PROFILER_RECORD_SHAPES=1)")
+        st.notes.append(
+            f"the top op ({top.short}, {top.share:.0%} of op time) is a copy, but this trace recorded "
+            "no input dtypes or shapes, which fp8-kv-cast needs on a trace without GPU kernels: "
+            "profile with shapes (SGLang: record_shapes, on by default since 0.5.5; vLLM: "
+            "VLLM_TORCH_PROFILER_RECORD_SHAPES=1)"
+        )
 
 
 def pass_floor(st: State) -> None:
@@ -222,9 +268,16 @@ def pass_floor(st: State) -> None:
         st.out["floor"] = {"available": False, "missing": "floor: the trace has no GPU kernels to compare with"}
         return
     idle = st.summary.idle_median_ms or 0.0
-    st.out["floor"] = compute_floor(st.trace.meta.to_dict(), st.config, buckets_ms=st.buckets_ms, step_ms=st.step_ms,
-                                    idle_ms=idle, phase=st.phase, step_labels=[s.label for s in st.steps],
-                                    moe_gemm_ms=(st.out.get("sub_buckets") or {}).get("moe/gemm", {}).get("ms_per_step", 0.0))
+    st.out["floor"] = compute_floor(
+        st.trace.meta.to_dict(),
+        st.config,
+        buckets_ms=st.buckets_ms,
+        step_ms=st.step_ms,
+        idle_ms=idle,
+        phase=st.phase,
+        step_labels=[s.label for s in st.steps],
+        moe_gemm_ms=(st.out.get("sub_buckets") or {}).get("moe/gemm", {}).get("ms_per_step", 0.0),
+    )
     annotate_findings(st.findings, st.out["floor"])
 
 
@@ -234,14 +287,19 @@ def pass_roofline(st: State) -> None:
         st.out["roofline"] = {"available": False, "missing": "roofline: no GPU kernels"}
         return
     fl = st.out.get("floor") or {}
-    st.out["roofline"] = roofline([o.to_dict() for o in st.ops], st.trace.meta.to_dict(), st.step_ms,
-                                  fl.get("floor_ms") if fl.get("available") else None)
+    st.out["roofline"] = roofline(
+        [o.to_dict() for o in st.ops],
+        st.trace.meta.to_dict(),
+        st.step_ms,
+        fl.get("floor_ms") if fl.get("available") else None,
+    )
 
 
 def pass_timeline(st: State) -> None:
     """The kernels of the step whose time is the median: what the report draws."""
-    st.out["timeline"] = median_step_timeline(st.trace, st.metrics, st.steps, st.step_ms,
-                                              serving=bool(st.workload.get("serving_rules")))
+    st.out["timeline"] = median_step_timeline(
+        st.trace, st.metrics, st.steps, st.step_ms, serving=bool(st.workload.get("serving_rules"))
+    )
 
 
 def pass_cpu_ops(st: State) -> None:
@@ -250,15 +308,27 @@ def pass_cpu_ops(st: State) -> None:
 
 
 PASSES: tuple[Callable[[State], None], ...] = (
-    pass_steps, pass_metrics, pass_buckets, pass_ops, pass_findings, pass_floor, pass_roofline, pass_timeline,
+    pass_steps,
+    pass_metrics,
+    pass_buckets,
+    pass_ops,
+    pass_findings,
+    pass_floor,
+    pass_roofline,
+    pass_timeline,
     pass_cpu_ops,
 )
 
 
-def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional[int] = None,
-                  stage: Optional[str] = None, capture=None) -> RankAnalysis:
-    st = State(trace=trace, config=dict(config or {}), file=trace.meta.path, rank=rank, stage=stage,
-               capture=capture)
+def analyze_trace(
+    trace: Trace,
+    config: Optional[dict] = None,
+    *,
+    rank: Optional[int] = None,
+    stage: Optional[str] = None,
+    capture=None,
+) -> RankAnalysis:
+    st = State(trace=trace, config=dict(config or {}), file=trace.meta.path, rank=rank, stage=stage, capture=capture)
     trace.memo.clear()  # what the passes memoise (perfscope.analysis.kernel_table, the step model) is this analysis'
     try:
         for p in PASSES:
@@ -272,11 +342,24 @@ def analyze_trace(trace: Trace, config: Optional[dict] = None, *, rank: Optional
     gpu_total = sum(k.dur for k in trace.kernels) / 1e3
     idle = st.summary.idle_median_ms or 0.0
     return RankAnalysis(
-        file=st.file, rank=rank if rank is not None else trace.meta.rank, stage=stage, meta=trace.meta.to_dict(),
-        steps=st.summary, phases=st.out["phases"], buckets=st.out["buckets"],
-        sub_buckets=st.out["sub_buckets"], kernel_ms_total=round(kernel_total, 4), gpu_ms_total=round(gpu_total, 4),
-        kernel_ms_per_step=round(st.kernel_ms_per_step, 4), idle_ms_per_step=round(idle, 4),
-        ops=list(st.ops), findings=[f.settled() for f in st.findings],
-        per_step=[m.to_dict() for m in st.metrics], timeline=st.out["timeline"], cpu_ops=st.out["cpu_ops"],
-        notes=st.notes, floor=st.out.get("floor", {}), roofline=st.out.get("roofline", {}),
+        file=st.file,
+        rank=rank if rank is not None else trace.meta.rank,
+        stage=stage,
+        meta=trace.meta.to_dict(),
+        steps=st.summary,
+        phases=st.out["phases"],
+        buckets=st.out["buckets"],
+        sub_buckets=st.out["sub_buckets"],
+        kernel_ms_total=round(kernel_total, 4),
+        gpu_ms_total=round(gpu_total, 4),
+        kernel_ms_per_step=round(st.kernel_ms_per_step, 4),
+        idle_ms_per_step=round(idle, 4),
+        ops=list(st.ops),
+        findings=[f.settled() for f in st.findings],
+        per_step=[m.to_dict() for m in st.metrics],
+        timeline=st.out["timeline"],
+        cpu_ops=st.out["cpu_ops"],
+        notes=st.notes,
+        floor=st.out.get("floor", {}),
+        roofline=st.out.get("roofline", {}),
     )

@@ -19,9 +19,25 @@ from perfscope.load import shapes
 from perfscope.load.model import CpuOp, Kernel, Launch, PyFrame, Trace, by_start_longest_first
 
 # frames that are plumbing, not the line a user wants to see
-_PLUMBING = ("torch/", "<built-in", "nn.Module:", "contextlib.py", "functools.py", "threading.py",
-             "typing.py", "<frozen", "abc.py", "site-packages/torch/", "_compile.py", "eval_frame.py",
-             "profiler.py", "_ops.py", "triton/runtime", "triton/backends", "dist-packages/torch/")
+_PLUMBING = (
+    "torch/",
+    "<built-in",
+    "nn.Module:",
+    "contextlib.py",
+    "functools.py",
+    "threading.py",
+    "typing.py",
+    "<frozen",
+    "abc.py",
+    "site-packages/torch/",
+    "_compile.py",
+    "eval_frame.py",
+    "profiler.py",
+    "_ops.py",
+    "triton/runtime",
+    "triton/backends",
+    "dist-packages/torch/",
+)
 
 
 @dataclass

@@ -72,8 +72,13 @@ def node_key(name: str, kind: str = "kernel") -> str:
 
 
 def _is_dispatch(name: str) -> bool:
-    return "LaunchKernel" in name or name in ("cuLaunchKernelEx", "cudaLaunchKernelExC") or \
-        "LaunchCooperativeKernel" in name or "Memcpy" in name or "Memset" in name
+    return (
+        "LaunchKernel" in name
+        or name in ("cuLaunchKernelEx", "cudaLaunchKernelExC")
+        or "LaunchCooperativeKernel" in name
+        or "Memcpy" in name
+        or "Memset" in name
+    )
 
 
 @dataclass
@@ -146,16 +151,22 @@ def load_capture(path: Union[str, Path]) -> list[CapturedGraph]:
         for ev in runtime:
             if t0 <= ev.ts <= t1 and _is_dispatch(ev.name):
                 a = ev.args or _CapArgs()
-                launches.append(CapturedLaunch(node_key(a.kernel or ev.name), ev.ts, a.correlation, a.external_id,
-                                               ev.name))
+                launches.append(
+                    CapturedLaunch(node_key(a.kernel or ev.name), ev.ts, a.correlation, a.external_id, ev.name)
+                )
         if launches:
-            graphs.append(CapturedGraph(file=str(path), label=_labels(trace, t0, t1) or f"graph {n}",
-                                        launches=launches, trace=trace))
+            graphs.append(
+                CapturedGraph(
+                    file=str(path), label=_labels(trace, t0, t1) or f"graph {n}", launches=launches, trace=trace
+                )
+            )
     if not graphs:
         if begins:
             raise InputError(f"{path}: the capture windows hold no kernel launches")
-        raise InputError(f"{path}: not a graph-capture trace (no StreamBeginCapture/StreamEndCapture); record "
-                         "one with SGLang's --enable-profile-cuda-graph")
+        raise InputError(
+            f"{path}: not a graph-capture trace (no StreamBeginCapture/StreamEndCapture); record "
+            "one with SGLang's --enable-profile-cuda-graph"
+        )
     return graphs
 
 
@@ -229,8 +240,9 @@ class CaptureSet:
             if p.is_dir():
                 from perfscope.load.discover import not_a_trace
 
-                found = sorted(q for q in p.rglob("*") if q.name.endswith((".json", ".json.gz", ".json.xz"))
-                               and not not_a_trace(q))  # a tool's own JSON beside the traces (TraceLens' arrays)
+                found = sorted(
+                    q for q in p.rglob("*") if q.name.endswith((".json", ".json.gz", ".json.xz")) and not not_a_trace(q)
+                )  # a tool's own JSON beside the traces (TraceLens' arrays)
                 if not found:
                     raise InputError(f"{p}: no capture traces (.json/.json.gz/.json.xz) in this folder")
                 files.extend(found)
@@ -317,9 +329,17 @@ class ReplayMap:
             return "a capture trace was given, but this trace has no graph-replayed kernels"
         how = ", ".join(f"{m} x{n}" for m, n in self.methods.most_common()) or "none matched"
         graphs = ", ".join(sorted(self.labels)) or "-"
-        return (f"graph-replayed kernels attributed by capture trace: {self.kernels_mapped:,} of {self.kernels:,} "
-                f"kernels in {self.replays_mapped} of {self.replays} replays mapped ({how}; graphs: {graphs})")
+        return (
+            f"graph-replayed kernels attributed by capture trace: {self.kernels_mapped:,} of {self.kernels:,} "
+            f"kernels in {self.replays_mapped} of {self.replays} replays mapped ({how}; graphs: {graphs})"
+        )
 
     def to_dict(self) -> dict:
-        return {"replays": self.replays, "replays_mapped": self.replays_mapped, "kernels": self.kernels,
-                "kernels_mapped": self.kernels_mapped, "methods": dict(self.methods), "graphs": dict(self.labels)}
+        return {
+            "replays": self.replays,
+            "replays_mapped": self.replays_mapped,
+            "kernels": self.kernels,
+            "kernels_mapped": self.kernels_mapped,
+            "methods": dict(self.methods),
+            "graphs": dict(self.labels),
+        }

@@ -46,18 +46,39 @@ def spread(values: Sequence[float]) -> dict:
     xs = sorted(float(v) for v in values)
     if not xs:
         return {"n": 0, "min": None, "p10": None, "median": None, "p90": None, "max": None}
-    return {"n": len(xs), "min": xs[0], "p10": _quantile(xs, 0.1), "median": _quantile(xs, 0.5),
-            "p90": _quantile(xs, 0.9), "max": xs[-1]}
+    return {
+        "n": len(xs),
+        "min": xs[0],
+        "p10": _quantile(xs, 0.1),
+        "median": _quantile(xs, 0.5),
+        "p90": _quantile(xs, 0.9),
+        "max": xs[-1],
+    }
 
 
-def median_change(before: Sequence[float], after: Sequence[float], *, noise: float = NOISE,
-                  confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0) -> dict:
+def median_change(
+    before: Sequence[float],
+    after: Sequence[float],
+    *,
+    noise: float = NOISE,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> dict:
     """The change of the median from ``before`` to ``after`` with its bootstrap interval and verdict
     (see the module docstring). ``verdict`` is None when a side has fewer than MIN_SAMPLES values."""
     b = [float(x) for x in before if x is not None]
     a = [float(x) for x in after if x is not None]
-    out: dict = {"before": spread(b), "after": spread(a), "noise": noise, "confidence": confidence,
-                 "change": None, "interval": None, "verdict": None, "why": None}
+    out: dict = {
+        "before": spread(b),
+        "after": spread(a),
+        "noise": noise,
+        "confidence": confidence,
+        "change": None,
+        "interval": None,
+        "verdict": None,
+        "why": None,
+    }
     mb, ma = out["before"]["median"], out["after"]["median"]
     if mb and ma is not None:
         out["change"] = ma / mb - 1
@@ -87,8 +108,9 @@ def median_change(before: Sequence[float], after: Sequence[float], *, noise: flo
     return out
 
 
-def median_interval(values: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-                    seed: int = 0) -> Optional[tuple[float, float]]:
+def median_interval(
+    values: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0
+) -> Optional[tuple[float, float]]:
     """The bootstrap interval of the median of ``values``, relative to it (``(-0.04, +0.06)``: the
     median is known to -4%..+6%); None with fewer than MIN_SAMPLES values."""
     xs = [float(x) for x in values if x is not None]

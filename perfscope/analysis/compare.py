@@ -47,10 +47,25 @@ from perfscope.analysis.result import Diagnosis
 SCHEMA_VERSION = 1
 
 # Server settings worth showing when they differ (the fix usually changes one of these).
-CONFIG_KEYS = ("model_path", "dtype", "quantization", "kv_cache_dtype", "attention_backend",
-               "decode_attention_backend", "tp_size", "ep_size", "dp_size", "page_size", "disable_cuda_graph",
-               "cuda_graph_max_bs", "disable_custom_all_reduce", "disable_overlap_schedule",
-               "chunked_prefill_size", "sampling_backend", "max_total_num_tokens")
+CONFIG_KEYS = (
+    "model_path",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "attention_backend",
+    "decode_attention_backend",
+    "tp_size",
+    "ep_size",
+    "dp_size",
+    "page_size",
+    "disable_cuda_graph",
+    "cuda_graph_max_bs",
+    "disable_custom_all_reduce",
+    "disable_overlap_schedule",
+    "chunked_prefill_size",
+    "sampling_backend",
+    "max_total_num_tokens",
+)
 
 
 def _server_info(d: Diagnosis, config: Optional[dict] = None) -> dict:
@@ -111,9 +126,15 @@ def side_summary(d: Diagnosis, label: str, config: Optional[dict] = None) -> dic
 def _setup(b: dict, a: dict) -> dict:
     """Differences that make the comparison questionable (flagged) and ones that are the point (listed)."""
     flagged = []
-    for key, what in (("device", "GPU"), ("compute_capability", "compute capability"), ("model", "model"),
-                      ("world_size", "world size"), ("ranks", "trace files (ranks)"), ("phase", "analysed phase"),
-                      ("platform", "platform")):
+    for key, what in (
+        ("device", "GPU"),
+        ("compute_capability", "compute capability"),
+        ("model", "model"),
+        ("world_size", "world size"),
+        ("ranks", "trace files (ranks)"),
+        ("phase", "analysed phase"),
+        ("platform", "platform"),
+    ):
         x, y = b.get(key), a.get(key)
         if x is not None and y is not None and x != y:
             flagged.append({"field": key, "what": what, "before": x, "after": y})
@@ -130,8 +151,7 @@ def _setup(b: dict, a: dict) -> dict:
     warnings = [f"different {f['what']}: {f['before']} vs {f['after']}" for f in flagged]
     if b.get("step_method") and a.get("step_method") and b["step_method"] != a["step_method"]:
         warnings.append(f"steps found differently: {b['step_method']} vs {a['step_method']}")
-    return {"differs": bool(flagged), "flagged": flagged, "config": config, "versions": versions,
-            "warnings": warnings}
+    return {"differs": bool(flagged), "flagged": flagged, "config": config, "versions": versions, "warnings": warnings}
 
 
 def _buckets(pb: dict, pa: dict) -> list[dict]:
@@ -141,11 +161,18 @@ def _buckets(pb: dict, pa: dict) -> list[dict]:
         a = pa.get(name) or {"ms_per_step": 0.0, "share": 0.0}
         if not b["ms_per_step"] and not a["ms_per_step"]:
             continue
-        rows.append({"bucket": name, "before_ms": _r(b["ms_per_step"]), "after_ms": _r(a["ms_per_step"]),
-                     "delta_ms": _r(a["ms_per_step"] - b["ms_per_step"]),
-                     "ratio": _ratio(b["ms_per_step"], a["ms_per_step"]),
-                     "before_share": _r(b["share"]), "after_share": _r(a["share"]),
-                     "delta_share": _r(a["share"] - b["share"])})
+        rows.append(
+            {
+                "bucket": name,
+                "before_ms": _r(b["ms_per_step"]),
+                "after_ms": _r(a["ms_per_step"]),
+                "delta_ms": _r(a["ms_per_step"] - b["ms_per_step"]),
+                "ratio": _ratio(b["ms_per_step"], a["ms_per_step"]),
+                "before_share": _r(b["share"]),
+                "after_share": _r(a["share"]),
+                "delta_share": _r(a["share"] - b["share"]),
+            }
+        )
         if "exposed_ms_per_step" in b or "exposed_ms_per_step" in a:  # communication on a GPU timeline
             eb, ea = b.get("exposed_ms_per_step", 0.0), a.get("exposed_ms_per_step", 0.0)
             rows[-1].update({"before_exposed_ms": _r(eb), "after_exposed_ms": _r(ea), "delta_exposed_ms": _r(ea - eb)})
@@ -158,14 +185,24 @@ def _findings(fb: list[Finding], fa: list[Finding]) -> dict:
     ia = {f.id: f for f in fa}
 
     def brief(f: Finding) -> dict:
-        return {"id": f.id, "title": f.title, "summary": f.summary, "ms_per_step": _r(f.ms_per_step),
-                "share": _r(f.share), "confidence": f.confidence, "fix": f.fix}
+        return {
+            "id": f.id,
+            "title": f.title,
+            "summary": f.summary,
+            "ms_per_step": _r(f.ms_per_step),
+            "share": _r(f.share),
+            "confidence": f.confidence,
+            "fix": f.fix,
+        }
 
     return {
         "gone": [brief(ib[k]) for k in ib if k not in ia],
         "new": [brief(ia[k]) for k in ia if k not in ib],
-        "kept": [{**brief(ia[k]), "before_ms": _r(ib[k].ms_per_step), "after_ms": _r(ia[k].ms_per_step)}
-                 for k in ia if k in ib],
+        "kept": [
+            {**brief(ia[k]), "before_ms": _r(ib[k].ms_per_step), "after_ms": _r(ia[k].ms_per_step)}
+            for k in ia
+            if k in ib
+        ],
     }
 
 
@@ -185,8 +222,14 @@ def change_words(c: Optional[dict]) -> str:
     return f"{v}, {c['confidence']:.0%} CI {lo:+.1%} to {hi:+.1%}"
 
 
-def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict, change: Optional[dict] = None,
-             moved: Optional[dict] = None) -> str:
+def _verdict(
+    step: dict,
+    buckets: list[dict],
+    findings: dict,
+    setup: dict,
+    change: Optional[dict] = None,
+    moved: Optional[dict] = None,
+) -> str:
     b, a = step["before_ms"], step["after_ms"]
     words = change_words((change or {}).get("step"))
     if not b or a is None:
@@ -201,8 +244,10 @@ def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict, chang
         head += " (" + ": ".join(x for x in (how, words) if x) + ")"
     parts = [head]
     if moved:
-        parts.append(f"the machine changed between runs? {moved['ops']} ops the fix was not expected to change "
-                     f"moved together ({moved['median_factor']:.2f}x {moved['direction']})")
+        parts.append(
+            f"the machine changed between runs? {moved['ops']} ops the fix was not expected to change "
+            f"moved together ({moved['median_factor']:.2f}x {moved['direction']})"
+        )
     if buckets and abs(buckets[0]["delta_ms"]) >= 0.01:
         top = buckets[0]
         parts.append(f"{top['bucket']} {'+' if top['delta_ms'] > 0 else ''}{_fmt(top['delta_ms'])} ms/step")
@@ -215,38 +260,60 @@ def _verdict(step: dict, buckets: list[dict], findings: dict, setup: dict, chang
     return "; ".join(parts)
 
 
-def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("before", "after"),
-            configs: tuple[Optional[dict], Optional[dict]] = (None, None), top_ops: int = 15,
-            tpot_samples: Optional[tuple[Optional[list], Optional[list]]] = None) -> dict[str, Any]:
+def compare(
+    before: Diagnosis,
+    after: Diagnosis,
+    *,
+    labels: tuple[str, str] = ("before", "after"),
+    configs: tuple[Optional[dict], Optional[dict]] = (None, None),
+    top_ops: int = 15,
+    tpot_samples: Optional[tuple[Optional[list], Optional[list]]] = None,
+) -> dict[str, Any]:
     """The data diff of two diagnoses (see the module docstring for the keys). ``tpot_samples``:
     the per-request TPOTs of each side (a run folder's bench.json), when its run.json lacks them."""
     pb, pa = before.primary, after.primary
     sb = side_summary(before, labels[0], configs[0])
     sa = side_summary(after, labels[1], configs[1])
     bms, ams = sb["step_ms"], sa["step_ms"]
-    step = {"before_ms": _r(bms), "after_ms": _r(ams),
-            "delta_ms": _r(ams - bms) if bms is not None and ams is not None else None,
-            "ratio": _ratio(bms, ams),
-            "speedup": round(bms / ams, 4) if bms and ams else None}
+    step = {
+        "before_ms": _r(bms),
+        "after_ms": _r(ams),
+        "delta_ms": _r(ams - bms) if bms is not None and ams is not None else None,
+        "ratio": _ratio(bms, ams),
+        "speedup": round(bms / ams, 4) if bms and ams else None,
+    }
     tb, ta = sb["tpot_ms"], sa["tpot_ms"]
     tpot = None
     if tb is not None or ta is not None:
-        tpot = {"before_ms": _r(tb), "after_ms": _r(ta),
-                "delta_ms": _r(ta - tb) if tb is not None and ta is not None else None,
-                "ratio": _ratio(tb, ta), "speedup": round(tb / ta, 4) if tb and ta else None}
-    idle = {"before_ms": _r(pb.idle_ms_per_step), "after_ms": _r(pa.idle_ms_per_step),
-            "delta_ms": _r((pa.idle_ms_per_step or 0.0) - (pb.idle_ms_per_step or 0.0))}
+        tpot = {
+            "before_ms": _r(tb),
+            "after_ms": _r(ta),
+            "delta_ms": _r(ta - tb) if tb is not None and ta is not None else None,
+            "ratio": _ratio(tb, ta),
+            "speedup": round(tb / ta, 4) if tb and ta else None,
+        }
+    idle = {
+        "before_ms": _r(pb.idle_ms_per_step),
+        "after_ms": _r(pa.idle_ms_per_step),
+        "delta_ms": _r((pa.idle_ms_per_step or 0.0) - (pb.idle_ms_per_step or 0.0)),
+    }
     buckets = _buckets(pb.buckets, pa.buckets)
     findings = _findings(pb.findings, pa.findings)
     setup = _setup(sb, sa)
     change = {"step": chg.median_change(step_samples(pb), step_samples(pa))}
-    samples = (tpot_samples[0] if tpot_samples else None) or sb.get("tpot_samples_ms"), \
-        (tpot_samples[1] if tpot_samples else None) or sa.get("tpot_samples_ms")
+    samples = (
+        (tpot_samples[0] if tpot_samples else None) or sb.get("tpot_samples_ms"),
+        (tpot_samples[1] if tpot_samples else None) or sa.get("tpot_samples_ms"),
+    )
     if samples[0] and samples[1]:
         change["tpot"] = chg.median_change(samples[0], samples[1])
     after_ids = {f.id for f in pa.findings}
-    expected = {k for f in pb.findings if f.id not in after_ids
-                for k in ((f.evidence or {}).get("prediction") or {}).get("changed_kernels") or []}
+    expected = {
+        k
+        for f in pb.findings
+        if f.id not in after_ids
+        for k in ((f.evidence or {}).get("prediction") or {}).get("changed_kernels") or []
+    }
     moved = moved_together(pb.ops, pa.ops, expected, bms)
     return {
         "tool": "perfscope",
@@ -257,14 +324,25 @@ def compare(before: Diagnosis, after: Diagnosis, *, labels: tuple[str, str] = ("
         "step": step,
         "tpot": tpot,
         "idle": idle,
-        "kernel_ms_per_step": {"before_ms": _r(pb.kernel_ms_per_step), "after_ms": _r(pa.kernel_ms_per_step),
-                               "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step)},
+        "kernel_ms_per_step": {
+            "before_ms": _r(pb.kernel_ms_per_step),
+            "after_ms": _r(pa.kernel_ms_per_step),
+            "delta_ms": _r(pa.kernel_ms_per_step - pb.kernel_ms_per_step),
+        },
         "buckets": buckets,
         "findings": findings,
-        "predictions": held_to_account(pb.findings, pa.findings, bms, ams, tb, ta, (pb.ops, pa.ops),
-                                    (pb.steps.cpu_median_ms, pa.steps.cpu_median_ms),
-                                    after_unprofiled=sa.get("tpot_source") == "bench",
-                                    gpu_after=pa.kernel_ms_per_step),
+        "predictions": held_to_account(
+            pb.findings,
+            pa.findings,
+            bms,
+            ams,
+            tb,
+            ta,
+            (pb.ops, pa.ops),
+            (pb.steps.cpu_median_ms, pa.steps.cpu_median_ms),
+            after_unprofiled=sa.get("tpot_source") == "bench",
+            gpu_after=pa.kernel_ms_per_step,
+        ),
         "ops": ops_diff(pb.ops, pa.ops, top_ops),
         "change": change,
         "moved_together": moved,

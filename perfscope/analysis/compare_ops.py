@@ -26,8 +26,14 @@ def ops_by_key(ops: list[Op]) -> dict:
         key = (o.short or o.name, o.bucket)
         cur = out.get(key)
         if cur is None:
-            out[key] = {"short": key[0], "bucket": key[1], "sub": o.sub, "ms": o.ms_per_step or 0.0,
-                        "count": o.count_per_step or 0.0, "grid": list(o.grid) if o.grid else None}
+            out[key] = {
+                "short": key[0],
+                "bucket": key[1],
+                "sub": o.sub,
+                "ms": o.ms_per_step or 0.0,
+                "count": o.count_per_step or 0.0,
+                "grid": list(o.grid) if o.grid else None,
+            }
         else:
             cur["ms"] += o.ms_per_step or 0.0
             cur["count"] += o.count_per_step or 0.0
@@ -41,12 +47,22 @@ def ops_diff(ob: list[Op], oa: list[Op], limit: int) -> list[dict]:
         b, a = kb.get(key), ka.get(key)
         bms, ams = (b or {}).get("ms", 0.0), (a or {}).get("ms", 0.0)
         status = "gone" if a is None else "new" if b is None else "changed"
-        rows.append({"short": key[0], "bucket": key[1], "sub": (a or b or {}).get("sub"), "status": status,
-                     "before_ms": rounded(bms) if b else None, "after_ms": rounded(ams) if a else None,
-                     "delta_ms": rounded(ams - bms), "ratio": ratio(bms, ams) if a and b else None,
-                     "before_count": rounded((b or {}).get("count"), 2) if b else None,
-                     "after_count": rounded((a or {}).get("count"), 2) if a else None,
-                     "before_grid": (b or {}).get("grid"), "after_grid": (a or {}).get("grid")})
+        rows.append(
+            {
+                "short": key[0],
+                "bucket": key[1],
+                "sub": (a or b or {}).get("sub"),
+                "status": status,
+                "before_ms": rounded(bms) if b else None,
+                "after_ms": rounded(ams) if a else None,
+                "delta_ms": rounded(ams - bms),
+                "ratio": ratio(bms, ams) if a and b else None,
+                "before_count": rounded((b or {}).get("count"), 2) if b else None,
+                "after_count": rounded((a or {}).get("count"), 2) if a else None,
+                "before_grid": (b or {}).get("grid"),
+                "after_grid": (a or {}).get("grid"),
+            }
+        )
     rows.sort(key=lambda r: -abs(r["delta_ms"] or 0.0))
     return rows[:limit]
 
@@ -86,7 +102,12 @@ def moved_together(ob: list[Op], oa: list[Op], expected: set, step_before: Optio
         if len(moved) >= 2 and share >= MOVED_SHARE:
             ratios = sorted(r for _, r, _ in moved)
             med = ratios[len(ratios) // 2]
-            return {"direction": way, "ops": len(moved), "of_ops": len(rows), "share_of_time": round(share, 3),
-                    "median_factor": round(1 / med if way == "faster" else med, 2),
-                    "examples": [k[0] for _, _, k in sorted(moved, key=lambda x: -x[0])[:3]]}
+            return {
+                "direction": way,
+                "ops": len(moved),
+                "of_ops": len(rows),
+                "share_of_time": round(share, 3),
+                "median_factor": round(1 / med if way == "faster" else med, 2),
+                "examples": [k[0] for _, _, k in sorted(moved, key=lambda x: -x[0])[:3]],
+            }
     return None

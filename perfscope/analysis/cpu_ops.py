@@ -22,8 +22,10 @@ import re
 from perfscope.load.model import Kernel, Trace
 
 _COLLECTIVE_ANNOTATION = re.compile(r"^(gloo|nccl|c10d|mpi|ucc):")
-NOTE = ("no GPU kernels in this trace: analysed on its CPU ops (each op's self time on its own thread "
-        "stands in for kernel time)")
+NOTE = (
+    "no GPU kernels in this trace: analysed on its CPU ops (each op's self time on its own thread "
+    "stands in for kernel time)"
+)
 
 
 def thread_stream(tid) -> int:
@@ -81,8 +83,9 @@ def cpu_ops_as_kernels(trace: Trace) -> list[Kernel]:
     # same all_reduce on two threads, 170 ms each, overlapping): the rank waits for it once, so
     # each stand-in keeps only the time no earlier stand-in already covers
     covered = float("-inf")
-    for a in sorted((a for a in trace.annotations if not a.gpu and is_collective_standin(a.name)),
-                    key=lambda a: (a.ts, -a.dur)):
+    for a in sorted(
+        (a for a in trace.annotations if not a.gpu and is_collective_standin(a.name)), key=lambda a: (a.ts, -a.dur)
+    ):
         start, end = max(a.ts, covered), a.ts + a.dur
         if end > start:
             out.append(Kernel(a.name, start, end - start, thread_stream(a.tid), -1, uid, None, None, None, "cpu"))
@@ -90,5 +93,3 @@ def cpu_ops_as_kernels(trace: Trace) -> list[Kernel]:
             covered = end
     out.sort(key=lambda k: k.ts)
     return out
-
-

@@ -69,9 +69,14 @@ def profiler_cost(trace, steps, bench: Optional[dict]) -> Optional[dict]:
     cycle_ms = statistics.median(cyc) / 1e3
     n = statistics.median(counts)
     per = max(cycle_ms - step, 0.0) * 1e3 / n if n else 0.0
-    return {"tpot_ms": round(float(bench["tpot_ms"]), 4), "step_ms": round(step, 4), "step_source": src,
-            "profiled_cycle_ms": round(cycle_ms, 4),
-            "events_per_cycle": round(n, 1), "profiler_us_per_event": round(per, 4)}
+    return {
+        "tpot_ms": round(float(bench["tpot_ms"]), 4),
+        "step_ms": round(step, 4),
+        "step_source": src,
+        "profiled_cycle_ms": round(cycle_ms, 4),
+        "events_per_cycle": round(n, 1),
+        "profiler_us_per_event": round(per, 4),
+    }
 
 
 def changed_ops(trace, steps, new_duration) -> float:
@@ -88,9 +93,14 @@ def after_fix(cost: dict, saved_ms: float, removed_ops: float, profiled_after_ms
     and how (see the module doc). ``cost``: ``profiler_cost``."""
     tpot, step, cycle, per = cost["tpot_ms"], cost["step_ms"], cost["profiled_cycle_ms"], cost["profiler_us_per_event"]
     saved_ms = max(saved_ms, 0.0)
-    host = {"point": tpot, "lo": round(tpot * (1 - BENCH_NOISE), 4), "hi": round(tpot * (1 + BENCH_NOISE), 4),
-            "source": "bench", "profiled_ms": cycle,
-            "how": f"the bench's {tpot:.2f} ms TPOT without the profiler: on the CPU the step is the host's work"}
+    host = {
+        "point": tpot,
+        "lo": round(tpot * (1 - BENCH_NOISE), 4),
+        "hi": round(tpot * (1 + BENCH_NOISE), 4),
+        "source": "bench",
+        "profiled_ms": cycle,
+        "how": f"the bench's {tpot:.2f} ms TPOT without the profiler: on the CPU the step is the host's work",
+    }
     out = {"bound": "host", "host": host, "removed_ops_per_step": removed_ops, "cpu_host": cost}
     # "host": a prediction of the unprofiled TPOT (compare holds it to AFTER's bench), as hosttime's are
     if profiled_after_ms is not None and cycle > 0 and saved_ms > ANCHOR_MAX_SAVED * step:
@@ -98,20 +108,30 @@ def after_fix(cost: dict, saved_ms: float, removed_ops: float, profiled_after_ms
         # server: requests 966-1448 ms) would swamp it; the profiled step left, at the bench's pace
         r = tpot / cycle
         pt = profiled_after_ms * r
-        return {**out, "predicted_step_ms": round(pt, 4), "unprofiled_saved_ms": round(tpot - pt, 4),
-                "range_ms": [round(profiled_after_ms * min(r, 1.0) * (1 - BENCH_NOISE), 4),
-                             round(profiled_after_ms * max(r, 1.0) * (1 + BENCH_NOISE), 4)],
-                "how": f"the fix removes {saved_ms:.2f} ms of the bench's {step:.2f} ms step (the server runs on the "
-                       f"CPU: the step is host work): the profiled step left, {profiled_after_ms:.2f} ms, x {r:.2f} (the "
-                       f"bench's {tpot:.2f} ms TPOT over the profiled cycle of {cycle:.2f} ms)"}
+        return {
+            **out,
+            "predicted_step_ms": round(pt, 4),
+            "unprofiled_saved_ms": round(tpot - pt, 4),
+            "range_ms": [
+                round(profiled_after_ms * min(r, 1.0) * (1 - BENCH_NOISE), 4),
+                round(profiled_after_ms * max(r, 1.0) * (1 + BENCH_NOISE), 4),
+            ],
+            "how": f"the fix removes {saved_ms:.2f} ms of the bench's {step:.2f} ms step (the server runs on the "
+            f"CPU: the step is host work): the profiled step left, {profiled_after_ms:.2f} ms, x {r:.2f} (the "
+            f"bench's {tpot:.2f} ms TPOT over the profiled cycle of {cycle:.2f} ms)",
+        }
     unprof = max(saved_ms - removed_ops * per / 1e3, 0.0)  # the removed ops' time less the profiler's
     scaled = saved_ms * min(step / cycle, 1.0) if cycle > 0 else saved_ms  # as much as the whole cycle's
     pt = max(tpot - unprof, 0.0)
     lo = max(tpot - max(saved_ms, unprof, scaled), 0.0) * (1 - BENCH_NOISE)
     hi = max(tpot - min(unprof, scaled), pt) * (1 + BENCH_NOISE)
-    return {**out, "predicted_step_ms": round(pt, 4), "range_ms": [round(lo, 4), round(hi, 4)],
-            "unprofiled_saved_ms": round(tpot - pt, 4),
-            "how": f"the bench's {tpot:.2f} ms TPOT without the profiler (the server runs on the CPU: the step is "
-                   f"host work) less the {saved_ms:.2f} ms of profiled op time the fix removes per step, "
-                   f"less the profiler's {per:.2f} us per recorded event on its {removed_ops:g} ops (the profiled "
-                   f"cycle of {cycle:.2f} ms over {cost['events_per_cycle']:g} events)"}
+    return {
+        **out,
+        "predicted_step_ms": round(pt, 4),
+        "range_ms": [round(lo, 4), round(hi, 4)],
+        "unprofiled_saved_ms": round(tpot - pt, 4),
+        "how": f"the bench's {tpot:.2f} ms TPOT without the profiler (the server runs on the CPU: the step is "
+        f"host work) less the {saved_ms:.2f} ms of profiled op time the fix removes per step, "
+        f"less the profiler's {per:.2f} us per recorded event on its {removed_ops:g} ops (the profiled "
+        f"cycle of {cycle:.2f} ms over {cost['events_per_cycle']:g} events)",
+    }

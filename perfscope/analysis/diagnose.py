@@ -17,10 +17,14 @@ def _worker(args: tuple) -> dict:
     return rank_task(*args)
 
 
-def diagnose(paths: Sequence[str | Path], config: Optional[dict] = None, workers: Optional[int] = None,
-             on_done: Optional[Callable[[int, int], None]] = None,
-             capture: Optional[Sequence[str | Path]] = None,
-             on_read: Optional[Callable[[int, int], None]] = None) -> Diagnosis:
+def diagnose(
+    paths: Sequence[str | Path],
+    config: Optional[dict] = None,
+    workers: Optional[int] = None,
+    on_done: Optional[Callable[[int, int], None]] = None,
+    capture: Optional[Sequence[str | Path]] = None,
+    on_read: Optional[Callable[[int, int], None]] = None,
+) -> Diagnosis:
     """Analyse every trace under ``paths``; several files are parsed in parallel processes.
     ``on_read(bytes_done, bytes_total)`` follows the reading of a file analysed in this process;
     ``on_done(files_done, files_total)`` the files."""

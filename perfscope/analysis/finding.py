@@ -20,10 +20,14 @@ def where_hint(run: dict) -> Optional[str]:
     if run.get("host"):
         return None
     if run.get("url"):
-        return (f"the trace was taken through {run['url']}: run the command on that server's machine, or add "
-                "--host HOST to reach it over SSH")
-    return ("this trace does not say where its server runs: run the command on the server's machine, or add "
-            "--host HOST (its SSH name; --port PORT when not 30000) to reach it over SSH")
+        return (
+            f"the trace was taken through {run['url']}: run the command on that server's machine, or add "
+            "--host HOST to reach it over SSH"
+        )
+    return (
+        "this trace does not say where its server runs: run the command on the server's machine, or add "
+        "--host HOST (its SSH name; --port PORT when not 30000) to reach it over SSH"
+    )
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ class FixCommand:
         host = run.get("host")
         port = (run.get("server_info") or {}).get("port")
         ok_port = isinstance(port, int) and not isinstance(port, bool) and port != DEFAULT_PORT
-        return cls(fix, host=str(host) if host else None, port=port if ok_port else None, trace=trace,
-                   where=where_hint(run))
+        return cls(
+            fix, host=str(host) if host else None, port=port if ok_port else None, trace=trace, where=where_hint(run)
+        )
 
     @property
     def check(self) -> str:
@@ -74,8 +79,9 @@ class FixCommand:
         words = shlex.split(line)
         opts = dict(zip(words[3::2], words[4::2]))
         port = opts.get("--port")
-        return cls(words[2], host=opts.get("--host"), port=int(port) if port else None, trace=opts.get("--trace"),
-                   where=where)
+        return cls(
+            words[2], host=opts.get("--host"), port=int(port) if port else None, trace=opts.get("--trace"), where=where
+        )
 
 
 # the fields of a finding that describe how the step model replays its fix and how its summary reads
@@ -127,15 +133,25 @@ class Finding:
             return None
         model = (self.evidence or {}).get("prediction") or {}
         rng = model.get("range_ms")
-        if isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(x, (int, float)) for x in rng) \
-                and rng[0] <= pred <= rng[1] and rng[0] < rng[1]:
+        if (
+            isinstance(rng, (list, tuple))
+            and len(rng) == 2
+            and all(isinstance(x, (int, float)) for x in rng)
+            and rng[0] <= pred <= rng[1]
+            and rng[0] < rng[1]
+        ):
             return float(rng[0]), float(rng[1])
         return float(pred), float(pred)
 
     def settled(self) -> "Finding":
         """The finding as the analysis hands it on: without the step model's callables (they hold the trace)."""
-        return Finding(**{f.name: getattr(self, f.name) for f in fields(self)
-                          if f.name not in ("new_duration", "alternatives", "summary_at")})
+        return Finding(
+            **{
+                f.name: getattr(self, f.name)
+                for f in fields(self)
+                if f.name not in ("new_duration", "alternatives", "summary_at")
+            }
+        )
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SERIALISED}

@@ -141,17 +141,23 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
     # the model
     out["model"] = None
     if mc is None:
-        where = f" of {config['model_path']}" if isinstance(config.get("model_path"), str) and config["model_path"] else ""
-        out["missing"].insert(0, f"--model-config config.json (the model's shape and weight format: the config.json{where})")
+        where = (
+            f" of {config['model_path']}" if isinstance(config.get("model_path"), str) and config["model_path"] else ""
+        )
+        out["missing"].insert(
+            0, f"--model-config config.json (the model's shape and weight format: the config.json{where})"
+        )
     else:
         try:
-            out["model"] = parse_model(mc, server_quant=config.get("quantization"), server_dtype=config.get("dtype"),
-                                       source=msrc)
+            out["model"] = parse_model(
+                mc, server_quant=config.get("quantization"), server_dtype=config.get("dtype"), source=msrc
+            )
         except ModelConfigError as e:
             out["missing"].insert(0, f"a usable model config ({e})")
     # the GPU
-    g = match_gpu(meta.get("device_name"), meta.get("compute_capability"), meta.get("total_mem_bytes"),
-                  meta.get("platform"))
+    g = match_gpu(
+        meta.get("device_name"), meta.get("compute_capability"), meta.get("total_mem_bytes"), meta.get("platform")
+    )
     out["gpu"] = g
     if g.gpu is None:
         out["missing"].append(g.note)
@@ -159,16 +165,27 @@ def floor_inputs(meta: dict, config: dict, step_labels: list[str]) -> dict[str, 
 
 
 def _bucket_row(floor_ms: float, measured_ms: float, **extra) -> dict:
-    row = {"floor_ms": round(floor_ms, 4), "measured_ms": round(measured_ms, 4),
-           "gap_ms": round(measured_ms - floor_ms, 4),
-           "ratio": round(measured_ms / floor_ms, 3) if floor_ms > 0 else None}
+    row = {
+        "floor_ms": round(floor_ms, 4),
+        "measured_ms": round(measured_ms, 4),
+        "gap_ms": round(measured_ms - floor_ms, 4),
+        "ratio": round(measured_ms / floor_ms, 3) if floor_ms > 0 else None,
+    }
     row.update({k: v for k, v in extra.items() if v is not None})
     return row
 
 
-def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], step_ms: float, idle_ms: float = 0.0,
-                  phase: str = "decode", step_labels: Optional[list[str]] = None,
-                  moe_gemm_ms: float = 0.0) -> dict[str, Any]:
+def compute_floor(
+    meta: dict,
+    config: dict,
+    *,
+    buckets_ms: dict[str, float],
+    step_ms: float,
+    idle_ms: float = 0.0,
+    phase: str = "decode",
+    step_labels: Optional[list[str]] = None,
+    moe_gemm_ms: float = 0.0,
+) -> dict[str, Any]:
     """The floor section of an analysis: ``available`` and the numbers, or ``missing`` in one line.
     ``moe_gemm_ms``: the step's expert GEMMs (``moe/gemm``); when they run there, the routed experts'
     weights are the ``moe`` bucket's floor, not the ``gemm`` bucket's."""
@@ -197,8 +214,9 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
     # gemm: the weights the step reads
     w = weight_read(shape, par, tokens)
     w_ms = _ms(w.total, bw)
-    flops = 2.0 * tokens * sum(v for k, v in w.params.items() if k != "routed_experts") \
-        + 2.0 * tokens * w.params.get("routed_experts", 0.0)
+    flops = 2.0 * tokens * sum(v for k, v in w.params.items() if k != "routed_experts") + 2.0 * tokens * w.params.get(
+        "routed_experts", 0.0
+    )
     peak = gpu.peak_tflops(w.gemm_dtype)
     f_ms = flops / (peak * 1e9) if peak else 0.0  # TFLOP/s = 1e9 FLOP/ms
     gemm_floor = max(w_ms, f_ms)
@@ -213,13 +231,18 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
     # attention: the KV cache the batch attends
     kvb, kv_name = kv_dtype_bytes(inp["kv_cache_dtype"], shape.dtype)
     per_tok_layer = kv_bytes_per_token_per_layer(shape, kvb, par)
-    ctx_sum = sum(min(context, shape.sliding_window) if (shape.sliding_layers and shape.sliding_layers[i]
-                                                         and shape.sliding_window) else context
-                  for i in range(shape.layers))
+    ctx_sum = sum(
+        min(context, shape.sliding_window)
+        if (shape.sliding_layers and shape.sliding_layers[i] and shape.sliding_window)
+        else context
+        for i in range(shape.layers)
+    )
     kv_bytes = batch * ctx_sum * per_tok_layer
     heads_rank = (shape.heads or 0) / par.attn_tp
     if shape.attention == "mla":
-        attn_flops = 2.0 * batch * heads_rank * ctx_sum * (2 * (shape.kv_lora_rank or 512) + (shape.qk_rope_head_dim or 64))
+        attn_flops = (
+            2.0 * batch * heads_rank * ctx_sum * (2 * (shape.kv_lora_rank or 512) + (shape.qk_rope_head_dim or 64))
+        )
     else:
         attn_flops = 4.0 * batch * heads_rank * ctx_sum * (shape.head_dim or 0)
     attn_floor = max(_ms(kv_bytes, bw), attn_flops / (gpu.bf16_tflops * 1e9))
@@ -250,10 +273,15 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
 
     # the gap, per bucket (every measured bucket; those with no floor row have floor 0)
     rows: dict[str, dict] = {}
-    rows["gemm"] = _bucket_row(gemm_floor, buckets_ms.get("gemm", 0.0), bytes=int(w.total),
-                               bound="compute" if f_ms > w_ms else "memory")
-    rows["attention"] = _bucket_row(attn_floor, buckets_ms.get("attention", 0.0), bytes=int(kv_bytes),
-                                    bound="compute" if attn_floor > _ms(kv_bytes, bw) else "memory")
+    rows["gemm"] = _bucket_row(
+        gemm_floor, buckets_ms.get("gemm", 0.0), bytes=int(w.total), bound="compute" if f_ms > w_ms else "memory"
+    )
+    rows["attention"] = _bucket_row(
+        attn_floor,
+        buckets_ms.get("attention", 0.0),
+        bytes=int(kv_bytes),
+        bound="compute" if attn_floor > _ms(kv_bytes, bw) else "memory",
+    )
     rows["communication"] = _bucket_row(comm_ms, buckets_ms.get("communication", 0.0), bytes=int(comm_bytes))
     rows["copy"] = _bucket_row(0.0, buckets_ms.get("copy", 0.0))
     if moe_floor:
@@ -265,14 +293,20 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
     if idle_ms and idle_ms > 0:
         rows["idle"] = _bucket_row(0.0, idle_ms)
     worst = max(rows, key=lambda b: rows[b]["gap_ms"])
-    below = [b for b in floors if floors[b] > 0 and rows[b]["measured_ms"] > 0
-             and rows[b]["measured_ms"] < 0.9 * floors[b]]
+    below = [
+        b for b in floors if floors[b] > 0 and rows[b]["measured_ms"] > 0 and rows[b]["measured_ms"] < 0.9 * floors[b]
+    ]
     if below:
-        notes.append("measured below the floor in " + ", ".join(below) +
-                     ": the model config, batch or context does not match the traced run")
+        notes.append(
+            "measured below the floor in "
+            + ", ".join(below)
+            + ": the model config, batch or context does not match the traced run"
+        )
     if shape.is_moe and w.experts_touched_per_rank is not None:
-        notes.append(f"routed experts read: {w.experts_touched_per_rank:.1f} per MoE layer per rank, expected "
-                     f"for {tokens} token(s) under uniform routing")
+        notes.append(
+            f"routed experts read: {w.experts_touched_per_rank:.1f} per MoE layer per rank, expected "
+            f"for {tokens} token(s) under uniform routing"
+        )
     notes.append("bandwidth model: launch, per-kernel ramp and collective latencies are not in the floor")
     mbu = (w.total + kv_bytes) / (step_ms * bw * 1e9) if step_ms > 0 else None
     return {
@@ -288,12 +322,22 @@ def compute_floor(meta: dict, config: dict, *, buckets_ms: dict[str, float], ste
         "bytes_per_step": {"weights": int(w.total), "kv": int(kv_bytes), "communication": int(comm_bytes)},
         "weights": {k: int(v) for k, v in w.parts.items()},
         "inputs": {
-            "batch": batch, "context": context, "tp_size": par.tp, "ep_size": par.ep, "attn_tp_size": par.attn_tp,
-            "layers": shape.layers, "attention": shape.attention, "kv_cache_dtype": kv_name,
+            "batch": batch,
+            "context": context,
+            "tp_size": par.tp,
+            "ep_size": par.ep,
+            "attn_tp_size": par.attn_tp,
+            "layers": shape.layers,
+            "attention": shape.attention,
+            "kv_cache_dtype": kv_name,
             "kv_bytes_per_token_per_layer": round(per_tok_layer, 3),
             "weight_format": (shape.quant.summary() if shape.quant else None),
-            "weight_bytes_explicit": w.explicit, "model_type": shape.model_type, "model_source": shape.source,
-            "gemm_peak_tflops": peak, "gemm_dtype": w.gemm_dtype, "sources": inp["sources"],
+            "weight_bytes_explicit": w.explicit,
+            "model_type": shape.model_type,
+            "model_source": shape.source,
+            "gemm_peak_tflops": peak,
+            "gemm_dtype": w.gemm_dtype,
+            "sources": inp["sources"],
         },
         "gpu": gm.to_dict(),
         "assumed": inp["assumed"],
@@ -314,8 +358,9 @@ def annotate_findings(findings: list, floor: dict) -> None:
         f.evidence["predicted_over_floor"] = round(pred / fl, 3) if fl > 0 else None
 
 
-def with_floor_inputs(config: dict, model_config: Optional[Any] = None, batch: Optional[int] = None,
-                      context: Optional[int] = None) -> dict:
+def with_floor_inputs(
+    config: dict, model_config: Optional[Any] = None, batch: Optional[int] = None, context: Optional[int] = None
+) -> dict:
     """The server config with the floor's options added (``--model-config`` wins over the server's)."""
     from perfscope.analysis.model_config import load_model_config
     from perfscope.errors import InputError

@@ -64,5 +64,6 @@ class GPU:
 
 
 def row(key, name, vendor, arch, cc, mem_gb, bw, link_gbs, link, bf16, fp8, fp4, patterns, src, notes=""):
-    return GPU(key, name, vendor, arch, cc, mem_gb, bw, link_gbs, link, bf16, fp8, fp4, tuple(patterns),
-               src[0], src[1], notes)
+    return GPU(
+        key, name, vendor, arch, cc, mem_gb, bw, link_gbs, link, bf16, fp8, fp4, tuple(patterns), src[0], src[1], notes
+    )

@@ -56,8 +56,12 @@ def _closest_mem(cands: list[GPU], mem: Optional[float]) -> Optional[GPU]:
     return best if abs(best.mem_gb - mem) / best.mem_gb <= 0.2 else None
 
 
-def match_gpu(device_name: Optional[str], compute_capability: Optional[str] = None,
-              total_mem_bytes: Optional[int] = None, platform: Optional[str] = None) -> GPUMatch:
+def match_gpu(
+    device_name: Optional[str],
+    compute_capability: Optional[str] = None,
+    total_mem_bytes: Optional[int] = None,
+    platform: Optional[str] = None,
+) -> GPUMatch:
     """The table row for a trace's device: by name first, then by compute capability and memory size."""
     name = (device_name or "").strip()
     mem = _mem_gb(total_mem_bytes)
@@ -78,11 +82,19 @@ def match_gpu(device_name: Optional[str], compute_capability: Optional[str] = No
         cands = [g for g in GPUS if g.cc == compute_capability and (vendor is None or g.vendor == vendor)]
         by_cc = _closest_mem(cands, mem)
         if by_cc is not None:
-            return GPUMatch(by_cc, "compute capability + memory", name or None,
-                            f"name {name!r} not in the table" if name else "trace has no device name")
-    return GPUMatch(None, "none", name or None,
-                    f"GPU {name or '(unnamed)'} (cc {compute_capability or '?'}) is not in perfscope's table "
-                    "(perfscope/analysis/gpus.py)")
+            return GPUMatch(
+                by_cc,
+                "compute capability + memory",
+                name or None,
+                f"name {name!r} not in the table" if name else "trace has no device name",
+            )
+    return GPUMatch(
+        None,
+        "none",
+        name or None,
+        f"GPU {name or '(unnamed)'} (cc {compute_capability or '?'}) is not in perfscope's table "
+        "(perfscope/analysis/gpus.py)",
+    )
 
 
 def device_label(meta: dict) -> Optional[str]:

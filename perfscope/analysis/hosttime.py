@@ -62,7 +62,7 @@ ANCHOR_MAX_SAVED = 0.5  # anchor_to_bench: only for fixes that leave most of the
 
 
 def profile_kind(trace: Trace) -> str:
-    """"gpu-only" when the trace recorded CUDA runtime calls and nothing of the CPU side (no CPU ops,
+    """ "gpu-only" when the trace recorded CUDA runtime calls and nothing of the CPU side (no CPU ops,
     Python frames or CPU annotations: ``trace --gpu-only``), else "full"."""
     cpu = trace.cpu_ops or trace.frames or any(not a.gpu for a in trace.annotations)
     return "gpu-only" if trace.launches and not cpu else "full"
@@ -92,14 +92,23 @@ def host_timing(trace: Trace, steps) -> Optional[dict]:
     if not busy:
         return None
     g = [s.gpu_us for s in steps if s.kernels]
-    return {"kind": profile_kind(trace), "host_ms": round(busy[len(busy) // 10] / 1e3, 4),
-            "host_median_ms": round(statistics.median(busy) / 1e3, 4),
-            "steps": len(busy), "gpu_ms": round(statistics.median(g) / 1e3, 4) if g else None}
+    return {
+        "kind": profile_kind(trace),
+        "host_ms": round(busy[len(busy) // 10] / 1e3, 4),
+        "host_median_ms": round(statistics.median(busy) / 1e3, 4),
+        "steps": len(busy),
+        "gpu_ms": round(statistics.median(g) / 1e3, 4) if g else None,
+    }
 
 
-def estimate(full_ms: Optional[float], trace_kind: str = "full", removed_ms: float = 0.0,
-             host_timing_run: Optional[dict] = None,
-             bench_tpot_ms: Optional[float] = None, gpu_ms: Optional[float] = None) -> Optional[HostEstimate]:
+def estimate(
+    full_ms: Optional[float],
+    trace_kind: str = "full",
+    removed_ms: float = 0.0,
+    host_timing_run: Optional[dict] = None,
+    bench_tpot_ms: Optional[float] = None,
+    gpu_ms: Optional[float] = None,
+) -> Optional[HostEstimate]:
     """The unprofiled host time per step after a fix.
 
     ``full_ms``: the analysed trace's host busy time per step before the fix (``trace_kind``: its
@@ -118,13 +127,24 @@ def estimate(full_ms: Optional[float], trace_kind: str = "full", removed_ms: flo
         kind, base = "", None
     if base is not None:
         sc = SCALE[kind]
-        est = HostEstimate(max(base * sc.point - cut, 0.0), max(base * sc.lo - cut, 0.0),
-                           max(base * sc.hi - cut, 0.0), kind, round(base, 4),
-                           f"the {'GPU-only profile' if kind == 'gpu-only' else 'trace'}'s {base:.2f} ms of host work "
-                           f"per step x {sc.point:.2f} (the profiler's measured slow-down of the host, range "
-                           f"{sc.lo:.2f}-{sc.hi:.2f})" + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""))
-    if est is not None and gpu_ms and est.profiled_ms is not None and est.profiled_ms >= 0.98 * gpu_ms \
-            and not bench_tpot_ms and kind == "full":
+        est = HostEstimate(
+            max(base * sc.point - cut, 0.0),
+            max(base * sc.lo - cut, 0.0),
+            max(base * sc.hi - cut, 0.0),
+            kind,
+            round(base, 4),
+            f"the {'GPU-only profile' if kind == 'gpu-only' else 'trace'}'s {base:.2f} ms of host work "
+            f"per step x {sc.point:.2f} (the profiler's measured slow-down of the host, range "
+            f"{sc.lo:.2f}-{sc.hi:.2f})" + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""),
+        )
+    if (
+        est is not None
+        and gpu_ms
+        and est.profiled_ms is not None
+        and est.profiled_ms >= 0.98 * gpu_ms
+        and not bench_tpot_ms
+        and kind == "full"
+    ):
         # the profiled host already took the whole step or more: its time per step holds host-only work
         # between steps (input pipeline, other ranks) that the trace's GPU-timed step leaves out, not
         # the time a GPU-side fix hands back to the host
@@ -133,16 +153,27 @@ def estimate(full_ms: Optional[float], trace_kind: str = "full", removed_ms: flo
         if bench_tpot_ms > gpu_ms * (1 + BENCH_NOISE):
             # the host held the step back before the fix: the bench measured its time, unprofiled
             pt = max(bench_tpot_ms - cut, 0.0)
-            return HostEstimate(pt, pt * (1 - BENCH_NOISE), pt * (1 + BENCH_NOISE), "bench",
-                                est.profiled_ms if est else None,
-                                f"the bench's {bench_tpot_ms:.2f} ms TPOT without the profiler, above the "
-                                f"{gpu_ms:.2f} ms of GPU work per step: the host's own time"
-                                + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""))
+            return HostEstimate(
+                pt,
+                pt * (1 - BENCH_NOISE),
+                pt * (1 + BENCH_NOISE),
+                "bench",
+                est.profiled_ms if est else None,
+                f"the bench's {bench_tpot_ms:.2f} ms TPOT without the profiler, above the "
+                f"{gpu_ms:.2f} ms of GPU work per step: the host's own time"
+                + (f", less {cut:.2f} ms of removed ops" if cut > 0.005 else ""),
+            )
         cap = bench_tpot_ms * (1 + BENCH_NOISE)
         if est is not None and est.hi > cap:
             # GPU-bound without the profiler: the host took no longer than the measured step
-            est = HostEstimate(min(est.point, cap), min(est.lo, cap), cap, est.source, est.profiled_ms,
-                               est.how + f"; at most the bench's {bench_tpot_ms:.2f} ms TPOT (GPU-bound)")
+            est = HostEstimate(
+                min(est.point, cap),
+                min(est.lo, cap),
+                cap,
+                est.source,
+                est.profiled_ms,
+                est.how + f"; at most the bench's {bench_tpot_ms:.2f} ms TPOT (GPU-bound)",
+            )
     return est
 
 
@@ -247,18 +278,24 @@ def bench_of_run(run_info: dict) -> Optional[dict]:
     b = t.get("bench")
     if not isinstance(b, dict) or not isinstance(b.get("tpot_ms"), (int, float)):
         return None
-    traced = ((run_info.get("workload") or {}).get("concurrency"))
-    benched = ((b.get("workload") or {}).get("concurrency")) if isinstance(b.get("workload"), dict) else b.get("concurrency")
+    traced = (run_info.get("workload") or {}).get("concurrency")
+    benched = (
+        ((b.get("workload") or {}).get("concurrency")) if isinstance(b.get("workload"), dict) else b.get("concurrency")
+    )
     if traced and benched and int(traced) != int(benched):
         return None
     itl = b.get("itl_p50_ms")
-    return {"tpot_ms": float(b["tpot_ms"]), "concurrency": benched or traced,
-            "itl_p50_ms": float(itl) if isinstance(itl, (int, float)) else None,
-            "taken": b.get("taken") or ("after the trace" if t.get("bench_after_trace") else None)}
+    return {
+        "tpot_ms": float(b["tpot_ms"]),
+        "concurrency": benched or traced,
+        "itl_p50_ms": float(itl) if isinstance(itl, (int, float)) else None,
+        "taken": b.get("taken") or ("after the trace" if t.get("bench_after_trace") else None),
+    }
 
 
-def anchor_to_bench(bench: Optional[dict], step_ms: float, replay: dict, host: Optional[HostEstimate],
-                    tail_ms: float = 0.0) -> Optional[dict]:
+def anchor_to_bench(
+    bench: Optional[dict], step_ms: float, replay: dict, host: Optional[HostEstimate], tail_ms: float = 0.0
+) -> Optional[dict]:
     """The prediction read off the measured step when the profiled one is longer than the server
     measured without the profiler: the trace's step (``step_ms``) more than BENCH_NOISE above the
     bench's median inter-token latency means the profiler stretched the GPU timeline itself (the
@@ -286,13 +323,17 @@ def anchor_to_bench(bench: Optional[dict], step_ms: float, replay: dict, host: O
     floor = min(max(left, host.point if host else 0.0), meas)  # neither takes longer than the measured step
     pt = max(meas - saved, floor)
     lo = max(meas - saved * (1 + GPU_WORK_ERROR), min(left, meas), min(host.lo, meas) if host else 0.0)
-    return {"point_ms": round(pt + tail_ms, 4), "range_ms": [round(min(lo, pt) + tail_ms, 4), round(meas + tail_ms, 4)],
-            "bound": "host" if host is not None and host.point >= meas - saved else "gpu",
-            "measured_step_ms": round(float(meas), 4), "profiled_step_ms": round(step_ms, 4),
-            "kernel_time_saved_ms": round(saved, 4),
-            "how": f"the trace's {step_ms:.2f} ms step is longer than the {meas:.2f} ms the server measured without "
-                   f"the profiler (its median inter-token latency): the step measured less the fix's "
-                   f"{saved:.2f} ms of GPU kernel time per step"}
+    return {
+        "point_ms": round(pt + tail_ms, 4),
+        "range_ms": [round(min(lo, pt) + tail_ms, 4), round(meas + tail_ms, 4)],
+        "bound": "host" if host is not None and host.point >= meas - saved else "gpu",
+        "measured_step_ms": round(float(meas), 4),
+        "profiled_step_ms": round(step_ms, 4),
+        "kernel_time_saved_ms": round(saved, 4),
+        "how": f"the trace's {step_ms:.2f} ms step is longer than the {meas:.2f} ms the server measured without "
+        f"the profiler (its median inter-token latency): the step measured less the fix's "
+        f"{saved:.2f} ms of GPU kernel time per step",
+    }
 
 
 def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Optional[dict]:
@@ -303,19 +344,26 @@ def unprofiled_cycle(trace: Trace, steps, config: dict, gpu_ms: float) -> Option
     b = config.get("bench") or {}
     if b.get("tpot_ms"):
         c, src = bench_step_ms(b) or (float(b["tpot_ms"]), "tpot")
-        return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": "bench",
-                "how": f"the bench's {'median inter-token latency' if src == 'itl' else 'TPOT'} without the "
-                       f"profiler, {c:.2f} ms, against {gpu_ms:.2f} ms of GPU work per step"}
+        return {
+            "cycle_ms": round(c, 4),
+            "idle_ms": round(max(0.0, c - gpu_ms), 4),
+            "source": "bench",
+            "how": f"the bench's {'median inter-token latency' if src == 'itl' else 'TPOT'} without the "
+            f"profiler, {c:.2f} ms, against {gpu_ms:.2f} ms of GPU work per step",
+        }
     from perfscope.analysis.stepmodel import host_busy_of
 
     busy = sorted(host_busy_of(trace, steps).values())
-    h = estimate(busy[len(busy) // 10] / 1e3 if busy else None, profile_kind(trace), 0.0,
-                 config.get("host_timing"))
+    h = estimate(busy[len(busy) // 10] / 1e3 if busy else None, profile_kind(trace), 0.0, config.get("host_timing"))
     if h is None:
         return None
     c = max(gpu_ms, h.point)
-    return {"cycle_ms": round(c, 4), "idle_ms": round(max(0.0, c - gpu_ms), 4), "source": h.source,
-            "how": f"{h.how}, against {gpu_ms:.2f} ms of GPU work per step"}
+    return {
+        "cycle_ms": round(c, 4),
+        "idle_ms": round(max(0.0, c - gpu_ms), 4),
+        "source": h.source,
+        "how": f"{h.how}, against {gpu_ms:.2f} ms of GPU work per step",
+    }
 
 
 def unprofiled_step(steps, bench: Optional[dict]) -> Optional[dict]:
@@ -332,5 +380,10 @@ def unprofiled_step(steps, bench: Optional[dict]) -> Optional[dict]:
         return None
     meas, src = got
     cyc = statistics.median(gaps) / 1e3
-    return {"tpot_ms": round(float(bench["tpot_ms"]), 4), "step_ms": round(meas, 4), "step_source": src,
-            "profiled_cycle_ms": round(cyc, 4), "profiler_slowdown": round(cyc / meas, 3)}
+    return {
+        "tpot_ms": round(float(bench["tpot_ms"]), 4),
+        "step_ms": round(meas, 4),
+        "step_source": src,
+        "profiled_cycle_ms": round(cyc, 4),
+        "profiler_slowdown": round(cyc / meas, 3),
+    }

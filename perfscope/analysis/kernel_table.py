@@ -14,8 +14,11 @@ from perfscope.analysis.buckets import classify
 from perfscope.load.model import Trace
 
 # torch-native sort/topk kernels (not FlashInfer's fused sampling)
-TORCH_SORT = re.compile(r"RadixSort|radix_sort|radixSort|bitonicSort|segmented_sort|sort_kernel|SortOnesweep|"
-                        r"mbtopk::|sbtopk|gatherTopK|sort_postprocess", re.I)
+TORCH_SORT = re.compile(
+    r"RadixSort|radix_sort|radixSort|bitonicSort|segmented_sort|sort_kernel|SortOnesweep|"
+    r"mbtopk::|sbtopk|gatherTopK|sort_postprocess",
+    re.I,
+)
 
 
 class KernelTable:
@@ -38,8 +41,13 @@ class KernelTable:
             row = seen.get(key)
             if row is None:
                 bs = classify(k.name, k.kind)
-                row = seen[key] = (bs, bs[0], k.kind == "kernel" and bs[0] == "gemm",
-                                   TORCH_SORT.search(k.name) is not None, len(first))
+                row = seen[key] = (
+                    bs,
+                    bs[0],
+                    k.kind == "kernel" and bs[0] == "gemm",
+                    TORCH_SORT.search(k.name) is not None,
+                    len(first),
+                )
                 first.append(n)
             pair.append(row[0])
             bucket.append(row[1])
@@ -66,6 +74,8 @@ def launches_by_corr(trace: Trace) -> dict:
     trace and shared (the attributor, the step model): read only."""
     m = trace.memo.get("launches_by_corr")
     if m is None or m[0] != len(trace.launches):
-        m = trace.memo["launches_by_corr"] = (len(trace.launches),
-                                              {l.corr: l for l in trace.launches if l.corr is not None})
+        m = trace.memo["launches_by_corr"] = (
+            len(trace.launches),
+            {l.corr: l for l in trace.launches if l.corr is not None},
+        )
     return m[1]

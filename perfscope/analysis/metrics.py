@@ -69,9 +69,17 @@ def step_metrics(trace: Trace, step: Step, sampler: bool = True) -> StepMetrics:
     exposed = busy - union_us(other) if buckets["communication"] else 0.0
     gpu = step.gpu_us
     return StepMetrics(
-        index=step.index, phase=step.phase, label=step.label, gpu_ms=gpu / 1e3, cpu_ms=step.cpu_us / 1e3,
-        kernel_ms=ksum / 1e3, busy_ms=busy / 1e3, idle_ms=max(0.0, gpu - busy) / 1e3,
+        index=step.index,
+        phase=step.phase,
+        label=step.label,
+        gpu_ms=gpu / 1e3,
+        cpu_ms=step.cpu_us / 1e3,
+        kernel_ms=ksum / 1e3,
+        busy_ms=busy / 1e3,
+        idle_ms=max(0.0, gpu - busy) / 1e3,
         comm_exposed_ms=max(0.0, exposed) / 1e3,
-        kernels=len(step.kernels), launches=step.launches, graph_launches=step.graph_launches,
+        kernels=len(step.kernels),
+        launches=step.launches,
+        graph_launches=step.graph_launches,
         buckets={b: v / 1e3 for b, v in buckets.items()},
     )

@@ -23,8 +23,15 @@ LOADER_RELDIR = "srt/layers/moe/moe_runner/triton_utils"  # inside the sglang pa
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 
-def config_file_name(E: int, N: int, device_name: str, dtype: Optional[str] = None,
-                     block_shape: Optional[list] = None, per_channel_quant: bool = False, down: bool = False) -> str:
+def config_file_name(
+    E: int,
+    N: int,
+    device_name: str,
+    dtype: Optional[str] = None,
+    block_shape: Optional[list] = None,
+    per_channel_quant: bool = False,
+    down: bool = False,
+) -> str:
     dev = device_name.replace(" ", "_")
     d = f",dtype={dtype}" if dtype else ""
     b = f",block_shape={list(block_shape)}" if block_shape and all(block_shape) else ""
@@ -38,7 +45,7 @@ def version_dir(triton_version: str) -> str:
 
 def _vkey(d: str) -> tuple:
     try:
-        return tuple(int(x) for x in d[len("triton_"):].split("_"))
+        return tuple(int(x) for x in d[len("triton_") :].split("_"))
     except ValueError:
         return (-1,)
 
@@ -56,10 +63,20 @@ def lookup(version_dirs: Iterable[str], exists, name: str, triton_version: str) 
 
 
 _LOG = (
-    ("default", re.compile(r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not "
-                           r"found at (\S+?),? you can create")),
-    ("fallback", re.compile(r"Config file not found at (\S+?)\. Fallback to triton version (\S+) and use MoE kernel "
-                            r"config from (\S+?)\. ")),
+    (
+        "default",
+        re.compile(
+            r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not "
+            r"found at (\S+?),? you can create"
+        ),
+    ),
+    (
+        "fallback",
+        re.compile(
+            r"Config file not found at (\S+?)\. Fallback to triton version (\S+) and use MoE kernel "
+            r"config from (\S+?)\. "
+        ),
+    ),
     ("exact", re.compile(r"Using MoE kernel config from (\S+?)\.\s*$", re.M)),
 )
 

@@ -31,7 +31,7 @@ def _demangle_idents(name: str) -> str:
             break
         n = int(m.group(1))
         i += len(m.group(1))
-        parts.append(s[i:i + n])
+        parts.append(s[i : i + n])
         i += n
     return "::".join(p for p in parts if p) or name
 
@@ -67,8 +67,10 @@ _GENERIC_ENTRY = {"device_kernel", "Kernel", "Kernel2", "kentry", "GenericKernel
 _BARE_ENTRY = {"kernel"}
 # namespaces that only repeat what the rest of the path says (a kernel type keeps at most 3 parts)
 _NOISE_NS = {"", "void", "dpsk", "cuda", "detail", "kernels", "impl", "internal", "at", "native", "cutlass"}
-_BUILTIN = re.compile(r"^(?:const |unsigned |signed )*(?:int|long|short|char|bool|float|double|void|half|"
-                      r"__half|__nv_bfloat16|__nv_fp8\w*|u?int\d+_t|std::|c10::|cute::|true|false)\b")
+_BUILTIN = re.compile(
+    r"^(?:const |unsigned |signed )*(?:int|long|short|char|bool|float|double|void|half|"
+    r"__half|__nv_bfloat16|__nv_fp8\w*|u?int\d+_t|std::|c10::|cute::|true|false)\b"
+)
 _MANGLED_IDENT = re.compile(r"(?<!\d)(?=(\d+)([A-Za-z_][A-Za-z0-9_]*))")
 
 
@@ -104,7 +106,7 @@ def _entry_and_args(name: str) -> tuple[str, str]:
             elif head[i] == "<":
                 depth -= 1
                 if depth == 0:
-                    head, args = head[:i], head[i + 1:-1]
+                    head, args = head[:i], head[i + 1 : -1]
                     break
     # the last space-separated token outside templates is the function (drops `void`, return types)
     depth, cut = 0, 0

@@ -84,9 +84,20 @@ def top_ops(trace: Trace, steps: list[Step], attributor: Attributor, limit: int 
         k = kern[sample[key]]
         bucket, sub = over.get(sample[key]) or classify(k.name, k.kind)
         (grid, block), _ = Counter(geo[key]).most_common(1)[0]
-        ops.append(Op(
-            name=k.name, short=short_name(k.name), bucket=bucket, sub=sub, ms_per_step=us / n / 1e3,
-            count_per_step=count[key] / n, share=us / all_us, avg_us=us / count[key],
-            grid=grid, block=block, attribution=attributor.attribute(k), sample=sample[key],
-        ))
+        ops.append(
+            Op(
+                name=k.name,
+                short=short_name(k.name),
+                bucket=bucket,
+                sub=sub,
+                ms_per_step=us / n / 1e3,
+                count_per_step=count[key] / n,
+                share=us / all_us,
+                avg_us=us / count[key],
+                grid=grid,
+                block=block,
+                attribution=attributor.attribute(k),
+                sample=sample[key],
+            )
+        )
     return ops

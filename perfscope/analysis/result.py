@@ -126,6 +126,9 @@ class Diagnosis:
             "ranks": [r.to_dict() for r in self.ranks],
         }
         if self.run:
-            d["run"] = {k: self.run.get(k) for k in ("host", "hosts", "engine", "versions", "timings", "gpu",
-                                                     "server_info", "workload") if k in self.run}
+            d["run"] = {
+                k: self.run.get(k)
+                for k in ("host", "hosts", "engine", "versions", "timings", "gpu", "server_info", "workload")
+                if k in self.run
+            }
         return d

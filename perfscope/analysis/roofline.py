@@ -26,15 +26,37 @@ from typing import Optional
 from perfscope.analysis.gpus import match_gpu
 
 _DTYPE_BYTES = {
-    "float": 4, "c10::Float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "long int": 8, "int": 4,
-    "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8,
+    "float": 4,
+    "c10::Float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::complex<float>": 8,
 }
-_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
-             "aten::_scaled_mm")
+_GEMM_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::linear",
+    "aten::matmul",
+    "aten::_scaled_mm",
+)
 _COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous")
-_POINTWISE = re.compile(r"^aten::(add|sub|mul|div|add_|sub_|mul_|div_|silu|gelu|relu|sigmoid|tanh|neg|exp|"
-                        r"rsqrt|pow|where|masked_fill_?|index_put_|_index_put_impl_|index_copy_|fill_|zero_)$")
+_POINTWISE = re.compile(
+    r"^aten::(add|sub|mul|div|add_|sub_|mul_|div_|silu|gelu|relu|sigmoid|tanh|neg|exp|"
+    r"rsqrt|pow|where|masked_fill_?|index_put_|_index_put_impl_|index_copy_|fill_|zero_)$"
+)
 _HELPER = re.compile(r"splitKreduce|splitK_reduce|reduce_kernel|epilogue", re.I)
 _EPT = re.compile(r"elementwise_kernel(?:_manual_unroll)?<\d+, (\d+)")
 
@@ -82,39 +104,69 @@ def op_work(op: dict) -> Optional[dict]:
         elem = a[1]
         flops = 2.0 * batch * m * k * n
         nbytes = a[0] * a[1] + b[0] * b[1] + batch * m * n * elem
-        return {"bytes": nbytes, "flops": flops, "dtype": "fp8" if elem == 1 else "bf16",
-                "how": f"GEMM {batch}x{m}x{k}x{n} from recorded shapes" if batch > 1 else
-                       f"GEMM {m}x{k}x{n} from recorded shapes"}
+        return {
+            "bytes": nbytes,
+            "flops": flops,
+            "dtype": "fp8" if elem == 1 else "bf16",
+            "how": f"GEMM {batch}x{m}x{k}x{n} from recorded shapes"
+            if batch > 1
+            else f"GEMM {m}x{k}x{n} from recorded shapes",
+        }
     if name in _COPY_OPS and ts:
         if name == "aten::copy_" and len(ts) >= 2:
             dst, src = ts[0], ts[1]
-            return {"bytes": src[0] * src[1] + dst[0] * dst[1], "flops": 0.0, "dtype": None,
-                    "how": "copy: source read + destination written (recorded shapes)"}
-        return {"bytes": ts[0][0] * ts[0][1] * 2, "flops": 0.0, "dtype": None,
-                "how": "copy: input read + a same-size output written (recorded shapes)"}
+            return {
+                "bytes": src[0] * src[1] + dst[0] * dst[1],
+                "flops": 0.0,
+                "dtype": None,
+                "how": "copy: source read + destination written (recorded shapes)",
+            }
+        return {
+            "bytes": ts[0][0] * ts[0][1] * 2,
+            "flops": 0.0,
+            "dtype": None,
+            "how": "copy: input read + a same-size output written (recorded shapes)",
+        }
     if name in ("aten::index_put_", "aten::_index_put_impl_", "aten::index_copy_") and ts:
         v = ts[-1] if name != "aten::index_copy_" else ts[-1]  # the values written (not the whole target)
-        return {"bytes": 2 * v[0] * v[1], "flops": 0.0, "dtype": None,
-                "how": "index write: the values read + written at their places (recorded shapes)"}
+        return {
+            "bytes": 2 * v[0] * v[1],
+            "flops": 0.0,
+            "dtype": None,
+            "how": "index write: the values read + written at their places (recorded shapes)",
+        }
     if name and _POINTWISE.match(name) and ts:
         nbytes = sum(n * b for n, b, _ in ts) + ts[0][0] * ts[0][1]
-        return {"bytes": nbytes, "flops": float(ts[0][0]), "dtype": None,
-                "how": "pointwise: tensors read + the first one's size written (recorded shapes)"}
-    if not chain and op.get("sub") == "cast" and "direct_copy_kernel" in (op.get("name") or "") and \
-            op.get("grid") and op.get("block"):
+        return {
+            "bytes": nbytes,
+            "flops": float(ts[0][0]),
+            "dtype": None,
+            "how": "pointwise: tensors read + the first one's size written (recorded shapes)",
+        }
+    if (
+        not chain
+        and op.get("sub") == "cast"
+        and "direct_copy_kernel" in (op.get("name") or "")
+        and op.get("grid")
+        and op.get("block")
+    ):
         m = _EPT.search(op["name"])
         el = math.prod(op["grid"]) * math.prod(op["block"]) * (int(m.group(1)) if m else 4)
         if "Float8" in op["name"] or "LoadWithCast" in op["name"]:
-            return {"bytes": el * 3, "flops": 0.0, "dtype": None,
-                    "how": "cast from launch geometry (grid x block x elements per thread; 1 B read + 2 B written)"}
+            return {
+                "bytes": el * 3,
+                "flops": 0.0,
+                "dtype": None,
+                "how": "cast from launch geometry (grid x block x elements per thread; 1 B read + 2 B written)",
+            }
     return None
 
 
-def roofline(ops: list[dict], meta: dict, step_ms: float, floor_ms: Optional[float] = None,
-             limit: int = 12) -> dict:
+def roofline(ops: list[dict], meta: dict, step_ms: float, floor_ms: Optional[float] = None, limit: int = 12) -> dict:
     """Per top op: achieved TB/s and TFLOP/s, fraction of peak, its floor and the time above it."""
-    g = match_gpu(meta.get("device_name"), meta.get("compute_capability"), meta.get("total_mem_bytes"),
-                  meta.get("platform")).gpu
+    g = match_gpu(
+        meta.get("device_name"), meta.get("compute_capability"), meta.get("total_mem_bytes"), meta.get("platform")
+    ).gpu
     if g is None:
         return {"available": False, "missing": "roofline: GPU not in the table (perfscope.analysis.gpus)"}
     rows = []
@@ -137,23 +189,41 @@ def roofline(ops: list[dict], meta: dict, step_ms: float, floor_ms: Optional[flo
             continue  # the op's work is not this kernel's alone (several kernels per op): no figure
         over = (us - floor_us) * o.get("count_per_step", 0) / 1e3
         above += max(over, 0.0)
-        rows.append({
-            "name": o.get("short") or o.get("name"), "bucket": o.get("bucket"), "avg_us": round(us, 3),
-            "count_per_step": o.get("count_per_step"), "ms_per_step": o.get("ms_per_step"),
-            "bytes": int(w["bytes"]), "flops": int(w["flops"]), "how": w["how"],
-            "achieved_tb_s": round(tbs, 3), "achieved_tflops": round(tflops, 2),
-            "bw_fraction_of_peak": round(tbs / g.mem_bw_tbs, 4),
-            "flops_fraction_of_peak": round(tflops / peak_tf, 4) if w["flops"] else None,
-            "bound_by": bound, "floor_us": round(floor_us, 3),
-            "times_its_floor": round(us / floor_us, 2) if floor_us > 0 else None,
-            "ms_per_step_above_floor": round(max(over, 0.0), 4),
-        })
+        rows.append(
+            {
+                "name": o.get("short") or o.get("name"),
+                "bucket": o.get("bucket"),
+                "avg_us": round(us, 3),
+                "count_per_step": o.get("count_per_step"),
+                "ms_per_step": o.get("ms_per_step"),
+                "bytes": int(w["bytes"]),
+                "flops": int(w["flops"]),
+                "how": w["how"],
+                "achieved_tb_s": round(tbs, 3),
+                "achieved_tflops": round(tflops, 2),
+                "bw_fraction_of_peak": round(tbs / g.mem_bw_tbs, 4),
+                "flops_fraction_of_peak": round(tflops / peak_tf, 4) if w["flops"] else None,
+                "bound_by": bound,
+                "floor_us": round(floor_us, 3),
+                "times_its_floor": round(us / floor_us, 2) if floor_us > 0 else None,
+                "ms_per_step_above_floor": round(max(over, 0.0), 4),
+            }
+        )
     if not rows:
-        return {"available": False, "missing": "roofline: no top op with recorded shapes or sizing launch geometry "
-                                               "(profile with record_shapes)"}
-    out = {"available": True, "gpu": g.name, "peak_tb_s": g.mem_bw_tbs, "peak_bf16_tflops": g.bf16_tflops,
-           "ops": rows, "ms_per_step_above_op_floors": round(above, 4),
-           "share_of_step_above_op_floors": round(above / step_ms, 4) if step_ms else None}
+        return {
+            "available": False,
+            "missing": "roofline: no top op with recorded shapes or sizing launch geometry "
+            "(profile with record_shapes)",
+        }
+    out = {
+        "available": True,
+        "gpu": g.name,
+        "peak_tb_s": g.mem_bw_tbs,
+        "peak_bf16_tflops": g.bf16_tflops,
+        "ops": rows,
+        "ms_per_step_above_op_floors": round(above, 4),
+        "share_of_step_above_op_floors": round(above / step_ms, 4) if step_ms else None,
+    }
     if floor_ms:
         gap = max(step_ms - floor_ms, 0.0)
         out["step_gap_above_floor_ms"] = round(gap, 4)

@@ -64,8 +64,9 @@ def run_config(tset: TraceSet, config: Optional[dict] = None, *, host_timing: bo
     return cfg
 
 
-def prepare(paths: Sequence[str | Path], config: Optional[dict] = None,
-            capture: Optional[Sequence[str | Path]] = None) -> Plan:
+def prepare(
+    paths: Sequence[str | Path], config: Optional[dict] = None, capture: Optional[Sequence[str | Path]] = None
+) -> Plan:
     """The files under ``paths`` and what each rank task needs beside its file."""
     tset = discover(paths)
     cfg = run_config(tset, config)
@@ -83,8 +84,7 @@ def rank_task(tf: TraceFile, config: dict, capture: Optional[Sequence[str | Path
         return {"error": str(e), "exit_code": e.exit_code}
 
 
-def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict,
-           warnings: Iterable[str] = ()) -> Diagnosis:
+def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict, warnings: Iterable[str] = ()) -> Diagnosis:
     """The diagnosis of these ranks' results (in ``tset``'s file order): the run folder's notes and
     warnings, whether they are ranks of one job, the straggler. ``warnings``: more lines to report
     (ranks that could not be analysed where they are)."""
@@ -97,18 +97,25 @@ def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict,
     for dup in tset.duplicates:
         out.append(f"{dup['path']} is {dup['same_as']} again ({dup['how']}): analysed once, not as another rank")
     if tset.capture:
-        out.append(f"{len(tset.capture)} graph-capture trace(s) in capture_traces/ used as the capture map "
-                   "(they attribute graph-replayed kernels), not as ranks")
+        out.append(
+            f"{len(tset.capture)} graph-capture trace(s) in capture_traces/ used as the capture map "
+            "(they attribute graph-replayed kernels), not as ranks"
+        )
     out.extend(warnings)
     mixed = not_one_job(ranks)
     out.extend(mixed)
     strag = None if mixed else straggler(ranks)
-    return Diagnosis(ranks=ranks, run=tset.run_info, straggler=strag, warnings=out, parallel=parallel,
-                     skipped=tset.skipped)
+    return Diagnosis(
+        ranks=ranks, run=tset.run_info, straggler=strag, warnings=out, parallel=parallel, skipped=tset.skipped
+    )
 
 
-def analyze_file(tf: TraceFile, config: dict, capture: Optional[Sequence[str | Path]] = None,
-                 on_read: Optional[Callable[[int, int], None]] = None) -> RankAnalysis:
+def analyze_file(
+    tf: TraceFile,
+    config: dict,
+    capture: Optional[Sequence[str | Path]] = None,
+    on_read: Optional[Callable[[int, int], None]] = None,
+) -> RankAnalysis:
     """``capture``: graph-capture trace paths (files or folders) that attribute graph-replayed kernels;
     ``on_read(bytes_done, bytes_total)`` follows the reading of the file."""
     with collector_paused():  # millions of long-lived tuples: the collector's passes would walk them all
@@ -119,6 +126,7 @@ def analyze_file(tf: TraceFile, config: dict, capture: Optional[Sequence[str | P
         cap = None
         if capture:
             from perfscope.analysis.capture_map import CaptureSet
+
             cap = CaptureSet.load(capture)
         ra = analyze_trace(trace, config, rank=rank, stage=tf.stage, capture=cap)
         del trace  # freed before the collector is back (else its first pass would walk the whole trace)
@@ -207,8 +215,9 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     ref_comp = _median_of_others(timed, comp, by_comp)
     # a difference only counts when it stands above the step-to-step noise of the ranks
     step_noise = _lead_noise(timed, lambda m: m.get("gpu_ms") or m.get("cpu_ms") or 0.0, by_step)
-    comp_noise = _lead_noise(timed, lambda m: m.get("kernel_ms", 0.0) - (m.get("buckets") or {}).get("communication", 0.0),
-                             by_comp)
+    comp_noise = _lead_noise(
+        timed, lambda m: m.get("kernel_ms", 0.0) - (m.get("buckets") or {}).get("communication", 0.0), by_comp
+    )
     step_ratio = step[id(by_step)] / ref_step if ref_step > 0 else 1.0
     comp_ratio = comp[id(by_comp)] / ref_comp if ref_comp > 0 else 1.0
     if step[id(by_step)] - ref_step <= NOISE_SIGMAS * step_noise:
@@ -222,28 +231,41 @@ def straggler(ranks: list[RankAnalysis], threshold: float = 1.05) -> Optional[di
     fast = min(timed, key=lambda r: (comp if use_comp else step)[id(r)])
     mid_step = statistics.median(step.values())
     if use_comp:
-        line = (f"rank {slow.rank}: {comp[id(slow)]:.3g} ms of compute per step, {comp_ratio:.2f}x the other ranks' "
-                f"median {ref_comp:.3g} ms (late before its collectives; its step {slow.steps.median_ms:.3g} ms)")
+        line = (
+            f"rank {slow.rank}: {comp[id(slow)]:.3g} ms of compute per step, {comp_ratio:.2f}x the other ranks' "
+            f"median {ref_comp:.3g} ms (late before its collectives; its step {slow.steps.median_ms:.3g} ms)"
+        )
     elif step_ratio == 1.0 and step[id(slow)] > ref_step:
         # the lead is inside the step-to-step noise: say so, not "1.00x" beside two different numbers
-        line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step against the other ranks' median {ref_step:.3g} "
-                f"ms/step: within the steps' noise (±{NOISE_SIGMAS * step_noise:.3g} ms), not a straggler")
+        line = (
+            f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step against the other ranks' median {ref_step:.3g} "
+            f"ms/step: within the steps' noise (±{NOISE_SIGMAS * step_noise:.3g} ms), not a straggler"
+        )
     else:
-        line = (f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step, {step_ratio:.2f}x the other ranks' median "
-                f"{ref_step:.3g} ms/step")
-    return {"rank": slow.rank, "stage": slow.stage, "phase": key[1], "median_ms": slow.steps.median_ms,
-            "line": line,
-            "ranks_median_ms": round(mid_step, 4),
-            "others_median_ms": round(_median_of_others(timed, step, slow), 4),
-            "slower_than_others": round(max(step_ratio, comp_ratio), 4),
-            "slower_than_median": round(step[id(slow)] / mid_step if mid_step else 1.0, 4),
-            "signal": "compute-before-collective" if use_comp else "step-time",
-            "compute_ms": round(comp[id(slow)], 4), "ranks_median_compute_ms": round(statistics.median(comp.values()), 4),
-            "fastest_rank": fast.rank,
-            "spread_ms": round(max(step.values()) - min(step.values()), 4),  # step time, slowest - fastest
-            "compute_spread_ms": round(max(comp.values()) - min(comp.values()), 4),
-            "noise_ms": round(step_noise, 4),
-            "threshold": threshold, "significant": bool(max(step_ratio, comp_ratio) > threshold)}
+        line = (
+            f"rank {slow.rank} at {step[id(slow)]:.3g} ms/step, {step_ratio:.2f}x the other ranks' median "
+            f"{ref_step:.3g} ms/step"
+        )
+    return {
+        "rank": slow.rank,
+        "stage": slow.stage,
+        "phase": key[1],
+        "median_ms": slow.steps.median_ms,
+        "line": line,
+        "ranks_median_ms": round(mid_step, 4),
+        "others_median_ms": round(_median_of_others(timed, step, slow), 4),
+        "slower_than_others": round(max(step_ratio, comp_ratio), 4),
+        "slower_than_median": round(step[id(slow)] / mid_step if mid_step else 1.0, 4),
+        "signal": "compute-before-collective" if use_comp else "step-time",
+        "compute_ms": round(comp[id(slow)], 4),
+        "ranks_median_compute_ms": round(statistics.median(comp.values()), 4),
+        "fastest_rank": fast.rank,
+        "spread_ms": round(max(step.values()) - min(step.values()), 4),  # step time, slowest - fastest
+        "compute_spread_ms": round(max(comp.values()) - min(comp.values()), 4),
+        "noise_ms": round(step_noise, 4),
+        "threshold": threshold,
+        "significant": bool(max(step_ratio, comp_ratio) > threshold),
+    }
 
 
 def _median_of_others(timed: list[RankAnalysis], value: dict, rank: RankAnalysis) -> float:
@@ -258,21 +280,27 @@ def not_one_job(ranks: list[RankAnalysis]) -> list[str]:
     out = []
     gpus = sorted({str(r.meta.get("device_name")) for r in ranks if r.meta.get("device_name")})
     if len(gpus) > 1:
-        out.append(f"these {len(ranks)} files ran on different GPUs ({', '.join(gpus)}): not the ranks of one job; "
-                   "they are listed side by side, with no straggler")
+        out.append(
+            f"these {len(ranks)} files ran on different GPUs ({', '.join(gpus)}): not the ranks of one job; "
+            "they are listed side by side, with no straggler"
+        )
     ws = sorted({r.meta["world_size"] for r in ranks if r.meta.get("world_size")})
     if len(ws) > 1:
-        out.append(f"these files report different world sizes ({', '.join(map(str, ws))}): not the ranks of one "
-                   "job; no straggler")
+        out.append(
+            f"these files report different world sizes ({', '.join(map(str, ws))}): not the ranks of one "
+            "job; no straggler"
+        )
     seen: dict = {}
     for r in ranks:
         if r.rank is None:
             continue
         key = (r.rank, r.stage, r.meta.get("host"))
         if key in seen:
-            out.append(f"{seen[key]} and {r.file} both are rank {r.rank}"
-                       f"{' (' + r.stage + ')' if r.stage else ''}: different runs, not ranks of one job; "
-                       "no straggler")
+            out.append(
+                f"{seen[key]} and {r.file} both are rank {r.rank}"
+                f"{' (' + r.stage + ')' if r.stage else ''}: different runs, not ranks of one job; "
+                "no straggler"
+            )
             break
         seen[key] = r.file
     return out

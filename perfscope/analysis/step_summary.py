@@ -59,6 +59,7 @@ class StepSummary:
     def from_dict(cls, d: dict) -> "StepSummary":
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
+
 STEPS_MIN_GPU_SHARE = 0.05  # steps holding less of the trace's GPU time than this: the whole trace is analysed
 
 
@@ -69,8 +70,12 @@ def analysed_window(trace: Trace, stepset: StepSet) -> dict:
     held = sum(trace.kernels[i].dur for s in stepset.steps for i in s.kernels)
     share = held / total if total else 1.0
     out = {"analysed": "steps", "steps_gpu_share": round(share, 4), "gpu_ms_total": round(total / 1e3, 4)}
-    if total and share < STEPS_MIN_GPU_SHARE and stepset.method != "whole-trace" and \
-            any(k.kind != "cpu" for k in trace.kernels):
+    if (
+        total
+        and share < STEPS_MIN_GPU_SHARE
+        and stepset.method != "whole-trace"
+        and any(k.kind != "cpu" for k in trace.kernels)
+    ):
         inside = {i for s in stepset.steps for i in s.kernels}
         by: defaultdict[str, float] = defaultdict(float)
         for i, k in enumerate(trace.kernels):
@@ -98,8 +103,9 @@ def phase_rows(stepset: StepSet) -> list[dict]:
     return rows
 
 
-def median_step_timeline(trace: Trace, metrics: list[StepMetrics], steps: list[Step], step_ms: float,
-                         serving: bool) -> dict:
+def median_step_timeline(
+    trace: Trace, metrics: list[StepMetrics], steps: list[Step], step_ms: float, serving: bool
+) -> dict:
     """The kernels of the step whose time is the median (``{}`` when no step has any): what the report draws."""
     with_k = [(m, s) for m, s in zip(metrics, steps) if s.kernels]
     if not with_k:
@@ -111,10 +117,22 @@ def median_step_timeline(trace: Trace, metrics: list[StepMetrics], steps: list[S
     over = step_overrides(trace, s, serving=serving)
     for i in s.kernels[:TIMELINE_MAX_KERNELS]:
         k = kern[i]
-        rows.append([k.stream, round((k.ts - t0) / 1e3, 5), round(k.dur / 1e3, 5), short_name(k.name),
-                     (over.get(i) or classify(k.name, k.kind))[0]])
-    return {"step": s.index, "label": s.label, "gpu_ms": round(m.gpu_ms, 4),
-            "truncated": len(s.kernels) > TIMELINE_MAX_KERNELS, "kernels": rows}
+        rows.append(
+            [
+                k.stream,
+                round((k.ts - t0) / 1e3, 5),
+                round(k.dur / 1e3, 5),
+                short_name(k.name),
+                (over.get(i) or classify(k.name, k.kind))[0],
+            ]
+        )
+    return {
+        "step": s.index,
+        "label": s.label,
+        "gpu_ms": round(m.gpu_ms, 4),
+        "truncated": len(s.kernels) > TIMELINE_MAX_KERNELS,
+        "kernels": rows,
+    }
 
 
 def top_cpu_ops(trace: Trace, steps: list[Step], limit: int = 15) -> list[dict]:
@@ -131,5 +149,7 @@ def top_cpu_ops(trace: Trace, steps: list[Step], limit: int = 15) -> list[dict]:
             tot[o.name] += o.dur
             cnt[o.name] += 1
     n = max(len(steps), 1)
-    return [{"name": k, "ms_per_step": round(v / n / 1e3, 4), "count_per_step": cnt[k] / n}
-            for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:limit]]
+    return [
+        {"name": k, "ms_per_step": round(v / n / 1e3, 4), "count_per_step": cnt[k] / n}
+        for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:limit]
+    ]

@@ -20,8 +20,15 @@ TAIL_US = 2000.0  # how far after a step annotation its sampler's launches may c
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _VLLM_RUNNER_FRAME = re.compile(r"(^|/)vllm/(v1/)?worker/(gpu_)?model_runner\.py\(\d+\): execute_model$")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
-_PHASE_OF = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed",
-             "IDLE": "idle", "TARGET_VERIFY": "decode", "DRAFT_EXTEND": "prefill"}
+_PHASE_OF = {
+    "DECODE": "decode",
+    "EXTEND": "prefill",
+    "PREFILL": "prefill",
+    "MIXED": "mixed",
+    "IDLE": "idle",
+    "TARGET_VERIFY": "decode",
+    "DRAFT_EXTEND": "prefill",
+}
 
 
 def is_graph_launch(name: str) -> bool:
@@ -30,8 +37,12 @@ def is_graph_launch(name: str) -> bool:
 
 def is_kernel_launch(name: str) -> bool:
     n = name
-    return ("LaunchKernel" in n or "LaunchCooperativeKernel" in n or n.startswith(_GRAPH_LAUNCH)
-            or n in ("cudaLaunchKernelExC", "cuLaunchKernelEx", "cuLaunchKernel", "hipExtLaunchKernel"))
+    return (
+        "LaunchKernel" in n
+        or "LaunchCooperativeKernel" in n
+        or n.startswith(_GRAPH_LAUNCH)
+        or n in ("cudaLaunchKernelExC", "cuLaunchKernelEx", "cuLaunchKernel", "hipExtLaunchKernel")
+    )
 
 
 @dataclass
@@ -94,8 +105,9 @@ def windows(trace: Trace) -> tuple[str, list[Step], str]:
             fr.append(Step(0, "unknown", f.name, f.ts, f.ts + f.dur, f.pid, tid=f.tid))
     if fr:
         return "model-runner-frames", fr, "vLLM model-runner execute_model calls (Python frames)"
-    ps = [Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann
-          if _PROFILER_STEP.match(a.name)]
+    ps = [
+        Step(0, "decode", a.name, a.ts, a.ts + a.dur, a.pid, tid=a.tid) for a in cpu_ann if _PROFILER_STEP.match(a.name)
+    ]
     if ps:
         return "ProfilerStep", ps, "torch.profiler ProfilerStep#N ranges"
     it = _optimizer_iterations(trace)
@@ -103,7 +115,11 @@ def windows(trace: Trace) -> tuple[str, list[Step], str]:
         return "optimizer-steps", it, "training iterations, each ending with its Optimizer.step"
     pieces = _graph_piece_steps(trace)
     if pieces:
-        return "graph-pieces", pieces, "runs of piecewise CUDA-graph replays, one per forward (no step annotations in the trace)"
+        return (
+            "graph-pieces",
+            pieces,
+            "runs of piecewise CUDA-graph replays, one per forward (no step annotations in the trace)",
+        )
     gl = [Step(0, "decode", l.name, l.ts, l.ts + l.dur, l.pid) for l in trace.launches if is_graph_launch(l.name)]
     if len(gl) >= 2:
         return "graph-replay", gl, "one CUDA-graph launch per step (no step annotations in the trace)"
@@ -116,8 +132,11 @@ def whole_trace(trace: Trace) -> tuple[str, list[Step], str]:
         t1 = max(k.end for k in trace.kernels)
         c0 = min([l.ts for l in trace.launches] + [t0])
         c1 = max([l.ts + l.dur for l in trace.launches] + [t1])
-        return "whole-trace", [Step(0, "unknown", "whole trace", min(c0, t0), max(c1, t1))], \
-            "no step markers: the whole trace is one window"
+        return (
+            "whole-trace",
+            [Step(0, "unknown", "whole trace", min(c0, t0), max(c1, t1))],
+            "no step markers: the whole trace is one window",
+        )
     if trace.cpu_ops:
         t0 = min(o.ts for o in trace.cpu_ops)
         t1 = max(o.ts + o.dur for o in trace.cpu_ops)
@@ -132,7 +151,9 @@ def _optimizer_iterations(trace: Trace) -> list[Step]:
     if not opt:
         return []
     tid = opt[0][0]
-    starts = [o.ts for o in trace.cpu_ops if o.tid == tid] + [a.ts for a in trace.annotations if a.tid == tid and not a.gpu]
+    starts = [o.ts for o in trace.cpu_ops if o.tid == tid] + [
+        a.ts for a in trace.annotations if a.tid == tid and not a.gpu
+    ]
     prev = min(starts + [opt[0][1]])
     pid = next((o.pid for o in trace.cpu_ops if o.tid == tid), None)
     steps = []
@@ -185,15 +206,20 @@ def _graph_piece_steps(trace: Trace) -> list[Step]:
     if lead and lead < b0 and sig[lead] in lasts:
         runs.insert(0, (0, lead + 1))  # cut at the start: middle pieces, then a last one
     e1 = runs[-1][1]
-    if e1 < n and sig[e1] in firsts and e1 + 1 < n and all(x in middles for x in sig[e1 + 1:]):
+    if e1 < n and sig[e1] in firsts and e1 + 1 < n and all(x in middles for x in sig[e1 + 1 :]):
         runs.append((e1, n))  # cut at the end: a first piece, then middle ones
     in_run = [False] * n
     for b, e in runs:
         for x in range(b, e):
             in_run[x] = True
-    starts = sorted([(gl[b].ts, "run", b, e) for b, e in runs]
-                    + [(gl[x].ts, "full", x, x + 1) for x in range(n) if not in_run[x]
-                       and sig[x] not in middles and sig[x] not in firsts and sig[x] not in lasts])
+    starts = sorted(
+        [(gl[b].ts, "run", b, e) for b, e in runs]
+        + [
+            (gl[x].ts, "full", x, x + 1)
+            for x in range(n)
+            if not in_run[x] and sig[x] not in middles and sig[x] not in firsts and sig[x] not in lasts
+        ]
+    )
     steps = []
     for i, (_, kind, b, e) in enumerate(starts):
         first, last = gl[b], gl[e - 1]

@@ -32,7 +32,15 @@ import bisect
 from dataclasses import dataclass
 
 from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
-from perfscope.analysis.step_windows import GRAPH_FULL, TAIL_US, Step, is_graph_launch, is_kernel_launch, whole_trace, windows
+from perfscope.analysis.step_windows import (
+    GRAPH_FULL,
+    TAIL_US,
+    Step,
+    is_graph_launch,
+    is_kernel_launch,
+    whole_trace,
+    windows,
+)
 from perfscope.load.model import Trace
 
 __all__ = ["Step", "StepSet", "find_steps", "is_graph_launch", "is_kernel_launch"]
@@ -105,8 +113,11 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
     for l in trace.launches:
         kind = kinds.get(l.name)
         if kind is None:
-            kind = kinds[l.name] = (is_kernel_launch(l.name), is_graph_launch(l.name),
-                                    "Memcpy" in l.name or "Memset" in l.name)
+            kind = kinds[l.name] = (
+                is_kernel_launch(l.name),
+                is_graph_launch(l.name),
+                "Memcpy" in l.name or "Memset" in l.name,
+            )
         if not kind[0] and not kind[2]:
             continue
         i = window_of(l.ts)
@@ -132,8 +143,13 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
             i = window_of(k.ts, tail=k.kind != "cpu")
         if method == "whole-trace" and i < 0:
             i = 0
-        if i >= 0 and k.kind == "cpu" and steps[i].tid is not None and k.stream != thread_stream(steps[i].tid) \
-                and not is_collective_standin(k.name):
+        if (
+            i >= 0
+            and k.kind == "cpu"
+            and steps[i].tid is not None
+            and k.stream != thread_stream(steps[i].tid)
+            and not is_collective_standin(k.name)
+        ):
             continue  # a CPU op of another thread: not this step's work (threads overlap in time)
         if i >= 0:
             steps[i].kernels.append(ki)
@@ -156,8 +172,10 @@ def _runner_phases(steps: list[Step], note: str) -> str:
     if full and len(full) < len(work):
         for s in work:
             s.phase = "decode" if s.label == GRAPH_FULL else "prefill"
-        return note + ("; full-graph replays taken as decode, piecewise ones as prefill (engines capture decode "
-                       "whole and replay prefill or mixed batches piecewise)")
+        return note + (
+            "; full-graph replays taken as decode, piecewise ones as prefill (engines capture decode "
+            "whole and replay prefill or mixed batches piecewise)"
+        )
     graphed = [s for s in work if s.graph_launches]
     if graphed and len(graphed) < len(work):
         for s in work:

@@ -35,8 +35,10 @@ _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
 _OPTIMIZER = "Optimizer.step#"  # a range name's start, one per iteration (zero_grad is another range of the same one)
 _BACKWARD_KERNEL = re.compile(r"backward|_bwd|dgrad|wgrad", re.I)
 _DIFFUSION_ANN = re.compile(r"diffusion|denois", re.I)
-_DIFFUSION_FRAME = re.compile(r"(^|/)(diffusers|xfuser)/|(^|/)scheduling_\w+\.py\(|"
-                              r"^nn\.Module: \w*(UNet\w*|Transformer2DModel|AutoencoderKL\w*)_\d+$")
+_DIFFUSION_FRAME = re.compile(
+    r"(^|/)(diffusers|xfuser)/|(^|/)scheduling_\w+\.py\(|"
+    r"^nn\.Module: \w*(UNet\w*|Transformer2DModel|AutoencoderKL\w*)_\d+$"
+)
 _HF_MODEL_FRAME = re.compile(r"(^|/)transformers/(models/(\w+)/modeling_\w+\.py|pipelines/)")
 _HF_GENERATE_FRAME = re.compile(r"(^|/)transformers/generation/")
 _ENGINE_FRAME = re.compile(r"(^|/)(vllm|sglang)/")
@@ -69,8 +71,11 @@ def classify_workload(trace: Trace) -> dict:
     for i in table.first:
         k = kern[i]
         b, sub = table.pair[i]
-        f = (_BACKWARD_KERNEL.search(k.name) is not None, sub == "conv",
-             sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name)
+        f = (
+            _BACKWARD_KERNEL.search(k.name) is not None,
+            sub == "conv",
+            sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name,
+        )
         flags.append(f if k.kind == "kernel" and any(f) else None)
     for k, key in zip(kern, table.key):
         f = flags[key]
@@ -85,10 +90,15 @@ def classify_workload(trace: Trace) -> dict:
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}
     diff_frames = sorted(n for n in frame_names if _DIFFUSION_FRAME.search(n))
-    ev = {"backward_ops": bw_ops, "optimizer_steps": optim, "serving_step_annotations": serving,
-          "backward_kernel_share": round(bw_us / total, 4) if total else 0.0,
-          "conv_kernel_share": round(conv_us / total, 4) if total else 0.0,
-          "diffusion_annotations": len(diff_ann), "diffusion_frames": len(diff_frames)}
+    ev = {
+        "backward_ops": bw_ops,
+        "optimizer_steps": optim,
+        "serving_step_annotations": serving,
+        "backward_kernel_share": round(bw_us / total, 4) if total else 0.0,
+        "conv_kernel_share": round(conv_us / total, 4) if total else 0.0,
+        "diffusion_annotations": len(diff_ann),
+        "diffusion_frames": len(diff_frames),
+    }
     if serving == 0 and (bw_ops >= BACKWARD_OPS_MIN or optim > 0 or (total and bw_us / total >= BACKWARD_KERNEL_SHARE)):
         what = []
         if bw_ops:
@@ -97,9 +107,13 @@ def classify_workload(trace: Trace) -> dict:
             what.append(f"{optim} optimizer steps")
         if total and bw_us / total >= BACKWARD_KERNEL_SHARE:
             what.append(f"backward kernels {bw_us / total:.0%} of kernel time")
-        return {"kind": "training", "serving_rules": False, "evidence": ev,
-                "how": "a training trace (" + ", ".join(what) + "): its steps are training iterations, "
-                       "not decode steps; perfscope's serving rules do not apply"}
+        return {
+            "kind": "training",
+            "serving_rules": False,
+            "evidence": ev,
+            "how": "a training trace (" + ", ".join(what) + "): its steps are training iterations, "
+            "not decode steps; perfscope's serving rules do not apply",
+        }
     if serving == 0 and (diff_ann or diff_frames):
         what = []
         if diff_ann:
@@ -107,30 +121,55 @@ def classify_workload(trace: Trace) -> dict:
         if diff_frames:
             libs = sorted({m.group(2) for m in (re.search(r"(^|/)(diffusers|xfuser)/", n) for n in diff_frames) if m})
             mods = sorted({n.split(": ", 1)[1].rsplit("_", 1)[0] for n in diff_frames if n.startswith("nn.Module: ")})
-            what.append(f"{len(diff_frames)} Python functions of " + (", ".join(libs) or "a diffusion pipeline")
-                        + (f" (modules {', '.join(mods[:3])})" if mods else ""))
-        return {"kind": "inference", "model": "diffusion", "serving_rules": False, "evidence": ev,
-                "how": "diffusion-model inference (" + "; ".join(what) + "), not an LLM: its steps are "
-                       "denoising pipeline runs, not decode steps, and there is no KV cache or sampling; "
-                       "perfscope's serving rules do not apply"}
+            what.append(
+                f"{len(diff_frames)} Python functions of "
+                + (", ".join(libs) or "a diffusion pipeline")
+                + (f" (modules {', '.join(mods[:3])})" if mods else "")
+            )
+        return {
+            "kind": "inference",
+            "model": "diffusion",
+            "serving_rules": False,
+            "evidence": ev,
+            "how": "diffusion-model inference (" + "; ".join(what) + "), not an LLM: its steps are "
+            "denoising pipeline runs, not decode steps, and there is no KV cache or sampling; "
+            "perfscope's serving rules do not apply",
+        }
     hf = hf_forwards(frame_names) if serving == 0 else None
     if hf is not None:
         ev["transformers_models"] = hf
-        return {"kind": "inference", "model": "transformers", "serving_rules": False, "evidence": ev,
-                "how": "Hugging Face transformers model forwards (" + (", ".join(hf[:4]) or "a pipeline")
-                       + ") outside a serving engine: each profiled step is one forward pass, not a decode step, "
-                       "with no KV cache or sampler; perfscope's serving rules do not apply (the launch-bound check "
-                       "of eager-decode does)"}
+        return {
+            "kind": "inference",
+            "model": "transformers",
+            "serving_rules": False,
+            "evidence": ev,
+            "how": "Hugging Face transformers model forwards ("
+            + (", ".join(hf[:4]) or "a pipeline")
+            + ") outside a serving engine: each profiled step is one forward pass, not a decode step, "
+            "with no KV cache or sampler; perfscope's serving rules do not apply (the launch-bound check "
+            "of eager-decode does)",
+        }
     if serving == 0 and total and conv_us / total >= CONV_SHARE and not llm_us:
-        return {"kind": "inference", "model": "cnn", "serving_rules": False, "evidence": ev,
-                "how": f"non-LLM inference (convolutions {conv_us / total:.0%} of kernel time, no KV cache or "
-                       "sampling kernels): perfscope's serving rules do not apply"}
+        return {
+            "kind": "inference",
+            "model": "cnn",
+            "serving_rules": False,
+            "evidence": ev,
+            "how": f"non-LLM inference (convolutions {conv_us / total:.0%} of kernel time, no KV cache or "
+            "sampling kernels): perfscope's serving rules do not apply",
+        }
     if serving or llm_us:
-        how = "LLM inference: " + ("serving-engine step annotations" if serving else "KV-cache / sampling / FlashInfer kernels")
+        how = "LLM inference: " + (
+            "serving-engine step annotations" if serving else "KV-cache / sampling / FlashInfer kernels"
+        )
         return {"kind": "llm-inference", "serving_rules": True, "evidence": ev, "how": how}
-    return {"kind": "inference", "serving_rules": True, "evidence": ev,
-            "how": "inference with no serving-engine annotations, KV-cache writes or sampling kernels (analysed as "
-                   "LLM decode; the findings may not apply if this is not an LLM)"}
+    return {
+        "kind": "inference",
+        "serving_rules": True,
+        "evidence": ev,
+        "how": "inference with no serving-engine annotations, KV-cache writes or sampling kernels (analysed as "
+        "LLM decode; the findings may not apply if this is not an LLM)",
+    }
 
 
 def optimizer_steps(trace: Trace) -> list[tuple]:

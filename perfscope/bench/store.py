@@ -39,8 +39,14 @@ def tpot_samples(folder: Path) -> Optional[list[float]]:
     rows = d.get("per_request")
     if not isinstance(rows, list):
         return None
-    out = [r["tpot_ms"] for r in rows if isinstance(r, dict) and r.get("ok")
-           and isinstance(r.get("tpot_ms"), (int, float)) and not isinstance(r.get("tpot_ms"), bool)]
+    out = [
+        r["tpot_ms"]
+        for r in rows
+        if isinstance(r, dict)
+        and r.get("ok")
+        and isinstance(r.get("tpot_ms"), (int, float))
+        and not isinstance(r.get("tpot_ms"), bool)
+    ]
     return out or None
 
 
@@ -54,8 +60,16 @@ def store(out: Path, res, url: str, host: Optional[str], info: dict, argv: list[
     if (out / rundir.RUN_FILE).is_file():  # an existing run folder (e.g. a trace): add the bench to it
         rundir.update_run(out, timings={"bench": summary})
     else:
-        rundir.write_run(out, command=argv, kind="bench", engine=info.get("engine") or "sglang", host=host, url=url,
-                         server_info=info,
-                         versions={"server": info.get("version")} if info.get("version") else None,
-                         workload=res.workload, timings=summary)
+        rundir.write_run(
+            out,
+            command=argv,
+            kind="bench",
+            engine=info.get("engine") or "sglang",
+            host=host,
+            url=url,
+            server_info=info,
+            versions={"server": info.get("version")} if info.get("version") else None,
+            workload=res.workload,
+            timings=summary,
+        )
     return path

@@ -69,13 +69,23 @@ def make_prompts(n: int, input_len: int, seed: int = 0, ids: tuple[int, int] = D
 
 
 def payload(input_ids: list[int], output_len: int, temperature: float = 0.0, ignore_eos: bool = True) -> dict:
-    return {"input_ids": input_ids,
-            "sampling_params": {"max_new_tokens": output_len, "temperature": temperature, "ignore_eos": ignore_eos}}
+    return {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": output_len, "temperature": temperature, "ignore_eos": ignore_eos},
+    }
 
 
-def stream_one(client, input_ids: list[int], output_len: int, *, index: int = 0, temperature: float = 0.0,
-               ignore_eos: bool = True, timeout: Optional[float] = None,
-               stop: Optional[threading.Event] = None) -> RequestTiming:
+def stream_one(
+    client,
+    input_ids: list[int],
+    output_len: int,
+    *,
+    index: int = 0,
+    temperature: float = 0.0,
+    ignore_eos: bool = True,
+    timeout: Optional[float] = None,
+    stop: Optional[threading.Event] = None,
+) -> RequestTiming:
     """Send one streamed /generate and time it. Errors are recorded, not raised (a load run
     reports how many requests failed)."""
     rt = RequestTiming(index=index, input_len=len(input_ids))
@@ -83,8 +93,9 @@ def stream_one(client, input_ids: list[int], output_len: int, *, index: int = 0,
     prev = None
     tokens = 0
     try:
-        for fr in client.generate_stream(payload(input_ids, output_len, temperature, ignore_eos), timeout=timeout,
-                                         stop=stop):
+        for fr in client.generate_stream(
+            payload(input_ids, output_len, temperature, ignore_eos), timeout=timeout, stop=stop
+        ):
             meta = fr.data.get("meta_info") or {}
             n = meta.get("completion_tokens")
             if not isinstance(n, int):
@@ -120,13 +131,25 @@ def _reason(fr) -> str:
     return fr.get("type", str(fr)) if isinstance(fr, dict) else str(fr)
 
 
-def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len: int = 256, *,
-                 num_requests: Optional[int] = None, seed: int = 0, stop: Optional[threading.Event] = None,
-                 duration_s: Optional[float] = None, temperature: float = 0.0, ignore_eos: bool = True,
-                 timeout: Optional[float] = None, prompts: Optional[list[list[int]]] = None,
-                 on_done: Optional[Callable[[RequestTiming], None]] = None,
-                 max_consecutive_errors: int = 3, ids: Optional[tuple[int, int]] = None,
-                 stall_expected: Optional[Callable[[], bool]] = None) -> list[RequestTiming]:
+def drive_decode(
+    client,
+    concurrency: int = 1,
+    input_len: int = 256,
+    output_len: int = 256,
+    *,
+    num_requests: Optional[int] = None,
+    seed: int = 0,
+    stop: Optional[threading.Event] = None,
+    duration_s: Optional[float] = None,
+    temperature: float = 0.0,
+    ignore_eos: bool = True,
+    timeout: Optional[float] = None,
+    prompts: Optional[list[list[int]]] = None,
+    on_done: Optional[Callable[[RequestTiming], None]] = None,
+    max_consecutive_errors: int = 3,
+    ids: Optional[tuple[int, int]] = None,
+    stall_expected: Optional[Callable[[], bool]] = None,
+) -> list[RequestTiming]:
     """Keep ``concurrency`` streams busy: each worker sends the next request as its previous one
     ends, until ``num_requests`` were sent, ``stop`` is set, or ``duration_s`` passed (any that is
     given; with none of them, until ``stop``). Prompts are fixed by ``seed``, their token ids drawn
@@ -169,12 +192,23 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
             i = next_index()
             if i is None:
                 return
-            rt = stream_one(client, prompts[i % len(prompts)], output_len, index=i, temperature=temperature,
-                            ignore_eos=ignore_eos, timeout=timeout, stop=stop)
+            rt = stream_one(
+                client,
+                prompts[i % len(prompts)],
+                output_len,
+                index=i,
+                temperature=temperature,
+                ignore_eos=ignore_eos,
+                timeout=timeout,
+                stop=stop,
+            )
             with lock:
                 results.append(rt)
-                if rt.error and not stop.is_set() and not (rt.stalled and stall_expected is not None
-                                                             and stall_expected()):
+                if (
+                    rt.error
+                    and not stop.is_set()
+                    and not (rt.stalled and stall_expected is not None and stall_expected())
+                ):
                     errors[0] += 1
                     if errors[0] >= max_consecutive_errors and not any(r.ok for r in results):
                         fatal.append(rt.error)
@@ -190,4 +224,3 @@ def drive_decode(client, concurrency: int = 1, input_len: int = 256, output_len:
         raise RemoteError(f"the load's requests fail: {fatal[0]}")
     results.sort(key=lambda r: r.index)
     return results
-

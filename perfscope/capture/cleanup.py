@@ -22,8 +22,11 @@ def is_not_running(err: BaseException) -> bool:
     """A /stop_profile refusal meaning no profile runs (nothing left to stop). SGLang 0.5.x answers
     a bare HTTP 500 'Internal Server Error' (its log: 'Profiling is not in progress'), e.g. after
     a num_steps profile stopped by itself; older servers and the emulator say so in the body."""
-    if isinstance(err, HTTPStatusError) and err.status == 500 and \
-            err.body.strip().lower() in ("internal server error", ""):
+    if (
+        isinstance(err, HTTPStatusError)
+        and err.status == 500
+        and err.body.strip().lower() in ("internal server error", "")
+    ):
         return True
     return bool(re.search(r"not in progress|no profil|not running|not started", str(err), re.I))
 
@@ -55,11 +58,23 @@ def reason(err: BaseException) -> str:
     return str(err) or type(err).__name__
 
 
-def abandon(io: HostIO, api: SGLangClient, say: Say, out_dir: Path, remote_dir: str | None, armed: bool,
-            err: BaseException, *, load: TraceLoad | None = None, command: Iterable[str] = (), engine: str = "sglang", host: str | None = None,
-            stop_timeout: float = 600.0,
-            reconnect: Callable[[], ContextManager[tuple[HostIO, str]]] | None = None,
-            make_api: Callable[[str], SGLangClient] | None = None) -> None:
+def abandon(
+    io: HostIO,
+    api: SGLangClient,
+    say: Say,
+    out_dir: Path,
+    remote_dir: str | None,
+    armed: bool,
+    err: BaseException,
+    *,
+    load: TraceLoad | None = None,
+    command: Iterable[str] = (),
+    engine: str = "sglang",
+    host: str | None = None,
+    stop_timeout: float = 600.0,
+    reconnect: Callable[[], ContextManager[tuple[HostIO, str]]] | None = None,
+    make_api: Callable[[str], SGLangClient] | None = None,
+) -> None:
     """A trace that will not finish: stop the profiler if it is (or may be) ``armed``, stop the load,
     remove ``remote_dir`` (the folder perfscope made on the host, None for the engine's own), and
     leave the run folder with a run.json that says it is incomplete. Never raises. ``reconnect``
@@ -74,7 +89,9 @@ def abandon(io: HostIO, api: SGLangClient, say: Say, out_dir: Path, remote_dir: 
             dead = bool(failed) and reconnect is not None and not io.alive()
             if failed and not dead:
                 say(f"warning: /stop_profile failed: {failed}")
-        if dead and reconnect is not None:  # the SSH connection died: a fresh one stops the profiler, removes the folder
+        if (
+            dead and reconnect is not None
+        ):  # the SSH connection died: a fresh one stops the profiler, removes the folder
             say("the SSH connection is gone: stopping the profiler over a fresh one")
             with reconnect() as (io, url):
                 if armed and make_api is not None:

@@ -12,8 +12,9 @@ from perfscope.errors import RemoteError
 from perfscope.remote.hostio import HostIO, RemoteFile, trace_file_complete
 
 
-def copy_back(io: HostIO, got: list[RemoteFile], out_dir: Path, label: str, host: str | None, progress: Any,
-              files: list[dict]) -> None:
+def copy_back(
+    io: HostIO, got: list[RemoteFile], out_dir: Path, label: str, host: str | None, progress: Any, files: list[dict]
+) -> None:
     """Fetch each trace into ``out_dir/traces``, appending its run.json entry to ``files`` (``host``:
     the SSH host's label, None for a server on this machine). ``progress``: a rich Progress, or None."""
     for f in got:
@@ -24,8 +25,10 @@ def copy_back(io: HostIO, got: list[RemoteFile], out_dir: Path, label: str, host
         digest = io.fetch(f.path, local, digest_remote, cb)
         if not trace_file_complete(local):
             local.unlink()
-            raise RemoteError(f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
-                              "the server may have crashed while writing it")
+            raise RemoteError(
+                f"{f.name} from {label} is truncated (its gzip stream or JSON does not end): "
+                "the server may have crashed while writing it"
+            )
         files.append(rundir.file_entry(out_dir, local, host=host, sha256=digest))
 
 
@@ -33,6 +36,14 @@ def remote_entry(f: RemoteFile, label: str) -> dict:
     """The run.json entry of a trace left on the host: where ``trace --fetch`` puts it (``path``), where
     it is (``remote_path``), its size; its sha256 comes with the analysis on the host."""
     meta = rundir.parse_trace_name(f.name)
-    return {"path": f"{rundir.TRACES_DIR}/{f.name}", "remote_path": f.path, "sha256": None, "bytes": f.size,
-            "rank": meta["rank"], "stage": meta["stage"], "host": label, "parallel": meta["parallel"],
-            **({"role": meta["role"]} if meta["role"] else {})}
+    return {
+        "path": f"{rundir.TRACES_DIR}/{f.name}",
+        "remote_path": f.path,
+        "sha256": None,
+        "bytes": f.size,
+        "rank": meta["rank"],
+        "stage": meta["stage"],
+        "host": label,
+        "parallel": meta["parallel"],
+        **({"role": meta["role"]} if meta["role"] else {}),
+    }

@@ -64,21 +64,41 @@ class _Run:
         """The SSH host's label; None for a server at a URL on this machine."""
         return self.ep.label if self.ep.target is not None else None
 
-    def abandon(self, folder: RemoteDir | None, armed: bool, err: BaseException,
-                load: TraceLoad | None = None) -> None:
+    def abandon(self, folder: RemoteDir | None, armed: bool, err: BaseException, load: TraceLoad | None = None) -> None:
         """Stop what this run left on the server and mark the run folder incomplete (never raises)."""
         keep = folder is None or not folder.made or self.opts.keep_remote
         reconnect = (lambda: host_io(self.ep, self.port)) if self.ep.target is not None else None
-        abandon(self.io, self.api, self.say, self.out_dir, None if keep else folder.path if folder else None,
-                armed, err, load=load, command=self.command, engine=self.opts.engine, host=self.host,
-                stop_timeout=self.opts.timeout, reconnect=reconnect, make_api=self.client)
+        abandon(
+            self.io,
+            self.api,
+            self.say,
+            self.out_dir,
+            None if keep else folder.path if folder else None,
+            armed,
+            err,
+            load=load,
+            command=self.command,
+            engine=self.opts.engine,
+            host=self.host,
+            stop_timeout=self.opts.timeout,
+            reconnect=reconnect,
+            make_api=self.client,
+        )
 
     def client(self, url: str) -> SGLangClient:
         return self.engine.client(url, api_key=self.opts.api_key, timeout=self.opts.http_timeout)
 
 
-def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list[str],
-               log: Log = print, progress: Any = None, cancel: threading.Event | None = None) -> HostResult:
+def trace_host(
+    ep: Endpoint,
+    opts: TraceOptions,
+    out_dir: Path,
+    *,
+    command: list[str],
+    log: Log = print,
+    progress: Any = None,
+    cancel: threading.Event | None = None,
+) -> HostResult:
     """Trace one server, write ``out_dir`` as a run folder, return what was written."""
     cancel = cancel or threading.Event()
     engine = engines.get(opts.engine)
@@ -99,8 +119,9 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
         ids, ids_from = token_ids(server.info, io if has_host else None)
         say(f"load: prompt token ids {ids[0]}..{ids[1] - 1} ({ids_from})")
         # without any profiler first: a GPU trace leaves CUPTI attached to the server (its host slower after)
-        bench_res = prebench.measure(api, opts, server.info, say, ids) \
-            if opts.bench_requests and not cancel.is_set() else None
+        bench_res = (
+            prebench.measure(api, opts, server.info, say, ids) if opts.bench_requests and not cancel.is_set() else None
+        )
         if opts.host_timing and engine.host_timing and not opts.gpu_only and server.has_gpu and not cancel.is_set():
             _host_timing(ep, opts, out_dir, command, log, cancel, say)
         by_stage = engine.by_stage(api, opts, server, say)
@@ -129,17 +150,44 @@ def trace_host(ep: Endpoint, opts: TraceOptions, out_dir: Path, *, command: list
                 io.discard_dir(folder.path)
             else:
                 io.remove([f.path for f in got], None)
-        workload = {"concurrency": opts.concurrency, "input_len": opts.input_len, "output_len": opts.output_len,
-                    "ignore_eos": True, "seed": opts.seed, **workload}
+        workload = {
+            "concurrency": opts.concurrency,
+            "input_len": opts.input_len,
+            "output_len": opts.output_len,
+            "ignore_eos": True,
+            "seed": opts.seed,
+            **workload,
+        }
         after_note = gpu_trace_after_note(profile.get("activities"), server.has_gpu)
         rundir.write_run(
-            out_dir, command=command, kind="trace", engine=opts.engine,
-            host=run.host, url=ep.url or f"ssh://{label} -> 127.0.0.1:{port}",
-            versions=versions, server_info=server.info, gpu=server.gpu, workload=workload, timings=timings,
-            profile={**profile, "remote_dir_kept": opts.keep_remote or bool(opts.analyse_on_host), "started": t_start,
-                     "duration_s": round(time.time() - t_start, 3), "after_trace": after_note},
-            files=files, extra={**extra, **({"remote_files": remote, "analysis": {"where": "host", "status": "pending"}}
-                                            if opts.analyse_on_host else {})} or None,
+            out_dir,
+            command=command,
+            kind="trace",
+            engine=opts.engine,
+            host=run.host,
+            url=ep.url or f"ssh://{label} -> 127.0.0.1:{port}",
+            versions=versions,
+            server_info=server.info,
+            gpu=server.gpu,
+            workload=workload,
+            timings=timings,
+            profile={
+                **profile,
+                "remote_dir_kept": opts.keep_remote or bool(opts.analyse_on_host),
+                "started": t_start,
+                "duration_s": round(time.time() - t_start, 3),
+                "after_trace": after_note,
+            },
+            files=files,
+            extra={
+                **extra,
+                **(
+                    {"remote_files": remote, "analysis": {"where": "host", "status": "pending"}}
+                    if opts.analyse_on_host
+                    else {}
+                ),
+            }
+            or None,
         )
         if not opts.analyse_on_host:
             say(f"{len(files)} trace file(s) -> {out_dir / rundir.TRACES_DIR}")
@@ -158,8 +206,10 @@ def _server(run: _Run) -> tuple[Server, dict, str | None]:
     opts, io, label = run.opts, run.io, run.ep.label
     info = server_info(run.api, label)
     version = str(info.get("version") or "")
-    run.say(f"server {opts.engine} {version or '(version unknown)'}, model {info.get('model_path', '?')}, "
-            f"tp={info.get('tp_size', 1)}")
+    run.say(
+        f"server {opts.engine} {version or '(version unknown)'}, model {info.get('model_path', '?')}, "
+        f"tp={info.get('tp_size', 1)}"
+    )
     # the server's process (its interpreter has its versions): on the host, or here for a loopback URL
     proc = io.server_process(run.port) if run.ep.target is not None or is_loopback_url(run.ep.url) else {}
     versions = io.python_versions([opts.python] if opts.python else io.python_candidates(proc), want=opts.engine)
@@ -176,8 +226,9 @@ def _server(run: _Run) -> tuple[Server, dict, str | None]:
     return Server(label, info, version, gpu, server_has_gpu(info, gpu), proc), versions, onhost_py
 
 
-def _profile(run: _Run, server: Server, folder: RemoteDir, profile: dict, expected: int, by_stage: bool,
-             ids: tuple[int, int]) -> tuple[list[RemoteFile], dict, dict]:
+def _profile(
+    run: _Run, server: Server, folder: RemoteDir, profile: dict, expected: int, by_stage: bool, ids: tuple[int, int]
+) -> tuple[list[RemoteFile], dict, dict]:
     """Arm the profiler, drive the load until the traces are complete; (the traces on the host, the
     load's workload and timings for run.json). On any failure the profiler is stopped."""
     opts, label, say = run.opts, run.ep.label, run.say
@@ -195,8 +246,10 @@ def _profile(run: _Run, server: Server, folder: RemoteDir, profile: dict, expect
         except PerfscopeError as e:
             if re.search(r"already in progress|already running|already started", str(e), re.I):
                 armed = False  # someone else's profile: not ours to stop
-                raise RemoteError(f"a profile is already running on {label} (someone else's?): "
-                                  "not touching it; try again when it ends") from None
+                raise RemoteError(
+                    f"a profile is already running on {label} (someone else's?): "
+                    "not touching it; try again when it ends"
+                ) from None
             refused = run.engine.refused(e, label)
             if refused is not None:
                 armed = False
@@ -217,9 +270,11 @@ def _profile(run: _Run, server: Server, folder: RemoteDir, profile: dict, expect
     workload, timings = load.summary()
     timings.setdefault("under_profiler", True)
     if timings.get("requests_stalled"):
-        say(f"note: {timings['requests_stalled']} request(s) of the load got no stream line within "
+        say(
+            f"note: {timings['requests_stalled']} request(s) of the load got no stream line within "
             f"{opts.http_timeout:g}s after the profile's steps (the engine was writing its profile); "
-            "not counted as failures")
+            "not counted as failures"
+        )
     return got, workload, timings
 
 
@@ -241,11 +296,19 @@ def _analyse_on_host(run: _Run, python: str, remote_dir: str, remote: list[dict]
                 with contextlib.suppress(Exception):
                     entry["sha256"] = run.io.sha256(entry["remote_path"])
         with contextlib.suppress(BaseException):
-            rundir.mark_incomplete(out_dir, reason=f"{reason(e)} (the traces stay on {label}: {remote_dir})",
-                                   command=run.command, engine=run.opts.engine, host=label, remote_files=listed)
+            rundir.mark_incomplete(
+                out_dir,
+                reason=f"{reason(e)} (the traces stay on {label}: {remote_dir})",
+                command=run.command,
+                engine=run.opts.engine,
+                host=label,
+                remote_files=listed,
+            )
         raise
-    run.say(f"analysed on the host in {ha.seconds:.1f} s: {ha.results_bytes} bytes of results copied back, "
-            f"{ha.trace_bytes} bytes of traces left in {remote_dir}")
+    run.say(
+        f"analysed on the host in {ha.seconds:.1f} s: {ha.results_bytes} bytes of results copied back, "
+        f"{ha.trace_bytes} bytes of traces left in {remote_dir}"
+    )
     return rundir.read_run(out_dir).data.get("remote_files") or remote
 
 
@@ -255,18 +318,32 @@ def _analyse_on_host(run: _Run, python: str, remote_dir: str, remote: list[dict]
 HOST_TIMING_STEPS = 32
 
 
-def _host_timing(ep: Endpoint, opts: TraceOptions, out_dir: Path, command: list[str], log: Log,
-                 cancel: threading.Event, say: Log) -> None:
+def _host_timing(
+    ep: Endpoint, opts: TraceOptions, out_dir: Path, command: list[str], log: Log, cancel: threading.Event, say: Log
+) -> None:
     """A short GPU-only profile (kernels and CUDA runtime calls, no CPU ops) before the full one, as a
     run folder of its own in ``out_dir/host-timing``: its host timeline carries CUPTI's cost but not the
     CPU profiler's, and diagnose reads the host's time per step from it (perfscope.analysis.hosttime).
     An extra: when it fails, the trace goes on and the predictions use the full trace's host time."""
     # decode steps are what it times: one file of forward steps
-    sub = replace(opts, gpu_only=True, steps=HOST_TIMING_STEPS, bench_requests=0, host_timing=False,
-                  by_stage=False, analyse_on_host="keep" if opts.analyse_on_host else "")
+    sub = replace(
+        opts,
+        gpu_only=True,
+        steps=HOST_TIMING_STEPS,
+        bench_requests=0,
+        host_timing=False,
+        by_stage=False,
+        analyse_on_host="keep" if opts.analyse_on_host else "",
+    )
     say("host timing: a short GPU-only profile first (no CPU ops recorded: the host as unprofiled as it gets)")
     try:
-        trace_host(ep, sub, out_dir / rundir.HOST_TIMING_DIR, command=command + ["(host timing: --gpu-only)"],
-                   log=lambda m: log(f"  {m}"), cancel=cancel)
+        trace_host(
+            ep,
+            sub,
+            out_dir / rundir.HOST_TIMING_DIR,
+            command=command + ["(host timing: --gpu-only)"],
+            log=lambda m: log(f"  {m}"),
+            cancel=cancel,
+        )
     except PerfscopeError as e:
         say(f"note: the host-timing profile failed ({e}); predictions scale the full trace's host time instead")

@@ -71,8 +71,15 @@ class TraceLoad:
         self.t0 = time.perf_counter()
         try:
             self.results = workload.drive_decode(
-                client, self.opts.concurrency, self.opts.input_len, self.opts.output_len, seed=self.opts.seed,
-                stop=self.stop_event, timeout=self.opts.http_timeout, ids=self.ids, stall_expected=self.writing,
+                client,
+                self.opts.concurrency,
+                self.opts.input_len,
+                self.opts.output_len,
+                seed=self.opts.seed,
+                stop=self.stop_event,
+                timeout=self.opts.http_timeout,
+                ids=self.ids,
+                stall_expected=self.writing,
             )
         except BaseException as e:  # reported by the waiter
             self.error = e
@@ -101,9 +108,24 @@ class TraceLoad:
         whole = [t for t in self.results if t.ok]
         timed = whole + [dataclasses.replace(t, ok=True) for t in cut]
         r = summarize(timed, (self.t1 or time.perf_counter()) - self.t0).to_dict()
-        timings = {k: r[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "itl_p50_ms", "itl_p90_ms",
-                                       "itl_p99_ms", "stats_ms", "tpot_definition", "failed",
-                                       "output_tokens", "throughput_tok_s", "duration_s") if k in r}
+        timings = {
+            k: r[k]
+            for k in (
+                "ttft_ms",
+                "tpot_ms",
+                "itl_ms",
+                "itl_p50_ms",
+                "itl_p90_ms",
+                "itl_p99_ms",
+                "stats_ms",
+                "tpot_definition",
+                "failed",
+                "output_tokens",
+                "throughput_tok_s",
+                "duration_s",
+            )
+            if k in r
+        }
         timings["requests"] = len(whole)
         timings["requests_cut"] = len(cut)
         stalled = sum(1 for t in self.results if t.stalled)
@@ -111,5 +133,8 @@ class TraceLoad:
             timings["requests_stalled"] = stalled
         timings["e2e_ms"] = summarize(whole, 1.0).e2e_ms if whole else None
         if "stats_ms" in timings:
-            timings["stats_ms"] = {**timings["stats_ms"], "e2e": summarize(whole, 1.0).stats_ms["e2e"] if whole else None}
+            timings["stats_ms"] = {
+                **timings["stats_ms"],
+                "e2e": summarize(whole, 1.0).stats_ms["e2e"] if whole else None,
+            }
         return {}, timings

@@ -14,16 +14,28 @@ if TYPE_CHECKING:
     from perfscope.bench.core import BenchResult
 
 
-def measure(api: SGLangClient, opts: TraceOptions, info: dict, say: Callable[[str], None],
-            ids: tuple[int, int] | None = None) -> BenchResult:
+def measure(
+    api: SGLangClient, opts: TraceOptions, info: dict, say: Callable[[str], None], ids: tuple[int, int] | None = None
+) -> BenchResult:
     """``perfscope bench`` with the trace's workload: 1 warm-up + ``opts.bench_requests`` requests."""
     from perfscope.bench import measure as bench_measure
 
-    say(f"measuring without the profiler first: 1 warm-up + {opts.bench_requests} request(s) "
-        f"(in={opts.input_len} out={opts.output_len} concurrency={opts.concurrency})")
-    res = bench_measure(api, input_len=opts.input_len, output_len=opts.output_len, concurrency=opts.concurrency,
-                        num_requests=opts.bench_requests, warmup=1, seed=opts.seed, timeout=opts.http_timeout,
-                        server_info=info, ids=ids)
+    say(
+        f"measuring without the profiler first: 1 warm-up + {opts.bench_requests} request(s) "
+        f"(in={opts.input_len} out={opts.output_len} concurrency={opts.concurrency})"
+    )
+    res = bench_measure(
+        api,
+        input_len=opts.input_len,
+        output_len=opts.output_len,
+        concurrency=opts.concurrency,
+        num_requests=opts.bench_requests,
+        warmup=1,
+        seed=opts.seed,
+        timeout=opts.http_timeout,
+        server_info=info,
+        ids=ids,
+    )
     say(f"TPOT without the profiler: {res.tpot_ms:.2f} ms (TTFT {res.ttft_ms:.1f} ms)")
     return res
 
@@ -34,9 +46,25 @@ def store(res: BenchResult, opts: TraceOptions, out_dir: Path, url: str, host: s
     from perfscope.bench.store import run_summary
     from perfscope.bench.store import store as bench_store
 
-    argv = ["perfscope", "bench", "--url" if host is None else "--host", url if host is None else host,
-            "--engine", opts.engine, "--input-len", str(opts.input_len), "--output-len", str(opts.output_len),
-            "--concurrency", str(opts.concurrency), "--num-requests", str(opts.bench_requests), "--warmup", "1",
-            "--seed", str(opts.seed)]
+    argv = [
+        "perfscope",
+        "bench",
+        "--url" if host is None else "--host",
+        url if host is None else host,
+        "--engine",
+        opts.engine,
+        "--input-len",
+        str(opts.input_len),
+        "--output-len",
+        str(opts.output_len),
+        "--concurrency",
+        str(opts.concurrency),
+        "--num-requests",
+        str(opts.bench_requests),
+        "--warmup",
+        "1",
+        "--seed",
+        str(opts.seed),
+    ]
     bench_store(out_dir, res, url, host, info, argv)
     return run_summary(res)

@@ -39,8 +39,15 @@ def host_dirname(label: str, taken: set[str]) -> str:
     return name
 
 
-def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, command: list[str],
-          log: Log = print, progress: Any = None) -> list[HostResult]:
+def trace(
+    endpoints: list[Endpoint],
+    opts: TraceOptions,
+    out_dir: Path,
+    *,
+    command: list[str],
+    log: Log = print,
+    progress: Any = None,
+) -> list[HostResult]:
     """Trace one or several servers. One host: ``out_dir`` is its run folder. Several: in
     parallel threads, ``out_dir/<host>/`` each, plus ``out_dir/run.json`` listing them. Ctrl-C
     stops every host's profiler before it returns."""
@@ -53,8 +60,10 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
     results: list[HostResult | None] = [None] * len(endpoints)
     errors: list[tuple[str, BaseException]] = []
     with ThreadPoolExecutor(max_workers=len(endpoints), thread_name_prefix="perfscope-host") as pool:
-        futs = [pool.submit(trace_host, ep, opts, out_dir / d, command=command, log=log, progress=progress,
-                            cancel=cancel) for ep, d in zip(endpoints, dirs)]
+        futs = [
+            pool.submit(trace_host, ep, opts, out_dir / d, command=command, log=log, progress=progress, cancel=cancel)
+            for ep, d in zip(endpoints, dirs)
+        ]
         try:
             while not all(f.done() for f in futs):
                 time.sleep(0.1)
@@ -74,8 +83,13 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
             errors.append((ep.label, e))
     if errors or any(isinstance(f.exception(), KeyboardInterrupt) for f in futs):
         with contextlib.suppress(BaseException):
-            rundir.mark_incomplete(out_dir, reason=str(errors[0][1]) if errors else "interrupted",
-                                   command=command, engine=opts.engine, host=None)
+            rundir.mark_incomplete(
+                out_dir,
+                reason=str(errors[0][1]) if errors else "interrupted",
+                command=command,
+                engine=opts.engine,
+                host=None,
+            )
     if errors:
         label, e = errors[0]
         if isinstance(e, PerfscopeError):
@@ -93,8 +107,13 @@ def trace(endpoints: list[Endpoint], opts: TraceOptions, out_dir: Path, *, comma
         for fe in r.remote_files:
             all_remote.append({**fe, "path": f"{d}/{fe['path']}"})
     rundir.write_run(
-        out_dir, command=command, kind="multi", engine=opts.engine, host=done[0].label,
-        hosts=[r.label for r in done], files=all_files,
+        out_dir,
+        command=command,
+        kind="multi",
+        engine=opts.engine,
+        host=done[0].label,
+        hosts=[r.label for r in done],
+        files=all_files,
         members=[{"host": r.label, "dir": d} for d, r in zip(dirs, done)],
         extra={"remote_files": all_remote, "analysis": {"where": "host", "status": "done"}} if all_remote else None,
     )

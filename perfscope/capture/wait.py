@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 from perfscope.capture.load import TraceLoad
 from perfscope.capture.options import TraceOptions
 from perfscope.errors import PerfscopeError, RemoteError
+
 if TYPE_CHECKING:
     from perfscope.remote.hostio import HostIO
 
 
 def expected_files(info: dict, by_stage: bool) -> int:
     """Trace files one profile writes: one per scheduler process (x2 with by-stage), on this node."""
+
     def num(k, d=1):
         try:
             return min(max(int(info.get(k) or d), 1), 1 << 16)
@@ -49,14 +51,25 @@ def wait_vllm_steps(load: TraceLoad, opts: TraceOptions, cancel: threading.Event
         if not load.thread.is_alive():
             raise RemoteError(f"the load on {label} ended after {got} of {want} tokens")
         if time.monotonic() > deadline:
-            raise RemoteError(f"the server on {label} streamed {got} of {want} tokens within {opts.timeout:g}s "
-                              "while profiling; the profiler was stopped",
-                              hint="is the server processing requests? raise --timeout for slow servers")
+            raise RemoteError(
+                f"the server on {label} streamed {got} of {want} tokens within {opts.timeout:g}s "
+                "while profiling; the profiler was stopped",
+                hint="is the server processing requests? raise --timeout for slow servers",
+            )
         time.sleep(0.02)
 
 
-def wait_complete(io: HostIO, folder: str, expected: int, baseline: set[str], opts: TraceOptions,
-                   load: TraceLoad | None, cancel: threading.Event, label: str, say) -> list:
+def wait_complete(
+    io: HostIO,
+    folder: str,
+    expected: int,
+    baseline: set[str],
+    opts: TraceOptions,
+    load: TraceLoad | None,
+    cancel: threading.Event,
+    label: str,
+    say,
+) -> list:
     """Poll ``folder`` until ``expected`` new trace files are complete: size unchanged over two
     polls and the gzip stream (or plain JSON) complete (checked on the host). Bounded by ``opts.timeout``."""
     deadline = time.monotonic() + opts.timeout

@@ -72,8 +72,11 @@ def _command_modules(word: str | None = None) -> list:
             return []
         found = [importlib.import_module(f"{__name__}.{word}")]
     else:
-        found = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
-                 if not info.name.startswith("_")]
+        found = [
+            importlib.import_module(f"{__name__}.{info.name}")
+            for info in pkgutil.iter_modules(__path__)
+            if not info.name.startswith("_")
+        ]
     mods = [m for m in found if hasattr(m, "command") and hasattr(m, "NAME") and (word is None or m.NAME == word)]
     return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME))
 
@@ -192,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     with _Signals() as sigs:
         try:
-            rv = _app_for(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="perfscope", standalone_mode=False)
+            rv = _app_for(sys.argv[1:] if argv is None else argv)(
+                args=argv, prog_name="perfscope", standalone_mode=False
+            )
             code = rv if isinstance(rv, int) else 0
         except PerfscopeError as e:
             if _debug():

@@ -13,9 +13,12 @@ from perfscope.errors import InputError, register_secret
 
 def option():
     """The ``--api-key-env`` option, the same in every command that talks to the server."""
-    return typer.Option(None, "--api-key-env", metavar="VAR",
-                        help="Environment variable holding the server's API key "
-                             "(sent as Bearer; never printed or stored).")
+    return typer.Option(
+        None,
+        "--api-key-env",
+        metavar="VAR",
+        help="Environment variable holding the server's API key (sent as Bearer; never printed or stored).",
+    )
 
 
 def read(var: Optional[str]) -> Optional[str]:

@@ -55,9 +55,19 @@ class DiagnosisOptions:
 
     def analysis_options(self) -> list[str]:
         """The options given that change each rank's analysis (a stored result cannot take them)."""
-        return [o for o, v in (("--config", self.config), ("--model-config", self.model_config),
-                               ("--batch", self.batch), ("--context", self.context), ("--server-log", self.server_log),
-                               ("--capture-trace", self.capture_trace), ("--ray", self.ray)) if v]
+        return [
+            o
+            for o, v in (
+                ("--config", self.config),
+                ("--model-config", self.model_config),
+                ("--batch", self.batch),
+                ("--context", self.context),
+                ("--server-log", self.server_log),
+                ("--capture-trace", self.capture_trace),
+                ("--ray", self.ray),
+            )
+            if v
+        ]
 
 
 def build_diagnosis(paths: Sequence[Path], options: Optional[DiagnosisOptions] = None) -> Diagnosis:
@@ -80,8 +90,14 @@ def build_diagnosis(paths: Sequence[Path], options: Optional[DiagnosisOptions] =
 def _bar(console: Console) -> Progress:
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 def _here(paths: Sequence[Path], opts: DiagnosisOptions) -> Diagnosis:
@@ -92,12 +108,18 @@ def _here(paths: Sequence[Path], opts: DiagnosisOptions) -> Diagnosis:
         return diagnose(paths, cfg, workers=opts.workers, capture=capture)
     with _bar(opts.progress) as prog:
         task = prog.add_task("reading traces", total=None)
-        return diagnose(paths, cfg, workers=opts.workers, capture=capture,
-                        on_read=lambda done, total: prog.update(
-                            task, description="reading trace" if done < total else "analysing",
-                            completed=done, total=total),
-                        on_done=lambda done, total: prog.update(
-                            task, description=f"analysed {done}/{total} trace files", completed=done, total=total))
+        return diagnose(
+            paths,
+            cfg,
+            workers=opts.workers,
+            capture=capture,
+            on_read=lambda done, total: prog.update(
+                task, description="reading trace" if done < total else "analysing", completed=done, total=total
+            ),
+            on_done=lambda done, total: prog.update(
+                task, description=f"analysed {done}/{total} trace files", completed=done, total=total
+            ),
+        )
 
 
 def _on_ray(paths: Sequence[Path], opts: DiagnosisOptions) -> Diagnosis:
@@ -114,10 +136,15 @@ def _on_ray(paths: Sequence[Path], opts: DiagnosisOptions) -> Diagnosis:
     else:
         with _bar(opts.progress) as prog:
             task = prog.add_task("surveying the Ray nodes", total=None)
-            d, run = diagnose_on_ray(list(paths), cfg, address=addr, capture=capture,
-                                     on_done=lambda done, total: prog.update(
-                                         task, description=f"analysed {done}/{total} ranks on their nodes",
-                                         completed=done, total=total))
+            d, run = diagnose_on_ray(
+                list(paths),
+                cfg,
+                address=addr,
+                capture=capture,
+                on_done=lambda done, total: prog.update(
+                    task, description=f"analysed {done}/{total} ranks on their nodes", completed=done, total=total
+                ),
+            )
     from perfscope.report.escape import Console
 
     err = opts.progress or Console(stderr=True, soft_wrap=True)

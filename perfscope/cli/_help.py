@@ -111,8 +111,9 @@ def examples_panel(examples: Sequence[tuple[str, str]], width: Optional[int] = N
     rows: list[RenderableType] = []
     for cmd, what in examples:
         for i, line in enumerate(shell_lines(cmd, width - 6)):
-            rows.append(Text.assemble(("$ " if i == 0 else "  ", "dim"), (line, "bold"), no_wrap=True,
-                                      overflow="ignore"))
+            rows.append(
+                Text.assemble(("$ " if i == 0 else "  ", "dim"), (line, "bold"), no_wrap=True, overflow="ignore")
+            )
         if what:
             rows.append(Padding(Text(what, style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*rows), title="Examples", title_align="left", border_style="dim")
@@ -183,9 +184,17 @@ def _stack_narrow_options() -> None:
         rows: list[RenderableType] = []
         for h, p in zip(heads, params):
             rows.append(h)
-            rows.append(Padding(rich_utils._get_parameter_help(param=p, ctx=ctx, markup_mode=markup_mode), (0, 0, 0, 4)))
-        console.print(Panel(Group(*rows), border_style=rich_utils.STYLE_OPTIONS_PANEL_BORDER, title=name,
-                            title_align=rich_utils.ALIGN_OPTIONS_PANEL))
+            rows.append(
+                Padding(rich_utils._get_parameter_help(param=p, ctx=ctx, markup_mode=markup_mode), (0, 0, 0, 4))
+            )
+        console.print(
+            Panel(
+                Group(*rows),
+                border_style=rich_utils.STYLE_OPTIONS_PANEL_BORDER,
+                title=name,
+                title_align=rich_utils.ALIGN_OPTIONS_PANEL,
+            )
+        )
 
     def _table_left(params, ctx) -> int:
         """Columns typer's table gives everything left of the help (long names, short names, the
@@ -193,9 +202,12 @@ def _stack_narrow_options() -> None:
         cols = [0, 0, 0, 0]
         for p in params:
             arg = getattr(p, "param_type_name", "") == "argument"
-            cells = (",".join(o for o in p.opts if o.startswith("--")),
-                     p.display_name_raw if arg else ",".join(o for o in p.opts if not o.startswith("--")),
-                     ",".join(p.secondary_opts), "" if arg else str(p.display_type_rich(ctx=ctx) or ""))
+            cells = (
+                ",".join(o for o in p.opts if o.startswith("--")),
+                p.display_name_raw if arg else ",".join(o for o in p.opts if not o.startswith("--")),
+                ",".join(p.secondary_opts),
+                "" if arg else str(p.display_type_rich(ctx=ctx) or ""),
+            )
             cols = [max(c, len(x)) for c, x in zip(cols, cells)]
         return sum(c + 2 for c in cols) + 8
 

@@ -29,11 +29,16 @@ SSH_USER: Any = typer.Option(None, "--ssh-user", help="SSH user (default: from H
 SSH_PORT: Any = typer.Option(None, "--ssh-port", help="SSH port (default 22).")
 IDENTITY: Any = typer.Option(None, "--identity", "-i", help="Private key file (default: ssh-agent and ~/.ssh keys).")
 JUMP: Any = typer.Option(None, "--jump", "-J", metavar="[USER@]HOST[:PORT][,...]", help="Jump host(s), like ssh -J.")
-KNOWN_HOSTS: Any = typer.Option(None, "--known-hosts", help="known_hosts file to check host keys against "
-                                                         "(default ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts).")
-ACCEPT_NEW_HOST_KEY: Any = typer.Option(False, "--accept-new-host-key",
-                                        help="Record the key of a host never seen before (OpenSSH accept-new). "
-                                             "A changed key is refused regardless.")
+KNOWN_HOSTS: Any = typer.Option(
+    None,
+    "--known-hosts",
+    help="known_hosts file to check host keys against (default ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts).",
+)
+ACCEPT_NEW_HOST_KEY: Any = typer.Option(
+    False,
+    "--accept-new-host-key",
+    help="Record the key of a host never seen before (OpenSSH accept-new). A changed key is refused regardless.",
+)
 CONNECT_TIMEOUT: Any = typer.Option(10.0, "--connect-timeout", min=1, help="SSH connect/auth timeout, seconds.")
 
 
@@ -53,14 +58,25 @@ class SSHOptions:
         """``host`` (``[USER@]HOST[:SSHPORT]`` or a ~/.ssh/config alias) with these options."""
         from perfscope.remote.ssh import parse_target
 
-        return parse_target(host, user=self.user, port=self.port, identity=str(self.identity) if self.identity else None,
-                            jump=self.jump, known_hosts=str(self.known_hosts) if self.known_hosts else None,
-                            accept_new=self.accept_new, timeout=self.timeout)
+        return parse_target(
+            host,
+            user=self.user,
+            port=self.port,
+            identity=str(self.identity) if self.identity else None,
+            jump=self.jump,
+            known_hosts=str(self.known_hosts) if self.known_hosts else None,
+            accept_new=self.accept_new,
+            timeout=self.timeout,
+        )
 
 
 # --engine: one of the registered engines (perfscope.capture.engines), SGLang by default
-ENGINE: Any = typer.Option(engines.DEFAULT, "--engine", metavar="|".join(engines.choices()),
-                           help="The serving engine: " + ", ".join(e.summary for e in engines.ENGINES.values()) + ".")
+ENGINE: Any = typer.Option(
+    engines.DEFAULT,
+    "--engine",
+    metavar="|".join(engines.choices()),
+    help="The serving engine: " + ", ".join(e.summary for e in engines.ENGINES.values()) + ".",
+)
 
 
 def engine(name: str) -> Engine:

@@ -29,8 +29,9 @@ EXAMPLES = [
 
 
 @contextlib.contextmanager
-def _endpoint(url: Optional[str], host: Optional[str], port: int,
-              ssh: _options.SSHOptions) -> Iterator[tuple[str, Optional[str], Optional[HostIO]]]:
+def _endpoint(
+    url: Optional[str], host: Optional[str], port: int, ssh: _options.SSHOptions
+) -> Iterator[tuple[str, Optional[str], Optional[HostIO]]]:
     """(base URL, host label, file access on the server's host or None): ``url`` as is, or a
     local forward to ``host``'s loopback ``port``."""
     from perfscope.bench.vocab import is_loopback_url
@@ -74,10 +75,16 @@ def tpot_spread(res: BenchResult) -> str:
 
 def _table(res: BenchResult, label: str) -> Table:
     w = res.workload
-    title = (f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
-             f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}")
-    caption = [f"output throughput {_fmt(res.throughput_tok_s, 1)} tok/s   duration {res.duration_s:.1f} s   "
-               f"failed {res.failed}", tpot_spread(res), "TPOT = (latency - TTFT) / (output_tokens - 1)"]
+    title = (
+        f"perfscope bench  {label}  in={w['input_len']} out={w['output_len']} "
+        f"conc={w['concurrency']} n={res.requests}/{w['num_requests']}"
+    )
+    caption = [
+        f"output throughput {_fmt(res.throughput_tok_s, 1)} tok/s   duration {res.duration_s:.1f} s   "
+        f"failed {res.failed}",
+        tpot_spread(res),
+        "TPOT = (latency - TTFT) / (output_tokens - 1)",
+    ]
     # the table is at least as wide as its title and caption lines (rich clips that to the screen),
     # so they are not folded at the narrow table's edge ("failed" at the end of a line, "0" on the next)
     t = Table(title=title, title_justify="left", min_width=max(len(title), *map(len, caption)))
@@ -94,8 +101,13 @@ def _table(res: BenchResult, label: str) -> Table:
 
 def command(
     url: Optional[str] = typer.Option(None, "--url", help="Server URL (http://127.0.0.1:30000)."),
-    host: Optional[str] = typer.Option(None, "--host", "-H", metavar=_options.HOST_METAVAR,
-                                       help="Reach the server over SSH (a loopback port forward) instead of --url."),
+    host: Optional[str] = typer.Option(
+        None,
+        "--host",
+        "-H",
+        metavar=_options.HOST_METAVAR,
+        help="Reach the server over SSH (a loopback port forward) instead of --url.",
+    ),
     port: int = typer.Option(30000, "--port", help="With --host: the server's HTTP port on the host's loopback."),
     engine: str = _options.ENGINE,
     ssh_user: Optional[str] = _options.SSH_USER,
@@ -114,8 +126,9 @@ def command(
     timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds to wait for any one reply or stream frame."),
     api_key_env: Optional[str] = _apikey.option(),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-    out: Optional[Path] = _paths.out_option("--out", "-o", help="Run folder to store bench.json in "
-                                                                 "(an existing trace run folder gets it added)."),
+    out: Optional[Path] = _paths.out_option(
+        "--out", "-o", help="Run folder to store bench.json in (an existing trace run folder gets it added)."
+    ),
 ) -> int:
     """Measure TTFT, TPOT (as SGLang's bench_serving defines it: (latency - TTFT) / (output_tokens - 1))
     and ITL percentiles from streamed /generate (vLLM: /v1/completions) timestamps, after warm-up, with fixed prompts,
@@ -140,14 +153,43 @@ def command(
         ids, _ = token_ids(info, io)
         shown = label or base
         if not json_out:
-            err.print(f"bench {shown}: {warmup} warm-up + {num_requests} requests, in={input_len} out={output_len} "
-                      f"concurrency={concurrency}", markup=False)
-        res = measure(client, input_len=input_len, output_len=output_len, concurrency=concurrency,
-                      num_requests=num_requests, warmup=warmup, seed=seed, timeout=timeout, server_info=info,
-                      ids=ids)
-    argv = ["perfscope", NAME] + (["--url", url] if url else ["--host", str(host)]) + [
-        "--engine", eng.name, "--input-len", str(input_len), "--output-len", str(output_len), "--concurrency", str(concurrency),
-        "--num-requests", str(num_requests), "--warmup", str(warmup), "--seed", str(seed)]
+            err.print(
+                f"bench {shown}: {warmup} warm-up + {num_requests} requests, in={input_len} out={output_len} "
+                f"concurrency={concurrency}",
+                markup=False,
+            )
+        res = measure(
+            client,
+            input_len=input_len,
+            output_len=output_len,
+            concurrency=concurrency,
+            num_requests=num_requests,
+            warmup=warmup,
+            seed=seed,
+            timeout=timeout,
+            server_info=info,
+            ids=ids,
+        )
+    argv = (
+        ["perfscope", NAME]
+        + (["--url", url] if url else ["--host", str(host)])
+        + [
+            "--engine",
+            eng.name,
+            "--input-len",
+            str(input_len),
+            "--output-len",
+            str(output_len),
+            "--concurrency",
+            str(concurrency),
+            "--num-requests",
+            str(num_requests),
+            "--warmup",
+            str(warmup),
+            "--seed",
+            str(seed),
+        ]
+    )
     from perfscope.bench.store import store  # here: every other command's start skips perfscope.bench
 
     stored = store(out, res, base, label, info, argv) if out is not None else None

@@ -16,15 +16,21 @@ from perfscope.util.files import user_path
 NAME = "demo"
 ORDER = 5
 EXAMPLES = [
-    ("perfscope demo", "the whole loop on CPU, into ./perfscope-demo-<time>: trace, diagnose, fix, re-measure, compare"),
+    (
+        "perfscope demo",
+        "the whole loop on CPU, into ./perfscope-demo-<time>: trace, diagnose, fix, re-measure, compare",
+    ),
     ("perfscope demo --out demo1 --json", "the same into ./demo1, the summary as JSON on stdout"),
     ("perfscope demo --device cuda --layers 60 --pool-tokens 495000", "the full-size server on a GPU"),
 ]
 
 
 def command(
-    out: Optional[Path] = _paths.out_option("--out", "-o", help="Folder for the run folders, the HTML "
-                                                                 "comparison and demo.json (default ./perfscope-demo-<time>)."),
+    out: Optional[Path] = _paths.out_option(
+        "--out",
+        "-o",
+        help="Folder for the run folders, the HTML comparison and demo.json (default ./perfscope-demo-<time>).",
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the full-size server on a GPU."),
     layers: int = typer.Option(4, "--layers", min=1, help="Model layers (one pool cast each)."),
     pool_tokens: int = typer.Option(32768, "--pool-tokens", min=1024, help="KV pool size in tokens."),
@@ -42,29 +48,38 @@ def command(
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise InputError("the demo needs torch for its reproduction server: pip install 'torch==2.13.0' '.[demo]'") from None
+        raise InputError(
+            "the demo needs torch for its reproduction server: pip install 'torch==2.13.0' '.[demo]'"
+        ) from None
     if device != "cpu" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU here (the demo runs on "
-                         "CPU without --device)")
+        raise InputError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA GPU here (the demo runs on "
+            "CPU without --device)"
+        )
     from perfscope.demo import DemoConfig, run_demo
     from perfscope.report import jsonout
 
     folder = out or user_path(Path(f"perfscope-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
     console = Console(stderr=json_out)
-    s = run_demo(DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy),
-                 console)
+    s = run_demo(
+        DemoConfig(out=folder, device=device, layers=layers, pool_tokens=pool_tokens, strategy=strategy), console
+    )
     # the result section is said either way (on stderr with --json, where the demo's steps go too)
     console.rule("[bold]result")
-    console.print(f"TPOT before: [bold]{s['tpot_ms_before']:.1f} ms[/]   after: [bold green]{s['tpot_ms_after']:.1f} ms[/]"
-                  f"   ({s['speedup']:.1f}x faster)")
+    console.print(
+        f"TPOT before: [bold]{s['tpot_ms_before']:.1f} ms[/]   after: [bold green]{s['tpot_ms_after']:.1f} ms[/]"
+        f"   ({s['speedup']:.1f}x faster)"
+    )
     for key, what in (("tpot", "TPOT median"), ("step", "step median")):
         ch = (s.get("change") or {}).get(key)
         if ch:
             from perfscope.analysis.change import describe
 
             console.print(f"noise: {describe(ch, what)}", markup=False, soft_wrap=True)
-    console.print(f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
-                  f"{', '.join(s['findings_after']) or 'none'}")
+    console.print(
+        f"findings before: {', '.join(s['findings_before']) or 'none'}   after: "
+        f"{', '.join(s['findings_after']) or 'none'}"
+    )
     from perfscope.report.compare_terminal import prediction_line
 
     for pr in s.get("predictions") or []:

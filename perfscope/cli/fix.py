@@ -30,7 +30,9 @@ class HELP_CLASS(_help.SubjectHelpCommand):
     subject_examples = staticmethod(_fix_doc.fix_examples)
 
 
-EXAMPLES = _fix_doc.fix_examples("fp8-kv-cast") + [("perfscope fix fp8-kv-cast --help", "that fix's own document: strategies, targets, versions, requirements")]
+EXAMPLES = _fix_doc.fix_examples("fp8-kv-cast") + [
+    ("perfscope fix fp8-kv-cast --help", "that fix's own document: strategies, targets, versions, requirements")
+]
 
 
 def _listening(addr: str, port: int) -> bool:
@@ -98,18 +100,32 @@ def command(o: FixOptions) -> int:
     fix = get(o.fix_id)
     if o.budget is not None:
         if not hasattr(fix, "budget_s"):
-            raise InputError(f"--budget: {fix.id} spends no GPU time on the server (only untuned-fused-moe's tuning has a bound)")
+            raise InputError(
+                f"--budget: {fix.id} spends no GPU time on the server (only untuned-fused-moe's tuning has a bound)"
+            )
         if not 10 <= o.budget <= 3600:
             raise InputError(f"--budget {o.budget:g}: expected 10-3600 seconds")
     kind = kind_of(fix)
-    kind.check_request(fix, FixRequest(target_file=o.target_file, sglang_root=o.sglang_root,
-                                       launch_file=o.launch_file), o.action)
+    kind.check_request(
+        fix, FixRequest(target_file=o.target_file, sglang_root=o.sglang_root, launch_file=o.launch_file), o.action
+    )
     facts = _facts(o)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     req = FixRequest(
-        strategy=o.strategy, target_file=o.target_file, sglang_root=o.sglang_root, target=o.target, python=o.python,
-        server_url=o.url, api_key=_apikey.read(o.api_key_env), port=_port(o, facts, err), state_dir=o.state_dir,
-        force=o.force, expect_sha256=o.expect_sha256, overrides=o.overrides(), launch_file=o.launch_file, facts=facts,
+        strategy=o.strategy,
+        target_file=o.target_file,
+        sglang_root=o.sglang_root,
+        target=o.target,
+        python=o.python,
+        server_url=o.url,
+        api_key=_apikey.read(o.api_key_env),
+        port=_port(o, facts, err),
+        state_dir=o.state_dir,
+        force=o.force,
+        expect_sha256=o.expect_sha256,
+        overrides=o.overrides(),
+        launch_file=o.launch_file,
+        facts=facts,
         source_fix=kind.needs_server_code,
     )
     with ExitStack() as stack:
@@ -138,8 +154,10 @@ def _port(o: FixOptions, facts: dict[str, Any], err: Console) -> int:
     rec = (facts.get("server_info") or {}).get("port")
     port = rec if isinstance(rec, int) and not isinstance(rec, bool) and 0 < rec < 65536 else 30000
     if port != 30000:
-        err.print(f"note: --port {port}, the port recorded for the traced server ({o.trace}); give --port to "
-                  "change it", markup=False)
+        err.print(
+            f"note: --port {port}, the port recorded for the traced server ({o.trace}); give --port to change it",
+            markup=False,
+        )
     return port
 
 
@@ -164,8 +182,9 @@ def _connect(stack: ExitStack, o: FixOptions, req: FixRequest, err: Console) -> 
     return fhost
 
 
-def _act(o: FixOptions, fix: FixModule, fhost: FixHost, req: FixRequest, env: Environment,
-         log: Callable[[str], None]) -> Report:
+def _act(
+    o: FixOptions, fix: FixModule, fhost: FixHost, req: FixRequest, env: Environment, log: Callable[[str], None]
+) -> Report:
     """Check (with --probe first), apply (and restart) or revert (and restart); the check is made once."""
     from perfscope.fixengine import engine
     from perfscope.fixengine.kinds import kind_of
@@ -219,8 +238,12 @@ def _trace_facts(trace: Path) -> dict:
 
     d = build_diagnosis([trace]).to_dict()
     si = (d.get("run") or {}).get("server_info")
-    return {"trace": str(trace), "findings": d.get("findings") or [], "steps": d.get("steps") or {},
-            "server_info": si if isinstance(si, dict) else {}}
+    return {
+        "trace": str(trace),
+        "findings": d.get("findings") or [],
+        "steps": d.get("steps") or {},
+        "server_info": si if isinstance(si, dict) else {},
+    }
 
 
 def _open_host(stack: ExitStack, o: FixOptions) -> FixHost:
@@ -231,9 +254,15 @@ def _open_host(stack: ExitStack, o: FixOptions) -> FixHost:
         return LocalFixHost()
     from perfscope.remote.ssh import connect, parse_target
 
-    target = parse_target(o.host, user=o.ssh_user, port=o.ssh_port, identity=str(o.identity) if o.identity else None,
-                          jump=o.jump, known_hosts=str(o.known_hosts) if o.known_hosts else None,
-                          accept_new=o.accept_new_host_key)
+    target = parse_target(
+        o.host,
+        user=o.ssh_user,
+        port=o.ssh_port,
+        identity=str(o.identity) if o.identity else None,
+        jump=o.jump,
+        known_hosts=str(o.known_hosts) if o.known_hosts else None,
+        accept_new=o.accept_new_host_key,
+    )
     session = stack.enter_context(connect(target))
     return SSHFixHost(session)
 
@@ -250,18 +279,27 @@ def _finish(rep: Report, json_out: bool, revert: bool = False) -> int:
         env = rep.env
         if env is not None:
             facts = [f"host {env.host}"]
-            for label, val in (("python", env.python), ("sglang", env.sglang_version), ("flashinfer", env.flashinfer_version),
-                               ("GPU", f"{env.gpu_name or '?'} SM{env.compute_cap}" if env.compute_cap else None),
-                               ("kv_cache_dtype", env.kv_cache_dtype), ("backend", env.attention_backend)):
+            for label, val in (
+                ("python", env.python),
+                ("sglang", env.sglang_version),
+                ("flashinfer", env.flashinfer_version),
+                ("GPU", f"{env.gpu_name or '?'} SM{env.compute_cap}" if env.compute_cap else None),
+                ("kv_cache_dtype", env.kv_cache_dtype),
+                ("backend", env.attention_backend),
+            ):
                 if val:
                     facts.append(f"{label} {val}")
             out.print("; ".join(facts), markup=False)
         if rep.path:
-            out.print(f"target: {rep.target} {rep.path}" + (f" (variant {rep.variant})" if rep.variant else ""), markup=False)
+            out.print(
+                f"target: {rep.target} {rep.path}" + (f" (variant {rep.variant})" if rep.variant else ""), markup=False
+            )
         for a in rep.anchors:
             out.print(f"  anchor line {a['line']}: {a['what']}", markup=False)
         if rep.strategy:
-            out.print(f"strategy: {rep.strategy}" + (f": {rep.strategy_reason}" if rep.strategy_reason else ""), markup=False)
+            out.print(
+                f"strategy: {rep.strategy}" + (f": {rep.strategy_reason}" if rep.strategy_reason else ""), markup=False
+            )
         for k, v in rep.rejected.items():
             if k != rep.strategy:
                 out.print(f"  not {k}: {v}", markup=False)
@@ -272,7 +310,9 @@ def _finish(rep: Report, json_out: bool, revert: bool = False) -> int:
         if not ends_in_error:  # the error line below says it
             out.print(f"{rep.outcome.kind}: {rep.outcome.reason}", markup=False)
         if rep.outcome.kind == "checked" and rep.sha256_before:
-            out.print(f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False)
+            out.print(
+                f"sha256 {rep.sha256_before}  (apply with --apply --expect-sha256 {rep.sha256_before})", markup=False
+            )
     if kind == "refused":
         raise FixRefused(f"{rep.fix} refused, nothing changed: {rep.outcome.reason}")
     if kind == "skipped" and not revert:

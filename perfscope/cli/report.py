@@ -30,17 +30,26 @@ def default_output(paths: List[Path]) -> Path:
 
 
 def command(
-    paths: List[Path] = typer.Argument(..., help="A perfscope run folder (run.json + traces/), an SGLang profile "
-                                                 "folder, or trace files (.json/.json.gz)."),
-    output: Optional[Path] = _paths.out_option("-o", "--output", help="The HTML file to write (default: "
-                                          "RUN_DIR/report.html, or ./<trace>.report.html)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="The server's config as JSON (SGLang "
-                                                                 "/server_info); run folders carry it already."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Processes for several files (default: one per CPU)."),
+    paths: List[Path] = typer.Argument(
+        ...,
+        help="A perfscope run folder (run.json + traces/), an SGLang profile folder, or trace files (.json/.json.gz).",
+    ),
+    output: Optional[Path] = _paths.out_option(
+        "-o", "--output", help="The HTML file to write (default: RUN_DIR/report.html, or ./<trace>.report.html)."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="The server's config as JSON (SGLang /server_info); run folders carry it already."
+    ),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", help="Processes for several files (default: one per CPU)."
+    ),
     capture_trace: Optional[List[Path]] = typer.Option(
-        None, "--capture-trace", metavar="PATH",
+        None,
+        "--capture-trace",
+        metavar="PATH",
         help="A graph-capture trace (as for diagnose): attributes CUDA-graph-replayed kernels to their CPU op, "
-             "shapes and source line."),
+        "shapes and source line.",
+    ),
 ) -> int:
     """Write one self-contained HTML report (works offline, no network): what was traced, the decode
     step time / TPOT, the top finding and the command that fixes it, GPU time per bucket for every step

@@ -48,12 +48,18 @@ diffusion pipeline (xDiT / diffusers) or a convolution-heavy non-LLM one none of
 def buckets_markdown() -> str:
     from perfscope.analysis.buckets import TABLE
 
-    out = ["", "## Kernel buckets", "",
-           "Every GPU kernel gets one bucket from `perfscope/analysis/buckets.py`'s table, first match wins "
-           "(a pattern is searched in the kernel name without its parameter list). Besides the table, the "
-           "kernels a step runs after its last GEMM (the LM head) are its sampling path and count as "
-           "`sampling` when that tail holds a sampling kernel (`perfscope/analysis/sampling_path.py`).", "",
-           "| bucket/sub-bucket | whose kernels | pattern |", "|---|---|---|"]
+    out = [
+        "",
+        "## Kernel buckets",
+        "",
+        "Every GPU kernel gets one bucket from `perfscope/analysis/buckets.py`'s table, first match wins "
+        "(a pattern is searched in the kernel name without its parameter list). Besides the table, the "
+        "kernels a step runs after its last GEMM (the LM head) are its sampling path and count as "
+        "`sampling` when that tail holds a sampling kernel (`perfscope/analysis/sampling_path.py`).",
+        "",
+        "| bucket/sub-bucket | whose kernels | pattern |",
+        "|---|---|---|",
+    ]
     for b, sub, rx, covers in TABLE:
         pat = rx.replace("|", "\\|")
         out.append(f"| `{b}/{sub}` | {covers} | `{pat}` |")
@@ -62,6 +68,7 @@ def buckets_markdown() -> str:
 
 def docs() -> list[dict]:
     from perfscope.analysis.rules import RULES
+
     return [r.doc() for r in RULES]
 
 
@@ -77,12 +84,18 @@ def markdown() -> str:
     for d in docs():
         out.append(f"| [`{d['id']}`](#{d['id']}) | {d['title']} | {('`' + d['fix'] + '`') if d['fix'] else '-'} |")
     for d in docs():
-        out += ["", f"## {d['id']}", "", f"**{d['title']}**", "",
-                f"- **What it finds:** {d['what']}",
-                f"- **Why it is slow:** {d['why']}",
-                f"- **Evidence read:** {d['evidence']}",
-                "- **Fix:** " + _fix_line(d),
-                f"- **Known false positives:** {d['false_positives']}"]
+        out += [
+            "",
+            f"## {d['id']}",
+            "",
+            f"**{d['title']}**",
+            "",
+            f"- **What it finds:** {d['what']}",
+            f"- **Why it is slow:** {d['why']}",
+            f"- **Evidence read:** {d['evidence']}",
+            "- **Fix:** " + _fix_line(d),
+            f"- **Known false positives:** {d['false_positives']}",
+        ]
     return "\n".join(out) + "\n" + buckets_markdown()
 
 
@@ -94,6 +107,7 @@ def command(
     slow, the evidence it reads, the fix (module id or what to change) and its known false positives."""
     if json_out:
         from perfscope.report import jsonout
+
         jsonout.emit({"rules": docs()})
         return 0
     if md:

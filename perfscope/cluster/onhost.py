@@ -58,8 +58,10 @@ print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "ok": sys.version
 """
 
 # run from the zip: perfscope's own modules come first on the path, whatever the host has installed
-_BOOT_PY = ("import sys; sys.path.insert(0, sys.argv[1]); from perfscope.cluster.onhost_task import main; "
-            "sys.exit(main(sys.argv[2]))")
+_BOOT_PY = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from perfscope.cluster.onhost_task import main; "
+    "sys.exit(main(sys.argv[2]))"
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,9 +114,11 @@ def pick_python(io, candidates: list[str], label: str) -> str:
             why.append(f"{py} (Python {v.get('python')}) lacks {', '.join(map(str, v['missing']))}")
         else:
             return py
-    raise RemoteError(f"--analyse-on-host: no Python on {label} can run perfscope's analysis ({'; '.join(why)}): "
-                      f"install {' '.join(DEPENDENCIES)} there ({candidates[-1]} -m pip install "
-                      f"{' '.join(DEPENDENCIES)}), or name an interpreter that has it with --python")
+    raise RemoteError(
+        f"--analyse-on-host: no Python on {label} can run perfscope's analysis ({'; '.join(why)}): "
+        f"install {' '.join(DEPENDENCIES)} there ({candidates[-1]} -m pip install "
+        f"{' '.join(DEPENDENCIES)}), or name an interpreter that has it with --python"
+    )
 
 
 @dataclass
@@ -145,8 +149,16 @@ def read_run_json(path: Path) -> dict:
     return jsonio.read(path, "run.json of a run folder; damaged?", expect=dict)
 
 
-def analyse_run(io, run_dir: str | Path, *, python: str, label: str, config: Optional[dict] = None,
-                timeout: float = ANALYSIS_TIMEOUT_S, say: Callable[[str], None] = lambda m: None) -> HostAnalysis:
+def analyse_run(
+    io,
+    run_dir: str | Path,
+    *,
+    python: str,
+    label: str,
+    config: Optional[dict] = None,
+    timeout: float = ANALYSIS_TIMEOUT_S,
+    say: Callable[[str], None] = lambda m: None,
+) -> HostAnalysis:
     """Analyse, on the host ``io`` reaches, the traces run_dir's run.json lists under ``remote_files``
     (and its host-timing profile's, for the host's time per step), store the results in the run folder
     and complete its run.json. Raises RemoteError / InputError with one line; nothing is stored then."""
@@ -164,20 +176,35 @@ def analyse_run(io, run_dir: str | Path, *, python: str, label: str, config: Opt
     ht_entries = [e for e in ht_data.get("remote_files") or [] if e.get("role") != "frontend"]
 
     def spec(e: dict) -> dict:
-        return {"path": e["remote_path"], "rank": e.get("rank"), "stage": e.get("stage"), "host": e.get("host"),
-                "role": e.get("role"), "analyse": e.get("role") != "frontend"}
+        return {
+            "path": e["remote_path"],
+            "rank": e.get("rank"),
+            "stage": e.get("stage"),
+            "host": e.get("host"),
+            "role": e.get("role"),
+            "analyse": e.get("role") != "frontend",
+        }
 
     t0 = time.perf_counter()
     job_dir = io.mkdtemp("/tmp", JOB_PREFIX)
     try:
         out = f"{job_dir}/{RESULTS}"
-        job = {"host": label, "run_info": data, "config": config or {}, "files": [spec(e) for e in entries],
-               "host_timing": [spec(e) for e in ht_entries], "out": out, "perfscope": __version__}
+        job = {
+            "host": label,
+            "run_info": data,
+            "config": config or {},
+            "files": [spec(e) for e in entries],
+            "host_timing": [spec(e) for e in ht_entries],
+            "out": out,
+            "perfscope": __version__,
+        }
         zdata = package_zip()
         jdata = json.dumps(job).encode()
         io.put(f"{job_dir}/perfscope.zip", zdata)
         io.put(f"{job_dir}/job.json", jdata)
-        say(f"analysing {sum(1 for e in entries if e.get('role') != 'frontend')} trace file(s) on the host with {python}")
+        say(
+            f"analysing {sum(1 for e in entries if e.get('role') != 'frontend')} trace file(s) on the host with {python}"
+        )
         r = io.run([python, "-E", "-c", _BOOT_PY, f"{job_dir}/perfscope.zip", f"{job_dir}/job.json"], timeout=timeout)
         if not r.ok:
             raise _failure(r, label)
@@ -193,19 +220,40 @@ def analyse_run(io, run_dir: str | Path, *, python: str, label: str, config: Opt
             raise RemoteError(f"the analysis on {label} did not hash {e['remote_path']}")
         e["sha256"], e["bytes"] = h["sha256"], h["bytes"]
     by_remote = {e["remote_path"]: e["path"] for e in entries}
-    stored = {"perfscope": __version__, "config": config or {},
-              "ranks": [{"path": by_remote[x["path"]], "ok": x["ok"]} for x in res.get("ranks") or []]}
-    atomic_write_bytes(run_dir / RESULTS, gzip.compress(json.dumps(stored, separators=(",", ":")).encode(),
-                                                        mtime=0), shared=True)
+    stored = {
+        "perfscope": __version__,
+        "config": config or {},
+        "ranks": [{"path": by_remote[x["path"]], "ok": x["ok"]} for x in res.get("ranks") or []],
+    }
+    atomic_write_bytes(
+        run_dir / RESULTS, gzip.compress(json.dumps(stored, separators=(",", ":")).encode(), mtime=0), shared=True
+    )
     if ht_entries:
         rundir.update_run(ht_dir, remote_files=ht_entries)
-    ha = HostAnalysis(interpreter=python, results_bytes=len(raw), sent_bytes=len(zdata) + len(jdata),
-                      trace_bytes=sum(e["bytes"] for e in entries + ht_entries), workers=int(res.get("workers") or 1),
-                      seconds=round(time.perf_counter() - t0, 3))
-    rundir.update_run(run_dir, remote_files=entries, analysis={
-        "where": WHERE, "status": "done", "results": RESULTS, "interpreter": python, "perfscope": __version__,
-        "workers": ha.workers, "results_bytes": ha.results_bytes, "sent_bytes": ha.sent_bytes,
-        "trace_bytes": ha.trace_bytes, "seconds": ha.seconds})
+    ha = HostAnalysis(
+        interpreter=python,
+        results_bytes=len(raw),
+        sent_bytes=len(zdata) + len(jdata),
+        trace_bytes=sum(e["bytes"] for e in entries + ht_entries),
+        workers=int(res.get("workers") or 1),
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+    rundir.update_run(
+        run_dir,
+        remote_files=entries,
+        analysis={
+            "where": WHERE,
+            "status": "done",
+            "results": RESULTS,
+            "interpreter": python,
+            "perfscope": __version__,
+            "workers": ha.workers,
+            "results_bytes": ha.results_bytes,
+            "sent_bytes": ha.sent_bytes,
+            "trace_bytes": ha.trace_bytes,
+            "seconds": ha.seconds,
+        },
+    )
     return ha
 
 
@@ -219,10 +267,12 @@ def _failure(r, label: str) -> Exception:
         cls = InputError if got.get("exit_code") == 2 else RemoteError
         return cls(f"the analysis on {label} failed: {' '.join(str(got['error']).split())[:600]}")
     # sshd reports a command killed by a signal with no exit status (paramiko: -1); a shell says 128 + N
-    how = ("killed by a signal" if r.rc == -1 else f"killed by signal {r.rc - 128}" if r.rc > 128 else f"exit {r.rc}")
+    how = "killed by a signal" if r.rc == -1 else f"killed by signal {r.rc - 128}" if r.rc > 128 else f"exit {r.rc}"
     last = (r.stderr.strip().splitlines() or [""])[-1][:200]
-    return RemoteError(f"the analysis on {label} stopped ({how}){': ' + last if last else ''}; "
-                       "the traces stay on the host (perfscope trace --fetch copies them)")
+    return RemoteError(
+        f"the analysis on {label} stopped ({how}){': ' + last if last else ''}; "
+        "the traces stay on the host (perfscope trace --fetch copies them)"
+    )
 
 
 def gunzip_json(raw: bytes, cap: int, what: str):

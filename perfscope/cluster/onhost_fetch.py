@@ -14,8 +14,12 @@ if TYPE_CHECKING:
     from perfscope.remote.hostio import HostIO
 
 
-def fetch(run_dir: str | Path, connect_host: Callable[[str], AbstractContextManager[HostIO]], say: Callable[[str], None] = lambda m: None,
-          progress=None) -> int:
+def fetch(
+    run_dir: str | Path,
+    connect_host: Callable[[str], AbstractContextManager[HostIO]],
+    say: Callable[[str], None] = lambda m: None,
+    progress=None,
+) -> int:
     """Copy the raw traces a run folder lists on its host(s) into its ``traces/`` folders (each checked
     against its sha256), and list them in run.json as ordinary trace files. ``connect_host(label)``: a
     context manager giving the HostIO of that host. Returns the bytes copied."""
@@ -42,8 +46,10 @@ def fetch(run_dir: str | Path, connect_host: Callable[[str], AbstractContextMana
         files = []
         for e in fd.get("remote_files") or []:
             if not e.get("sha256"):
-                raise InputError(f"{folder}: run.json has no sha256 for {e['path']} (its analysis did not finish): "
-                                 f"copy {e.get('host')}:{e['remote_path']} by hand")
+                raise InputError(
+                    f"{folder}: run.json has no sha256 for {e['path']} (its analysis did not finish): "
+                    f"copy {e.get('host')}:{e['remote_path']} by hand"
+                )
         by_host: dict = {}
         for e in fd.get("remote_files") or []:
             by_host.setdefault(e.get("host") or fd.get("host"), []).append(e)
@@ -51,7 +57,9 @@ def fetch(run_dir: str | Path, connect_host: Callable[[str], AbstractContextMana
             with connect_host(host) as io:
                 for e in es:
                     local = folder / e["path"]
-                    task = progress.add_task(f"{host} {Path(e['path']).name}", total=e.get("bytes")) if progress else None
+                    task = (
+                        progress.add_task(f"{host} {Path(e['path']).name}", total=e.get("bytes")) if progress else None
+                    )
                     cb = (lambda d, t, task=task: progress.update(task, completed=d)) if progress else None
                     io.fetch(e["remote_path"], local, e["sha256"], cb)
                     total += local.stat().st_size
@@ -62,8 +70,9 @@ def fetch(run_dir: str | Path, connect_host: Callable[[str], AbstractContextMana
         if folder != run_dir:
             rundir.update_run(folder, files=files)
     if data.get("members"):
-        rundir.update_run(run_dir, files=[{k: v for k, v in e.items() if k != "remote_path"}
-                                          for e in data["remote_files"]])
+        rundir.update_run(
+            run_dir, files=[{k: v for k, v in e.items() if k != "remote_path"} for e in data["remote_files"]]
+        )
     else:
         rundir.update_run(run_dir, files=done[run_dir])
     return total

@@ -30,16 +30,20 @@ def on_host_folder(paths: list) -> Optional[Path]:
             if is_on_host(data):
                 hit = p
     if hit is not None and len(paths) > 1:
-        raise InputError(f"{hit} was analysed on its host (trace --analyse-on-host): diagnose it alone, or fetch "
-                         f"its traces first (perfscope trace --fetch {hit})")
+        raise InputError(
+            f"{hit} was analysed on its host (trace --analyse-on-host): diagnose it alone, or fetch "
+            f"its traces first (perfscope trace --fetch {hit})"
+        )
     return hit
 
 
 def refuse_options(run_dir: Path, given: list[str]) -> None:
     if given:
-        raise InputError(f"{run_dir} was analysed on its host (trace --analyse-on-host) and its traces stay there: "
-                         f"{', '.join(given)} change{'s' if len(given) == 1 else ''} each rank's analysis, which needs "
-                         f"the traces; fetch them (perfscope trace --fetch {run_dir}) and diagnose again")
+        raise InputError(
+            f"{run_dir} was analysed on its host (trace --analyse-on-host) and its traces stay there: "
+            f"{', '.join(given)} change{'s' if len(given) == 1 else ''} each rank's analysis, which needs "
+            f"the traces; fetch them (perfscope trace --fetch {run_dir}) and diagnose again"
+        )
 
 
 def stored_diagnosis(run_dir: str | Path):
@@ -59,22 +63,31 @@ def stored_diagnosis(run_dir: str | Path):
         fd = data if folder == run_dir else read_run_json(folder / "run.json")
         a = fd.get("analysis") or {}
         if a.get("where") != WHERE or a.get("status") != "done" or not (folder / RESULTS).is_file():
-            raise InputError(f"{folder}: the analysis on its host did not finish (no {RESULTS}): rerun the trace, or "
-                             f"fetch the traces (perfscope trace --fetch {run_dir}) and diagnose them here")
+            raise InputError(
+                f"{folder}: the analysis on its host did not finish (no {RESULTS}): rerun the trace, or "
+                f"fetch the traces (perfscope trace --fetch {run_dir}) and diagnose them here"
+            )
         workers = max(workers, int(a.get("workers") or 1))
         from perfscope.util import limits
         from perfscope.util.files import read_regular
 
         cap = limits.max_reply_bytes()
-        stored = gunzip_json(bytes(read_regular(folder / RESULTS, cap, "PERFSCOPE_MAX_REPLY_MB")), cap,
-                              f"{folder / RESULTS}")
+        stored = gunzip_json(
+            bytes(read_regular(folder / RESULTS, cap, "PERFSCOPE_MAX_REPLY_MB")), cap, f"{folder / RESULTS}"
+        )
         ok_by_path = {x["path"]: x["ok"] for x in stored.get("ranks") or []}
         for e in fd.get("remote_files") or []:
             local = (run_dir / (prefix + e["path"])).resolve()
             root_entries.append((e, local, ok_by_path.get(e["path"])))
     # as read_run, then discover, order and deduplicate the files of a run folder
-    root_entries.sort(key=lambda t: (t[0].get("host") or "", t[0]["rank"] if t[0].get("rank") is not None else 1 << 30,
-                                     t[0].get("stage") or "", str(t[1])))
+    root_entries.sort(
+        key=lambda t: (
+            t[0].get("host") or "",
+            t[0]["rank"] if t[0].get("rank") is not None else 1 << 30,
+            t[0].get("stage") or "",
+            str(t[1]),
+        )
+    )
     seen: dict = {}
     kept, dups = [], []
     for e, local, res in root_entries:
@@ -87,21 +100,33 @@ def stored_diagnosis(run_dir: str | Path):
         kept.append((e, local, res))
     frontend = [local for e, local, _ in kept if e.get("role") == "frontend"]
     kept = [t for t in kept if t[0].get("role") != "frontend"]
-    kept.sort(key=lambda t: (t[0].get("host") or "", t[0]["rank"] if t[0].get("rank") is not None else -1,
-                             t[0].get("stage") or "", t[1].name))
+    kept.sort(
+        key=lambda t: (
+            t[0].get("host") or "",
+            t[0]["rank"] if t[0].get("rank") is not None else -1,
+            t[0].get("stage") or "",
+            t[1].name,
+        )
+    )
     ranks = []
     for e, local, res in kept:
         if res is None:
-            raise InputError(f"{run_dir}: no stored result for {e['path']}: fetch the traces (perfscope trace --fetch "
-                             f"{run_dir}) and diagnose them here")
+            raise InputError(
+                f"{run_dir}: no stored result for {e['path']}: fetch the traces (perfscope trace --fetch "
+                f"{run_dir}) and diagnose them here"
+            )
         ra = RankAnalysis.from_dict(res)
         ra.file = str(local)
         if "path" in ra.meta:
             ra.meta["path"] = str(local)
         ranks.append(ra)
-    tset = TraceSet(files=[TraceFile(path=local, rank=e.get("rank"), stage=e.get("stage"), host=e.get("host"))
-                           for e, local, _ in kept],
-                    run_dir=run_dir, run_info=data, duplicates=dups, frontend=frontend)
+    tset = TraceSet(
+        files=[
+            TraceFile(path=local, rank=e.get("rank"), stage=e.get("stage"), host=e.get("host")) for e, local, _ in kept
+        ],
+        run_dir=run_dir,
+        run_info=data,
+        duplicates=dups,
+        frontend=frontend,
+    )
     return reduce(tset, ranks, {"files": len(ranks), "workers": workers, "bound": WHERE})
-
-

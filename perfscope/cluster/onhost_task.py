@@ -68,16 +68,20 @@ def run(job: dict) -> dict:
     missing = [f for f in files + ht if not _regular(f["path"])]
     if missing:
         names = ", ".join(f"rank {f.get('rank') if f.get('rank') is not None else '?'} {f['path']}" for f in missing)
-        return {"error": f"{len(missing)} trace file(s) missing on {host} (moved or removed since the profile?): "
-                         f"{names[:800]}", "exit_code": 2}
+        return {
+            "error": f"{len(missing)} trace file(s) missing on {host} (moved or removed since the profile?): "
+            f"{names[:800]}",
+            "exit_code": 2,
+        }
     hashed = []
     for f in files + ht:
         digest, size = _hash(f["path"])
         hashed.append({"path": f["path"], "sha256": digest, "bytes": size})
 
     def tf(f: dict) -> TraceFile:
-        return TraceFile(path=Path(f["path"]), rank=f.get("rank"), stage=f.get("stage"), host=f.get("host"),
-                         role=f.get("role"))
+        return TraceFile(
+            path=Path(f["path"]), rank=f.get("rank"), stage=f.get("stage"), host=f.get("host"), role=f.get("role")
+        )
 
     tset = TraceSet(files=[], run_info=job.get("run_info") or {}, host_timing=[tf(f) for f in ht])
     cfg = run_config(tset, job.get("config") or {})

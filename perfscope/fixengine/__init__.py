@@ -16,6 +16,22 @@ from perfscope.fixengine.model import (
 from perfscope.fixengine.registry import discover, get
 
 __all__ = [
-    "FixRequest", "Report", "apply", "plan", "probe_env", "revert", "discover", "get", "Environment",
-    "FixModule", "Outcome", "Applied", "AlreadyApplied", "Checked", "Skipped", "Refused", "Failed", "Reverted",
+    "FixRequest",
+    "Report",
+    "apply",
+    "plan",
+    "probe_env",
+    "revert",
+    "discover",
+    "get",
+    "Environment",
+    "FixModule",
+    "Outcome",
+    "Applied",
+    "AlreadyApplied",
+    "Checked",
+    "Skipped",
+    "Refused",
+    "Failed",
+    "Reverted",
 ]

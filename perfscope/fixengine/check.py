@@ -40,8 +40,9 @@ class Planned:
     notes_before_transform: int = 0
 
 
-def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequest,
-                   reverting: bool = False) -> tuple[TargetSpec, str, bytes]:
+def resolve_target(
+    fix: FixModule, host: FixHost, env: Environment, req: FixRequest, reverting: bool = False
+) -> tuple[TargetSpec, str, bytes]:
     """The fix's target file: its spec, its path on the host and its (pinned) bytes."""
     gather = getattr(fix, "gather", None)
     if gather is not None:
@@ -50,8 +51,7 @@ def resolve_target(fix: FixModule, host: FixHost, env: Environment, req: FixRequ
 
 
 def base_report(fix: FixModule, env: Environment, spec: TargetSpec, path: str, data: bytes) -> Report:
-    return Report(fix=fix.id, outcome=Checked(), env=env, target=spec.name, path=path,
-                  sha256_before=sha256_bytes(data))
+    return Report(fix=fix.id, outcome=Checked(), env=env, target=spec.name, path=path, sha256_before=sha256_bytes(data))
 
 
 def has_prepare(fix: FixModule) -> bool:
@@ -59,15 +59,17 @@ def has_prepare(fix: FixModule) -> bool:
     return getattr(fix.prepare, "__func__", None) is not FixModule.prepare
 
 
-def plan(fix: FixModule, host: FixHost, req: FixRequest,
-         env: Optional[Environment] = None) -> tuple[Report, Optional[bytes], Optional[Detection]]:
+def plan(
+    fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None
+) -> tuple[Report, Optional[bytes], Optional[Detection]]:
     """Everything up to the patched bytes, without writing. Returns (report, patched, detection)."""
     p = check(fix, host, req, env)
     return p.report, p.after, p.detection
 
 
-def check(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None, *,
-          applying: bool = False) -> Planned:
+def check(
+    fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None, *, applying: bool = False
+) -> Planned:
     """The check, as :func:`plan`; ``applying``: the fix's apply-time work runs too (its ``prepare``)."""
     env = env or probe_env(host, req)
     kind = kind_of(fix)
@@ -92,15 +94,20 @@ def check(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environm
         if not man:
             rep.outcome = kind.patched_without_manifest(fix, det, path, folder)
         elif man.get("sha256_after") == rep.sha256_before:
-            rep.outcome = AlreadyApplied(f"{path} is already patched ({man.get('strategy')} strategy, "
-                                         f"applied {man.get('applied_at')})")
+            rep.outcome = AlreadyApplied(
+                f"{path} is already patched ({man.get('strategy')} strategy, applied {man.get('applied_at')})"
+            )
             rep.strategy = man.get("strategy")
         else:
-            rep.outcome = AlreadyApplied(f"{path} carries the patch but differs from what perfscope wrote "
-                                         "(edited since?): --revert will refuse without --force")
+            rep.outcome = AlreadyApplied(
+                f"{path} carries the patch but differs from what perfscope wrote "
+                "(edited since?): --revert will refuse without --force"
+            )
         if req.strategy not in ("auto", rep.strategy):
-            rep.outcome = Refused(f"{path} is patched with the {rep.strategy} strategy; revert it first "
-                                  f"(perfscope fix {fix.id} --revert) to switch to {req.strategy}")
+            rep.outcome = Refused(
+                f"{path} is patched with the {rep.strategy} strategy; revert it first "
+                f"(perfscope fix {fix.id} --revert) to switch to {req.strategy}"
+            )
         return planned
     if det.state in ("refused", "unknown"):
         rep.outcome = Refused(det.reason)
@@ -128,7 +135,7 @@ def patch_bytes(fix: FixModule, host: FixHost, env: Environment, planned: Planne
     post-conditions and the diff (again, for a plan whose fix does work at apply time)."""
     rep, det, spec, strategy = planned.report, planned.detection, planned.spec, planned.strategy
     assert det is not None and spec is not None and strategy is not None and rep.path is not None
-    del rep.notes[planned.notes_before_transform:]
+    del rep.notes[planned.notes_before_transform :]
     planned.after, planned.prepared = None, applying or not has_prepare(fix)
     if applying:
         why = fix.prepare(host, env, spec, rep.path, det)
@@ -147,7 +154,8 @@ def patch_bytes(fix: FixModule, host: FixHost, env: Environment, planned: Planne
         return planned
     rep.sha256_after = sha256_bytes(after)
     rep.diff = unified_diff(planned.data, after, rep.path)
-    rep.outcome = Checked(f"{spec.name} {det.variant}: the {strategy} patch applies cleanly (nothing "
-                          f"changed; add --apply)")
+    rep.outcome = Checked(
+        f"{spec.name} {det.variant}: the {strategy} patch applies cleanly (nothing changed; add --apply)"
+    )
     planned.after = after
     return planned

@@ -22,6 +22,18 @@ from perfscope.fixengine.restore import revert
 from perfscope.fixengine.state import load_manifest, state_dir_for, state_root
 
 __all__ = [
-    "FixRequest", "Planned", "Report", "apply", "base_report", "check", "describe_launch", "load_manifest", "plan",
-    "probe_env", "resolve_target", "revert", "state_dir_for", "state_root",
+    "FixRequest",
+    "Planned",
+    "Report",
+    "apply",
+    "base_report",
+    "check",
+    "describe_launch",
+    "load_manifest",
+    "plan",
+    "probe_env",
+    "resolve_target",
+    "revert",
+    "state_dir_for",
+    "state_root",
 ]

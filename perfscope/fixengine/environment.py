@@ -24,8 +24,10 @@ def _read_version_py(host: FixHost, root: str) -> Optional[str]:
     for rel in ("_version.py", "version.py"):  # _version.py: generated, exact
         p = join(host, root, rel)
         if host.exists(p):
-            vm = re.search(rb"""__version__\s*(?::\s*str\s*)?=\s*version\s*=\s*['"]([^'"]+)|__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)""",
-                          host.read_bytes(p))
+            vm = re.search(
+                rb"""__version__\s*(?::\s*str\s*)?=\s*version\s*=\s*['"]([^'"]+)|__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)""",
+                host.read_bytes(p),
+            )
             if vm:
                 return bytes(vm.group(1) or vm.group(2)).decode()
     # a wheel install: ../sglang-X.dist-info
@@ -51,9 +53,13 @@ def probe_env(host: FixHost, req: FixRequest, log: Optional[Callable[[str], None
         if info:
             env.server_url = req.server_url
             env.server_args = dict(info)
-            for k_env, k_info in (("sglang_version", "version"), ("kv_cache_dtype", "kv_cache_dtype"),
-                                  ("attention_backend", "attention_backend"),
-                                  ("decode_attention_backend", "decode_attention_backend"), ("dtype", "dtype")):
+            for k_env, k_info in (
+                ("sglang_version", "version"),
+                ("kv_cache_dtype", "kv_cache_dtype"),
+                ("attention_backend", "attention_backend"),
+                ("decode_attention_backend", "decode_attention_backend"),
+                ("dtype", "dtype"),
+            ):
                 if info.get(k_info) not in (None, ""):
                     setattr(env, k_env, str(info[k_info]))
                     env.sources[k_env] = "server_info"
@@ -64,8 +70,10 @@ def probe_env(host: FixHost, req: FixRequest, log: Optional[Callable[[str], None
         # from the flags the server had, not from what the finding implies); said, as it may be stale
         env.server_args = dict(recorded)
         env.sources["server_args"] = "run record"
-        env.notes.append(f"server settings from the run record ({req.facts['trace']}: /server_info when it was "
-                         "traced), not from the live server")
+        env.notes.append(
+            f"server settings from the run record ({req.facts['trace']}: /server_info when it was "
+            "traced), not from the live server"
+        )
     need_python = (req.source_fix and not req.target_file) or req.python
     if need_python:
         if req.python:
@@ -78,8 +86,10 @@ def probe_env(host: FixHost, req: FixRequest, log: Optional[Callable[[str], None
             if proc.get("pid") and cands != ["python3"]:
                 env.sources["python"] = f"process {proc['pid']} listening on port {req.port}"
             elif not proc.get("pid"):
-                env.notes.append(f"no server process found on port {req.port}: using python3 on PATH "
-                                 "(pass --python to name the server's interpreter)")
+                env.notes.append(
+                    f"no server process found on port {req.port}: using python3 on PATH "
+                    "(pass --python to name the server's interpreter)"
+                )
         vers = host.io.python_versions(cands, want="sglang")
         if vers:
             env.python = vers.get("interpreter")
@@ -111,8 +121,10 @@ def probe_env(host: FixHost, req: FixRequest, log: Optional[Callable[[str], None
         ver = _read_version_py(host, root)
         if ver:
             if env.sglang_version and env.sglang_version != ver and env.sources.get("sglang_version") != "server_info":
-                env.notes.append(f"sglang {ver} in --sglang-root {root}; the interpreter found ({env.python}) "
-                                 f"has sglang {env.sglang_version}: the fix reads the tree it patches")
+                env.notes.append(
+                    f"sglang {ver} in --sglang-root {root}; the interpreter found ({env.python}) "
+                    f"has sglang {env.sglang_version}: the fix reads the tree it patches"
+                )
             if env.sources.get("sglang_version") != "server_info":
                 env.sglang_version = ver
                 env.sources["sglang_version"] = f"{root}/version.py"
@@ -127,4 +139,3 @@ def probe_env(host: FixHost, req: FixRequest, log: Optional[Callable[[str], None
             env.sources[k] = "option"
     say(f"environment: {env.to_dict()}")
     return env
-

@@ -27,8 +27,13 @@ from perfscope.fixengine.launch import (
 )
 from perfscope.fixengine.model import Detection, Environment, FixModule, StrategyChoice, TargetSpec
 
-LAUNCH_TARGET = TargetSpec("launch-command", None, "the server's launch command (--launch-file)", ("flags",),
-                           description="a shell script, a systemd unit's ExecStart= or a compose command:")
+LAUNCH_TARGET = TargetSpec(
+    "launch-command",
+    None,
+    "the server's launch command (--launch-file)",
+    ("flags",),
+    description="a shell script, a systemd unit's ExecStart= or a compose command:",
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,10 @@ class LaunchFlagFix(FixModule):
         missing = [k for k in self.required_keys if k not in env.server_args]
         if missing:
             ver = env.sglang_version or env.server_args.get("version") or "?"
-            return (f"the server (sglang {ver}) does not report {', '.join(missing)} in /server_info: this "
-                    f"version has no such flag; nothing changed")
+            return (
+                f"the server (sglang {ver}) does not report {', '.join(missing)} in /server_info: this "
+                f"version has no such flag; nothing changed"
+            )
         return None
 
     @staticmethod
@@ -115,9 +122,14 @@ class LaunchFlagFix(FixModule):
             return Detection(target.name, None, "refused", f"cannot read the launch command exactly: {e}")
         anchors = [{"what": f"{cmd.kind} launch command ({cmd.engine})", "line": cmd.line}]
         if cmd.engine not in self.engines:
-            return Detection(target.name, cmd.kind, "refused",
-                             f"{self.id} knows the flags of {', '.join(self.engines)}, not {cmd.engine} "
-                             f"(launch command at line {cmd.line})", anchors=anchors)
+            return Detection(
+                target.name,
+                cmd.kind,
+                "refused",
+                f"{self.id} knows the flags of {', '.join(self.engines)}, not {cmd.engine} "
+                f"(launch command at line {cmd.line})",
+                anchors=anchors,
+            )
         why = self.check_version(cmd.engine, env)
         if why:
             return Detection(target.name, cmd.kind, "refused", why, anchors=anchors)
@@ -132,14 +144,20 @@ class LaunchFlagFix(FixModule):
         if d.skipped:
             return Detection(target.name, cmd.kind, "not-applicable", d.skipped, anchors=anchors, facts=facts)
         if not d.changes:
-            return Detection(target.name, cmd.kind, "patched",
-                             f"the launch command already runs with what {self.id} sets "
-                             f"({d.why or 'flags already right'})",
-                             patched_strategy="flags", anchors=anchors, facts=facts)
+            return Detection(
+                target.name,
+                cmd.kind,
+                "patched",
+                f"the launch command already runs with what {self.id} sets ({d.why or 'flags already right'})",
+                patched_strategy="flags",
+                anchors=anchors,
+                facts=facts,
+            )
         return Detection(target.name, cmd.kind, "original", anchors=anchors, facts=facts)
 
-    def choose_strategy(self, target: TargetSpec, det: Detection, env: Environment,
-                        requested: str = "auto") -> StrategyChoice:
+    def choose_strategy(
+        self, target: TargetSpec, det: Detection, env: Environment, requested: str = "auto"
+    ) -> StrategyChoice:
         if requested not in ("auto", "flags"):
             return StrategyChoice(None, f"{self.id} has one strategy, flags (not {requested})")
         d: Decision = det.facts["decision"]
@@ -154,8 +172,9 @@ class LaunchFlagFix(FixModule):
             raise ValueError(str(e)) from None
         return after, notes
 
-    def postconditions(self, target: TargetSpec, det: Detection, before: bytes, after: bytes,
-                       strategy: str) -> list[str]:
+    def postconditions(
+        self, target: TargetSpec, det: Detection, before: bytes, after: bytes, strategy: str
+    ) -> list[str]:
         cmd: LaunchCommand = det.facts["cmd"]
         d: Decision = det.facts["decision"]
         try:
@@ -220,7 +239,9 @@ def _engine_of(env: Environment) -> str:
 def _prediction_notes(d: Decision) -> list[str]:
     if d.predicted_step_ms is None:
         return []
-    return [f"predicted step after the fix: {d.predicted_step_ms:.2f} ms" + (f" ({d.prediction})" if d.prediction else "")]
+    return [
+        f"predicted step after the fix: {d.predicted_step_ms:.2f} ms" + (f" ({d.prediction})" if d.prediction else "")
+    ]
 
 
 def is_amd_gpu(gpu_name: Optional[str]) -> bool:

@@ -42,8 +42,9 @@ class FixHost:
     def read_bytes(self, path: str) -> bytes:
         raise NotImplementedError
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
-                           tmp_dir: Optional[str] = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: Optional[int] = None, tmp_dir: Optional[str] = None
+    ) -> None:
         """Temp file + rename (symlinks kept, special files refused); ``tmp_dir`` holds the temp
         file when it is on the same file system (the engine's state folder)."""
         raise NotImplementedError
@@ -98,11 +99,15 @@ class LocalFixHost(FixHost):
         a pinned one read through its held descriptor."""
         if path in self._pins:
             return self._pins[path].read()
-        return bytes(read_regular(path, max_fix_file_bytes(), "PERFSCOPE_MAX_FIX_FILE_MB",
-                                  hint="fix reads and patches regular files only"))
+        return bytes(
+            read_regular(
+                path, max_fix_file_bytes(), "PERFSCOPE_MAX_FIX_FILE_MB", hint="fix reads and patches regular files only"
+            )
+        )
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
-                           tmp_dir: Optional[str] = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: Optional[int] = None, tmp_dir: Optional[str] = None
+    ) -> None:
         if path in self._pins:
             return self._pins[path].replace(data, tmp_dir=tmp_dir)
         try:
@@ -132,8 +137,9 @@ class LocalFixHost(FixHost):
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise FixRefused(f"another perfscope fix holds {path} for more than {timeout:g}s; "
-                                         "try again when it ends") from None
+                        raise FixRefused(
+                            f"another perfscope fix holds {path} for more than {timeout:g}s; try again when it ends"
+                        ) from None
                     time.sleep(0.1)
             yield
         finally:
@@ -213,8 +219,9 @@ class SSHFixHost(FixHost):
         except (IOError, OSError) as e:
             raise RemoteError(f"{self.label}:{path}: cannot read ({e})") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: Optional[int] = None,
-                           tmp_dir: Optional[str] = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: Optional[int] = None, tmp_dir: Optional[str] = None
+    ) -> None:
         if path not in self._pins:
             return self.s.write_bytes_atomic(path, data, mode=mode, tmp_dir=tmp_dir)
         real = self._check(path)
@@ -255,11 +262,13 @@ class SSHFixHost(FixHost):
         """``flock`` (else python3's fcntl) on the host, held by a command that lives as long as
         this SSH channel: closing it (or losing the connection) releases the lock."""
         self.makedirs(posixpath.dirname(path))
-        script = ('if command -v flock >/dev/null 2>&1; then exec flock -w "$2" "$1" sh -c \'echo locked; read x\'; fi; '
-                  'exec python3 -c "import fcntl,sys,time,os\nf=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT,0o600)\n'
-                  'd=time.time()+float(sys.argv[2])\nwhile True:\n try: fcntl.flock(f,fcntl.LOCK_EX|fcntl.LOCK_NB); break\n'
-                  ' except BlockingIOError:\n  if time.time()>d: sys.exit(1)\n  time.sleep(0.1)\n'
-                  'print(\'locked\',flush=True)\nsys.stdin.read()" "$1" "$2"')
+        script = (
+            'if command -v flock >/dev/null 2>&1; then exec flock -w "$2" "$1" sh -c \'echo locked; read x\'; fi; '
+            'exec python3 -c "import fcntl,sys,time,os\nf=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT,0o600)\n'
+            "d=time.time()+float(sys.argv[2])\nwhile True:\n try: fcntl.flock(f,fcntl.LOCK_EX|fcntl.LOCK_NB); break\n"
+            " except BlockingIOError:\n  if time.time()>d: sys.exit(1)\n  time.sleep(0.1)\n"
+            'print(\'locked\',flush=True)\nsys.stdin.read()" "$1" "$2"'
+        )
         from perfscope.remote.ssh.commands import quote_argv
 
         chan = self.s.transport.open_session(timeout=self.s.target.timeout)
@@ -273,8 +282,10 @@ class SSHFixHost(FixHost):
                 except Exception:
                     chunk = b""
                 if not chunk:
-                    raise FixRefused(f"{self.label}: another perfscope fix holds {path} for more than "
-                                     f"{timeout:g}s (or flock/python3 is missing there); try again when it ends")
+                    raise FixRefused(
+                        f"{self.label}: another perfscope fix holds {path} for more than "
+                        f"{timeout:g}s (or flock/python3 is missing there); try again when it ends"
+                    )
                 got += chunk
             yield
         finally:

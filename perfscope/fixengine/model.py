@@ -203,15 +203,19 @@ class FixModule:
     def detect(self, target: TargetSpec, data: bytes, env: Environment) -> Detection:  # pragma: no cover
         raise NotImplementedError
 
-    def choose_strategy(self, target: TargetSpec, det: Detection, env: Environment,
-                        requested: str = "auto") -> StrategyChoice:  # pragma: no cover
+    def choose_strategy(
+        self, target: TargetSpec, det: Detection, env: Environment, requested: str = "auto"
+    ) -> StrategyChoice:  # pragma: no cover
         raise NotImplementedError
 
-    def transform(self, target: TargetSpec, det: Detection, data: bytes, strategy: str) -> tuple[bytes, list]:  # pragma: no cover
+    def transform(
+        self, target: TargetSpec, det: Detection, data: bytes, strategy: str
+    ) -> tuple[bytes, list]:  # pragma: no cover
         raise NotImplementedError
 
-    def postconditions(self, target: TargetSpec, det: Detection, before: bytes, after: bytes,
-                       strategy: str) -> list[str]:  # pragma: no cover
+    def postconditions(
+        self, target: TargetSpec, det: Detection, before: bytes, after: bytes, strategy: str
+    ) -> list[str]:  # pragma: no cover
         """Problems with a patched file (empty list: all good)."""
         raise NotImplementedError
 
@@ -239,8 +243,14 @@ class FixModule:
             "strategies": list(self.strategies),
             "requirements": dict(self.requirements),
             "targets": [
-                {"name": t.name, "file": t.relpath, "versions": t.versions, "strategies": list(t.strategies),
-                 "backends": list(t.backends), "description": t.description}
+                {
+                    "name": t.name,
+                    "file": t.relpath,
+                    "versions": t.versions,
+                    "strategies": list(t.strategies),
+                    "backends": list(t.backends),
+                    "description": t.description,
+                }
                 for t in self.targets
             ],
         }

@@ -148,15 +148,28 @@ class FixOptions:
         """The restart's options, when ``--restart-cmd`` is given."""
         if self.restart_cmd is None:
             return None
-        bench = BenchSpec(input_len=self.bench_input_len, output_len=self.bench_output_len,
-                          num_requests=self.bench_requests, concurrency=self.bench_concurrency,
-                          max_requests=max(self.bench_max_requests, self.bench_requests))
-        return RestartOptions(self.restart_cmd, health_timeout=self.health_timeout, out=self.out, bench=bench,
-                              max_slowdown=self.max_slowdown, baseline=self.baseline)
+        bench = BenchSpec(
+            input_len=self.bench_input_len,
+            output_len=self.bench_output_len,
+            num_requests=self.bench_requests,
+            concurrency=self.bench_concurrency,
+            max_requests=max(self.bench_max_requests, self.bench_requests),
+        )
+        return RestartOptions(
+            self.restart_cmd,
+            health_timeout=self.health_timeout,
+            out=self.out,
+            bench=bench,
+            max_slowdown=self.max_slowdown,
+            baseline=self.baseline,
+        )
 
     def overrides(self) -> dict[str, Optional[str]]:
         """Environment facts given as options (they win over what the host says)."""
-        return {"kv_cache_dtype": self.kv_cache_dtype, "attention_backend": self.attention_backend,
-                "compute_cap": self.gpu_cc, "flashinfer_version": self.flashinfer_version,
-                "sglang_version": self.sglang_version}
-
+        return {
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "attention_backend": self.attention_backend,
+            "compute_cap": self.gpu_cc,
+            "flashinfer_version": self.flashinfer_version,
+            "sglang_version": self.sglang_version,
+        }

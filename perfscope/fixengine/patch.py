@@ -21,8 +21,9 @@ from perfscope.fixengine.state import created_pointer, lock_path, state_dir_for
 from perfscope.util.files import sha256_bytes
 
 
-def apply(fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None,
-          planned: Optional[Planned] = None) -> Report:
+def apply(
+    fix: FixModule, host: FixHost, req: FixRequest, env: Optional[Environment] = None, planned: Optional[Planned] = None
+) -> Report:
     """Check, then patch with a backup and a manifest; one apply or revert at a time per host
     (a lock in the state folder), and a failed write leaves no manifest behind. ``planned``: the
     check already made (with this ``env``), written as it is unless its fix does work at apply time."""
@@ -52,13 +53,16 @@ def _write(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, pla
     assert path is not None and before is not None and rep.sha256_after is not None
     absent = before == sha256_bytes(b"") and not host.exists(path)  # a file the fix creates
     if req.expect_sha256 and req.expect_sha256 != before:
-        rep.outcome = Refused(f"{path} changed since the check (sha256 {before[:12]}…, expected "
-                              f"{req.expect_sha256[:12]}…): check again")
+        rep.outcome = Refused(
+            f"{path} changed since the check (sha256 {before[:12]}…, expected {req.expect_sha256[:12]}…): check again"
+        )
         return rep
     m = host.mode(path)
     if m is not None and not m & 0o222:
-        rep.outcome = Refused(f"{path} is read-only (mode {m:04o}): someone made it so on purpose; "
-                              "chmod u+w it first if it should be patched")
+        rep.outcome = Refused(
+            f"{path} is read-only (mode {m:04o}): someone made it so on purpose; "
+            "chmod u+w it first if it should be patched"
+        )
         return rep
     folder = state_dir_for(host, req, fix, path)
     host.makedirs(folder)
@@ -76,10 +80,19 @@ def _write(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, pla
         rep.outcome = Failed(f"backup {backup} does not read back intact: nothing patched")
         return rep
     manifest = {
-        "fix": fix.id, "target": rep.target, "path": path, "variant": rep.variant, "strategy": rep.strategy,
-        "sha256_before": before, "sha256_after": rep.sha256_after, "size_before": len(original),
-        "size_after": len(after), "backup": os.path.basename(backup), "host": host.label,
-        "applied_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "perfscope": __version__,
+        "fix": fix.id,
+        "target": rep.target,
+        "path": path,
+        "variant": rep.variant,
+        "strategy": rep.strategy,
+        "sha256_before": before,
+        "sha256_after": rep.sha256_after,
+        "size_before": len(original),
+        "size_after": len(after),
+        "backup": os.path.basename(backup),
+        "host": host.label,
+        "applied_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "perfscope": __version__,
         "sglang_version": rep.env.sglang_version if rep.env else None,
     }
     parent = os.path.dirname(path)
@@ -93,8 +106,11 @@ def _write(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, pla
     if absent and env.sglang_root:
         # the file's name came from facts read off the live server (the model's shape): --revert finds
         # it again from the install alone, with the server down
-        host.write_bytes_atomic(created_pointer(host, req, fix, env.sglang_root),
-                                (json.dumps({"path": path, "manifest": mpath}) + "\n").encode(), mode=0o600)
+        host.write_bytes_atomic(
+            created_pointer(host, req, fix, env.sglang_root),
+            (json.dumps({"path": path, "manifest": mpath}) + "\n").encode(),
+            mode=0o600,
+        )
     try:
         # last look before writing: the file must still be the one the patch was computed from (the
         # pinned target: the file resolved at the check, refused if anything else is there now)
@@ -118,6 +134,8 @@ def _write(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, pla
         rep.outcome = Failed(f"{path} did not read back as written; the original was put back")
         return rep
     rep.manifest = mpath
-    rep.outcome = Applied(f"patched {path} ({rep.target} {rep.variant}, {rep.strategy} strategy); "
-                          f"backup and manifest in {folder}", details={"backup": backup})
+    rep.outcome = Applied(
+        f"patched {path} ({rep.target} {rep.variant}, {rep.strategy} strategy); backup and manifest in {folder}",
+        details={"backup": backup},
+    )
     return rep

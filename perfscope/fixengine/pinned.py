@@ -100,8 +100,9 @@ class PinnedFile:
                     os.unlink(tmp, dir_fd=where)
                 raise
         except PermissionError:
-            raise InputError(f"{self.path}: permission denied (run as the user that owns the server's "
-                             "python)") from None
+            raise InputError(
+                f"{self.path}: permission denied (run as the user that owns the server's python)"
+            ) from None
         except OSError as e:
             raise InputError(f"{self.path}: cannot write ({e.strerror or e}); the file is unchanged") from None
         finally:

@@ -20,8 +20,9 @@ def _load(folder: Path) -> Optional[FixModule]:
     if name in sys.modules:
         mod = sys.modules[name]
     else:
-        spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
-                                                      submodule_search_locations=[str(folder)])
+        spec = importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
         if spec is None or spec.loader is None:
             return None
         mod = importlib.util.module_from_spec(spec)
@@ -48,8 +49,9 @@ def discover(root: Optional[Path] = None) -> dict[str, FixModule]:
         if fix is None:
             continue
         if fix.id.replace("-", "_") != folder.name:
-            raise InputError(f"fix folder {folder.name} defines id {fix.id!r}: the folder must be named "
-                             f"{fix.id.replace('-', '_')}")
+            raise InputError(
+                f"fix folder {folder.name} defines id {fix.id!r}: the folder must be named {fix.id.replace('-', '_')}"
+            )
         found[fix.id] = fix
     if root is None or root == resource_dir("fixes"):
         _CACHE.update(found)

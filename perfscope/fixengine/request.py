@@ -48,10 +48,20 @@ class Report:
 
     def to_dict(self) -> dict:
         return {
-            "fix": self.fix, **self.outcome.to_dict(), "target": self.target, "path": self.path,
-            "variant": self.variant, "strategy": self.strategy, "strategy_reason": self.strategy_reason,
-            "rejected_strategies": self.rejected, "sha256_before": self.sha256_before,
-            "sha256_after": self.sha256_after, "anchors": self.anchors, "notes": self.notes,
-            "manifest": self.manifest, "diff": self.diff,
-            "environment": self.env.to_dict() if self.env else None, **self.extra,
+            "fix": self.fix,
+            **self.outcome.to_dict(),
+            "target": self.target,
+            "path": self.path,
+            "variant": self.variant,
+            "strategy": self.strategy,
+            "strategy_reason": self.strategy_reason,
+            "rejected_strategies": self.rejected,
+            "sha256_before": self.sha256_before,
+            "sha256_after": self.sha256_after,
+            "anchors": self.anchors,
+            "notes": self.notes,
+            "manifest": self.manifest,
+            "diff": self.diff,
+            "environment": self.env.to_dict() if self.env else None,
+            **self.extra,
         }

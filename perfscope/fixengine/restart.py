@@ -67,8 +67,17 @@ __all__ = ["BenchSpec", "RestartOptions", "apply_with_restart"]
 
 RESTART_FILE = "restart.json"
 
-def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Environment, opts: RestartOptions, *,
-                       log: Callable[[str], None] = print, planned: Optional[Planned] = None) -> Report:
+
+def apply_with_restart(
+    fix: FixModule,
+    host: FixHost,
+    req: FixRequest,
+    env: Environment,
+    opts: RestartOptions,
+    *,
+    log: Callable[[str], None] = print,
+    planned: Optional[Planned] = None,
+) -> Report:
     """Check, measure, apply, restart, measure again; keep or revert. The check is made once (or
     ``planned``, made with this ``env``): what it computed is what the apply writes. ``opts.baseline``
     fresh: restart the unpatched server before measuring it, so that both sides are measured on a fresh
@@ -85,24 +94,52 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Envi
         raise InputError(f"--out {out} exists and is not an empty folder")
     t0 = time.monotonic()
     client = SGLangClient(req.server_url, api_key=req.api_key, timeout=60)
-    argv = ["perfscope", "fix", fix.id, "--apply", "--restart-cmd", cmd, "--bench-input-len", str(spec.input_len),
-            "--bench-output-len", str(spec.output_len), "--bench-requests", str(spec.num_requests),
-            "--bench-max-requests", str(spec.max_requests), "--bench-concurrency", str(spec.concurrency)]
+    argv = [
+        "perfscope",
+        "fix",
+        fix.id,
+        "--apply",
+        "--restart-cmd",
+        cmd,
+        "--bench-input-len",
+        str(spec.input_len),
+        "--bench-output-len",
+        str(spec.output_len),
+        "--bench-requests",
+        str(spec.num_requests),
+        "--bench-max-requests",
+        str(spec.max_requests),
+        "--bench-concurrency",
+        str(spec.concurrency),
+    ]
 
     # 1. check: only a patch that will be written is worth measuring and restarting for
     planned = planned or check(fix, host, req, env)
     rep = planned.report
     out.mkdir(parents=True, exist_ok=True)
-    record: dict = {"restart_cmd": cmd, "health_timeout_s": health_timeout, "max_slowdown": max_slowdown,
-                    "url": req.server_url,
-                    "host": host.label, "workload": dataclasses.asdict(spec), "before": None, "after": None,
-                    "healthy": None, "reverted": None, "healthy_after_revert": None}
+    record: dict = {
+        "restart_cmd": cmd,
+        "health_timeout_s": health_timeout,
+        "max_slowdown": max_slowdown,
+        "url": req.server_url,
+        "host": host.label,
+        "workload": dataclasses.asdict(spec),
+        "before": None,
+        "after": None,
+        "healthy": None,
+        "reverted": None,
+        "healthy_after_revert": None,
+    }
 
     def finish(rep: Report) -> Report:
         rep.extra["run_dir"] = str(out)
-        record.update(outcome=rep.outcome.kind, reason=rep.outcome.reason,
-                      tpot_ms_before=tpot(record["before"]), tpot_ms_after=tpot(record["after"]),
-                      seconds=round(time.monotonic() - t0, 1))
+        record.update(
+            outcome=rep.outcome.kind,
+            reason=rep.outcome.reason,
+            tpot_ms_before=tpot(record["before"]),
+            tpot_ms_after=tpot(record["after"]),
+            seconds=round(time.monotonic() - t0, 1),
+        )
         b, a = record["tpot_ms_before"], record["tpot_ms_after"]
         record["speedup"] = round(b / a, 2) if b and a else None
         rep.extra["restart"] = record
@@ -126,8 +163,10 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Envi
             rep.outcome = Failed(f"the restart before measuring failed ({why}); nothing was patched")
             return finish(rep)
     info = client.server_info()
-    log(f"measuring before the patch (rounds of {spec.num_requests} requests until its TPOT median is known to "
-        f"+-5%, at most {max(spec.max_requests, spec.num_requests)}; in={spec.input_len} out={spec.output_len}) ...")
+    log(
+        f"measuring before the patch (rounds of {spec.num_requests} requests until its TPOT median is known to "
+        f"+-5%, at most {max(spec.max_requests, spec.num_requests)}; in={spec.input_len} out={spec.output_len}) ..."
+    )
     res = measure(client, info, spec, host, before_known)
     record["before"] = store(out / "before", res, client.base_url, host, info, argv)
     record["before_samples_ms"] = samples(res)
@@ -139,19 +178,26 @@ def apply_with_restart(fix: FixModule, host: FixHost, req: FixRequest, env: Envi
         return finish(rep)
     atomic_write_text(out / "fix.diff", rep.diff or "", shared=True)
     try:
-        return _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out,
-                                   health_timeout, log, max_slowdown)
+        return _restart_and_verify(
+            fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out, health_timeout, log, max_slowdown
+        )
     except BaseException as e:  # Ctrl-C (or worse) after the patch was written: the record says where it stands
         record["stopped_by"] = type(e).__name__
-        rep.notes.append(f"stopped ({type(e).__name__}) before the restart was verified: {rep.path} is "
-                         + ("the original again" if record.get("reverted") else
-                            f"still patched (undo with perfscope fix {fix.id} --revert)"))
+        rep.notes.append(
+            f"stopped ({type(e).__name__}) before the restart was verified: {rep.path} is "
+            + (
+                "the original again"
+                if record.get("reverted")
+                else f"still patched (undo with perfscope fix {fix.id} --revert)"
+            )
+        )
         finish(rep)
         raise
 
 
-def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out, health_timeout, log,
-                        max_slowdown=0.10):
+def _restart_and_verify(
+    fix, host, req, env, cmd, rep, record, finish, client, spec, argv, out, health_timeout, log, max_slowdown=0.10
+):
     # 4. restart and 5. measure again
     log(f"restarting the server: {cmd} (healthy within {health_timeout:g}s, or the patch is reverted)")
     ok, why = restart(host, cmd, client, health_timeout, port=req.port, old_pid=server_pid(host, req.port))
@@ -180,18 +226,29 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         said = describe(c)
         if decision == "revert":
             slower = True
-            why = (f"{said}; not faster by more than {gain:.0%} beyond the noise: {fix.id} keeps its change only "
-                   "when it is" if gain
-                   else f"{said}; surely more than --max-slowdown {max_slowdown:.0%} slower")
+            why = (
+                f"{said}; not faster by more than {gain:.0%} beyond the noise: {fix.id} keeps its change only "
+                "when it is"
+                if gain
+                else f"{said}; surely more than --max-slowdown {max_slowdown:.0%} slower"
+            )
         elif decision == "keep":
-            rep.notes.append(f"{said}; kept (" + (f"faster by more than {gain:.0%}" if gain else
-                             f"not more than --max-slowdown {max_slowdown:.0%} slower") + f"); run folder {out}")
+            rep.notes.append(
+                f"{said}; kept ("
+                + (
+                    f"faster by more than {gain:.0%}"
+                    if gain
+                    else f"not more than --max-slowdown {max_slowdown:.0%} slower"
+                )
+                + f"); run folder {out}"
+            )
             return finish(rep)
         else:
             rep.outcome = Failed(
                 f"undecided after {c['before']['n']} + {c['after']['n']} requests: {said}; the interval spans "
                 f"--max-slowdown {max_slowdown:.0%}, so the patch is neither kept on this evidence nor reverted: "
-                f"it stays applied (measure again with perfscope bench; perfscope fix {fix.id} --revert undoes it)")
+                f"it stays applied (measure again with perfscope bench; perfscope fix {fix.id} --revert undoes it)"
+            )
             return finish(rep)
     record["slower"] = slower
 
@@ -207,8 +264,10 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
     record["healthy_after_revert"] = ok2
     what = "the server was slower with the patch" if slower else "the server did not come back healthy with the patch"
     if not reverted:
-        rep.outcome = Failed(f"{what} ({why}); the revert FAILED "
-                             f"({rwhy}), the server restarted: " + ("healthy" if ok2 else f"still unhealthy ({why2})"))
+        rep.outcome = Failed(
+            f"{what} ({why}); the revert FAILED "
+            f"({rwhy}), the server restarted: " + ("healthy" if ok2 else f"still unhealthy ({why2})")
+        )
         return finish(rep)
     rep.sha256_after = rep.sha256_before
     said_again = ""
@@ -216,13 +275,16 @@ def _restart_and_verify(fix, host, req, env, cmd, rep, record, finish, client, s
         said_again = _measure_again(client, spec, host, record, out, argv, log, max_slowdown)
     rep.outcome = Failed(
         f"{what} ({why}); the patch was reverted byte for byte "
-        "and the server restarted: " + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now")
-        + said_again)
+        "and the server restarted: "
+        + ("it answers again" if ok2 else f"STILL UNHEALTHY ({why2}): look at it now")
+        + said_again
+    )
     return finish(rep)
 
 
-def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Path, argv: list[str], log,
-                   max_slowdown: float) -> str:
+def _measure_again(
+    client, spec: BenchSpec, host: FixHost, record: dict, out: Path, argv: list[str], log, max_slowdown: float
+) -> str:
     """The original, back after a revert for slowness, measured once more (``again/bench.json``):
     was the patch slower, or the host? Returns the clause the outcome line ends with."""
     from perfscope.analysis.change import describe
@@ -244,7 +306,9 @@ def _measure_again(client, spec: BenchSpec, host: FixHost, record: dict, out: Pa
     if who == "patch":
         return f"; the original, measured again, is faster than the patched ({said}): the patch was slower"
     if who == "host":
-        return (f"; but the original, measured again, is as slow as the patched ({said}): the host got slower "
-                "(background load or drift), not necessarily the patch: measure again on a quiet host "
-                "(perfscope bench) before trying the fix again")
+        return (
+            f"; but the original, measured again, is as slow as the patched ({said}): the host got slower "
+            "(background load or drift), not necessarily the patch: measure again on a quiet host "
+            "(perfscope bench) before trying the fix again"
+        )
     return f"; the original, measured again, does not tell the patch from the host ({said})"

@@ -31,8 +31,10 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
     cur = sha256_bytes(data)
     if man is None:
         if fix.marker and fix.marker.encode() in data:
-            rep.outcome = Refused(f"{path} is patched but {folder} has no manifest, so the original cannot be "
-                                  "restored byte for byte (reinstall sglang, or pass the --state-dir used at apply)")
+            rep.outcome = Refused(
+                f"{path} is patched but {folder} has no manifest, so the original cannot be "
+                "restored byte for byte (reinstall sglang, or pass the --state-dir used at apply)"
+            )
         else:
             rep.outcome = Skipped(f"{path} is not patched by {fix.id}: nothing to revert")
         return rep
@@ -53,12 +55,16 @@ def _revert(fix: FixModule, host: FixHost, req: FixRequest, env: Environment) ->
     if cur != man["sha256_after"] and not req.force:
         other = fix_on_top(host, req, fix, path, cur, man["sha256_after"])
         if other:
-            rep.outcome = Refused(f"{path} was patched again by perfscope fix {other[0]} after {fix.id} (its manifest "
-                                  f"{other[1]} has this file's state): revert {other[0]} first, then {fix.id}")
+            rep.outcome = Refused(
+                f"{path} was patched again by perfscope fix {other[0]} after {fix.id} (its manifest "
+                f"{other[1]} has this file's state): revert {other[0]} first, then {fix.id}"
+            )
             return rep
-        rep.outcome = Refused(f"{path} is neither the patched file nor the original (sha256 {cur[:12]}…): it was "
-                              "changed after the patch (sglang reinstalled or edited?); --force restores the "
-                              "original anyway")
+        rep.outcome = Refused(
+            f"{path} is neither the patched file nor the original (sha256 {cur[:12]}…): it was "
+            "changed after the patch (sglang reinstalled or edited?); --force restores the "
+            "original anyway"
+        )
         return rep
     if man.get("absent_before"):
         # the fix created the file: the original state is no file (and no folder, when it made that too)

@@ -50,13 +50,18 @@ def load_manifest(host: FixHost, folder: str) -> Optional[dict[str, Any]]:
     p = join(host, folder, "manifest.json")
     if not host.exists(p):
         return None
-    man = jsonio.loads(host.read_bytes(p), f"{p} (fix manifest; refusing to touch the file, remove it by hand)",
-                       error=FixRefused, expect=dict)
+    man = jsonio.loads(
+        host.read_bytes(p),
+        f"{p} (fix manifest; refusing to touch the file, remove it by hand)",
+        error=FixRefused,
+        expect=dict,
+    )
     for key in ("backup", "sha256_before", "sha256_after"):
         v = man.get(key)
         if not isinstance(v, str) or not v or (key == "backup" and ("/" in v or v.startswith("."))):
-            raise FixRefused(f"{p}: fix manifest has no usable {key!r}; refusing to touch the file "
-                             "(remove the manifest by hand)")
+            raise FixRefused(
+                f"{p}: fix manifest has no usable {key!r}; refusing to touch the file (remove the manifest by hand)"
+            )
     for key in ("strategy", "variant", "applied_at"):
         if man.get(key) is not None and not isinstance(man[key], str):
             raise FixRefused(f"{p}: fix manifest's {key!r} is not text; refusing to touch the file")
@@ -70,8 +75,9 @@ def retire_manifest(host: FixHost, folder: str) -> None:
     host.run(["rm", "-f", src])
 
 
-def fix_on_top(host: FixHost, req: FixRequest, fix: FixModule, path: str, cur: str,
-               ours_after: str) -> Optional[tuple[str, str]]:
+def fix_on_top(
+    host: FixHost, req: FixRequest, fix: FixModule, path: str, cur: str, ours_after: str
+) -> Optional[tuple[str, str]]:
     """(fix id, manifest path) of another perfscope fix of ``path`` in the same state root whose
     manifest explains the file's state ``cur``: applied on top of this one, or still applied."""
     from perfscope.fixengine.registry import discover

@@ -22,10 +22,18 @@ def measure(client, info: dict, spec: BenchSpec, host: Optional[FixHost] = None,
     # prompt ids inside the model's vocabulary: its config.json, read where the server runs
     io = getattr(host, "io", None) if host is not None and (host.remote or is_loopback_url(client.base_url)) else None
     ids, _ = token_ids(info, io)
-    return measure_until(client, enough, input_len=spec.input_len, output_len=spec.output_len,
-                         concurrency=spec.concurrency, num_requests=spec.num_requests,
-                         max_requests=max(spec.max_requests, spec.num_requests), warmup=spec.warmup,
-                         server_info=info, ids=ids)
+    return measure_until(
+        client,
+        enough,
+        input_len=spec.input_len,
+        output_len=spec.output_len,
+        concurrency=spec.concurrency,
+        num_requests=spec.num_requests,
+        max_requests=max(spec.max_requests, spec.num_requests),
+        warmup=spec.warmup,
+        server_info=info,
+        ids=ids,
+    )
 
 
 def before_known(tpots: list[float]) -> bool:
@@ -53,8 +61,9 @@ def decide(before: list[float], after: list[float], max_slowdown: float) -> tupl
     return None, c
 
 
-def keep_or_revert(before: list[float], after: list[float], max_slowdown: float,
-                   gain: float = 0.0) -> tuple[Optional[str], dict]:
+def keep_or_revert(
+    before: list[float], after: list[float], max_slowdown: float, gain: float = 0.0
+) -> tuple[Optional[str], dict]:
     """``decide`` against what the fix holds itself to: a fix kept only when it is faster by more than
     ``gain`` (a fraction; its ``keep_only_if_faster``) is reverted unless that gain is shown, an
     undecided change included (the gain is what it promised, and the noise did not show it); any other

@@ -7,5 +7,15 @@ from perfscope.load.discover import TraceSet, discover
 from perfscope.load.model import Annotation, CpuOp, Kernel, Launch, PyFrame, Trace, TraceMeta
 from perfscope.load.reader import load_trace
 
-__all__ = ["Annotation", "CpuOp", "Kernel", "Launch", "PyFrame", "Trace", "TraceMeta", "TraceSet",
-           "discover", "load_trace"]
+__all__ = [
+    "Annotation",
+    "CpuOp",
+    "Kernel",
+    "Launch",
+    "PyFrame",
+    "Trace",
+    "TraceMeta",
+    "TraceSet",
+    "discover",
+    "load_trace",
+]

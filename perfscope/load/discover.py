@@ -140,12 +140,16 @@ def discover(paths: Sequence[str | Path]) -> TraceSet:
     capture: list[Path] = []
     host_timing: list[TraceFile] = []
     if not paths:
-        raise InputError("no trace given: pass a trace file (.json/.json.gz/.json.xz), a profile folder or a run folder")
+        raise InputError(
+            "no trace given: pass a trace file (.json/.json.gz/.json.xz), a profile folder or a run folder"
+        )
     for raw in paths:
         p = Path(raw)
         if str(raw) == "-":
-            raise InputError("-: perfscope does not read traces from stdin (they are read twice, in parallel): "
-                             "save the trace to a file and pass its path")
+            raise InputError(
+                "-: perfscope does not read traces from stdin (they are read twice, in parallel): "
+                "save the trace to a file and pass its path"
+            )
         if not p.exists():
             raise InputError(f"{p}: no such file or folder")
         if p.is_dir() and (p / RUN_FILE).is_file():
@@ -153,15 +157,21 @@ def discover(paths: Sequence[str | Path]) -> TraceSet:
             run_dir, run_info = p, run.data
             if not run.files and run.data.get("remote_files"):
                 hosts = ", ".join(sorted({str(e.get("host")) for e in run.data["remote_files"]}))
-                raise InputError(f"{p}: its traces stay on {hosts} (trace --analyse-on-host): perfscope diagnose {p} "
-                                 f"alone reads its results; perfscope trace --fetch {p} copies the traces here")
+                raise InputError(
+                    f"{p}: its traces stay on {hosts} (trace --analyse-on-host): perfscope diagnose {p} "
+                    f"alone reads its results; perfscope trace --fetch {p} copies the traces here"
+                )
             if not run.files:
                 raise InputError(f"{p}: run folder lists no trace files")
-            files.extend(TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host, role=f.role)
-                         for f in run.files)
+            files.extend(
+                TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host, role=f.role) for f in run.files
+            )
             if (p / HOST_TIMING_DIR / RUN_FILE).is_file():
-                host_timing = [TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host)
-                               for f in read_run(p / HOST_TIMING_DIR).files if f.role != "frontend"]
+                host_timing = [
+                    TraceFile(path=f.path, rank=f.rank, stage=f.stage, host=f.host)
+                    for f in read_run(p / HOST_TIMING_DIR).files
+                    if f.role != "frontend"
+                ]
         elif p.is_dir():
             try:
                 found = sorted(q for q in p.rglob("*") if q.is_file() and _is_trace(q))
@@ -192,8 +202,13 @@ def discover(paths: Sequence[str | Path]) -> TraceSet:
             keys.append(("bytes", _fingerprint(f.path)))
         hit = next((seen[k] for k in keys if k in seen), None)
         if hit is not None:
-            duplicates.append({"path": str(f.path), "same_as": str(hit.path),
-                               "how": "same path" if keys[0] in seen else "identical bytes"})
+            duplicates.append(
+                {
+                    "path": str(f.path),
+                    "same_as": str(hit.path),
+                    "how": "same path" if keys[0] in seen else "identical bytes",
+                }
+            )
             continue
         for k in keys:
             seen[k] = f
@@ -204,5 +219,13 @@ def discover(paths: Sequence[str | Path]) -> TraceSet:
     if not files:
         raise InputError(f"{frontend[0].name}: {FRONTEND_NOTE}; pass the workers' rank<N>.*.pt.trace.json.gz")
     files.sort(key=lambda f: (f.host or "", f.rank if f.rank is not None else -1, f.stage or "", f.path.name))
-    return TraceSet(files=files, run_dir=run_dir, run_info=run_info, skipped=skipped, capture=capture,
-                    duplicates=duplicates, frontend=frontend, host_timing=host_timing)
+    return TraceSet(
+        files=files,
+        run_dir=run_dir,
+        run_info=run_info,
+        skipped=skipped,
+        capture=capture,
+        duplicates=duplicates,
+        frontend=frontend,
+        host_timing=host_timing,
+    )

@@ -16,8 +16,14 @@ from perfscope.load.schema import ANY_EVENT, EVENT, MAX_DUR_US, MAX_TS_US, Args,
 
 # runtime/driver calls kept: the ones that carry a correlation id to GPU work, and warm-up markers
 _RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "runtime", "hip_runtime"}
-_GPU_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
-             "gpu_memset": "memset", "Memset": "memset"}
+_GPU_CATS = {
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+}
 _ANNOT_CATS = {"user_annotation": False, "gpu_user_annotation": True}
 
 
@@ -33,7 +39,6 @@ def _meta_dict(value: Any) -> Any:
 
 def _truthy(v: Any) -> bool:
     return str(v).strip().lower() in ("1", "true")
-
 
 
 class _Events:
@@ -107,8 +112,7 @@ class _Events:
                 dur = durs(dur, dur)
             if cat == "python_function":
                 pp = a.python_parent
-                frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, dur, pid, tid, a.python_id,
-                                            ident(pp, pp))))
+                frames.append(new(PyFrame, (intern(e.name, e.name), e.ts, dur, pid, tid, a.python_id, ident(pp, pp))))
             elif cat == "cpu_op" or cat == "Operator":
                 if cat == "Operator" and e.name.startswith("ProfilerStep#"):
                     # the 2021 Kineto format wrote every CPU range as an `Operator`, the profiler's steps too
@@ -130,8 +134,7 @@ class _Events:
                     conc = shape(conc, conc)
                 else:
                     conc = b""
-                cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, dur, pid, tid, a.external_id,
-                                           it, dims, conc)))
+                cpu_ops.append(new(CpuOp, (intern(e.name, e.name), e.ts, dur, pid, tid, a.external_id, it, dims, conc)))
             elif cat in gpu_cats:
                 g = a.grid
                 if g is not None:
@@ -141,14 +144,27 @@ class _Events:
                 if b is not None:
                     b = tuple(b)
                     b = geo(b, b)
-                kernels.append(new(Kernel, (intern(e.name, e.name), e.ts, dur,
-                                            a.stream if a.stream is not None else (tid if isinstance(tid, int) else 0),
-                                            a.device if a.device is not None else (pid if isinstance(pid, int) else 0),
-                                            a.correlation if a.correlation is not None else -1,
-                                            g, b, a.external_id, gpu_cats[cat])))
+                kernels.append(
+                    new(
+                        Kernel,
+                        (
+                            intern(e.name, e.name),
+                            e.ts,
+                            dur,
+                            a.stream if a.stream is not None else (tid if isinstance(tid, int) else 0),
+                            a.device if a.device is not None else (pid if isinstance(pid, int) else 0),
+                            a.correlation if a.correlation is not None else -1,
+                            g,
+                            b,
+                            a.external_id,
+                            gpu_cats[cat],
+                        ),
+                    )
+                )
             elif cat in rt_cats:
-                launches.append(new(Launch, (intern(e.name, e.name), e.ts, dur, pid, tid, a.correlation,
-                                             a.external_id)))
+                launches.append(
+                    new(Launch, (intern(e.name, e.name), e.ts, dur, pid, tid, a.correlation, a.external_id))
+                )
             elif cat in annot_cats:
                 annots.append(new(Annotation, (intern(e.name, e.name), e.ts, dur, pid, tid, annot_cats[cat])))
 
@@ -157,8 +173,14 @@ class _Events:
         if meta.platform != "rocm" and any(l.name.startswith("hip") for l in launches[:200]):
             meta.platform = "rocm"
         kernels.sort(key=lambda k: k.ts)
-        return Trace(meta=meta, kernels=kernels, launches=launches, cpu_ops=self.cpu_ops, frames=self.frames,
-                     annotations=self.annots)
+        return Trace(
+            meta=meta,
+            kernels=kernels,
+            launches=launches,
+            cpu_ops=self.cpu_ops,
+            frames=self.frames,
+            annotations=self.annots,
+        )
 
 
 _NO_ARGS = Args()
@@ -197,7 +219,9 @@ def _lax_event(raw) -> Event | _Negative | None:
             return n if n is None or -_I64 <= n < _I64 else default
 
         def ints(v):
-            if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and -_I64 <= x < _I64 for x in v):
+            if isinstance(v, list) and all(
+                isinstance(x, int) and not isinstance(x, bool) and -_I64 <= x < _I64 for x in v
+            ):
                 return v
             return None
 
@@ -215,12 +239,26 @@ def _lax_event(raw) -> Event | _Negative | None:
             return _Negative(text(d.get("cat", "")))
         if not (math.isfinite(ts) and math.isfinite(dur) and abs(ts) < MAX_TS_US and 0 <= dur < MAX_DUR_US):
             return None
-        args = Args(correlation=num(a.get("correlation")), external_id=num(a.get("External id")),
-                    stream=num(a.get("stream")), device=num(a.get("device")),
-                    grid=ints(a.get("grid")), block=ints(a.get("block")),
-                    python_id=num(a.get("Python id")), python_parent=num(a.get("Python parent id")))
-        return Event(ph=text(d.get("ph", "")), cat=text(d.get("cat", "")), name=text(d.get("name", "")),
-                     pid=ident(d.get("pid", 0)), tid=ident(d.get("tid", 0)), ts=ts, dur=dur, args=args)
+        args = Args(
+            correlation=num(a.get("correlation")),
+            external_id=num(a.get("External id")),
+            stream=num(a.get("stream")),
+            device=num(a.get("device")),
+            grid=ints(a.get("grid")),
+            block=ints(a.get("block")),
+            python_id=num(a.get("Python id")),
+            python_parent=num(a.get("Python parent id")),
+        )
+        return Event(
+            ph=text(d.get("ph", "")),
+            cat=text(d.get("cat", "")),
+            name=text(d.get("name", "")),
+            pid=ident(d.get("pid", 0)),
+            tid=ident(d.get("tid", 0)),
+            ts=ts,
+            dur=dur,
+            args=args,
+        )
     except (TypeError, ValueError, OverflowError):
         return None
 
@@ -244,6 +282,9 @@ def _fill_meta(meta: TraceMeta, top) -> None:
         meta.world_size = count(dist.get("world_size"))
     meta.with_stack = _truthy(top.with_stack)
     meta.record_shapes = _truthy(top.record_shapes)
-    if top.roctracer_version is not None or top.hip_runtime_version is not None or (
-            meta.device_name and ("AMD" in meta.device_name or "Instinct" in meta.device_name)):
+    if (
+        top.roctracer_version is not None
+        or top.hip_runtime_version is not None
+        or (meta.device_name and ("AMD" in meta.device_name or "Instinct" in meta.device_name))
+    ):
         meta.platform = "rocm"

@@ -26,8 +26,14 @@ def read_bytes(path: str | os.PathLike, progress: Optional[Callable[[int, int], 
 
 def _read_file(p: Path) -> bytearray:
     """The file's bytes as stored (compressed or not): no regular file, past the bound or empty -> InputError."""
-    comp = read_regular(p, limits.max_trace_bytes(), "PERFSCOPE_MAX_TRACE_GB", "GB", what="the trace",
-                        hint="save the trace to a file and pass its path")
+    comp = read_regular(
+        p,
+        limits.max_trace_bytes(),
+        "PERFSCOPE_MAX_TRACE_GB",
+        "GB",
+        what="the trace",
+        hint="save the trace to a file and pass its path",
+    )
     if not comp.strip():
         raise InputError(f"{p}: empty file, not a trace")
     return comp
@@ -40,7 +46,7 @@ def _json_chunks(comp: bytes | bytearray, p: Path, progress=None) -> Iterator[by
         return _unxz_chunks(comp, p, progress)
     if comp[:2] != b"\x1f\x8b":
         view = memoryview(comp)
-        return (view[i:i + _CHUNK] for i in range(0, len(comp), _CHUNK))
+        return (view[i : i + _CHUNK] for i in range(0, len(comp), _CHUNK))
     return _gunzip_chunks(comp, p, progress)
 
 
@@ -73,8 +79,12 @@ def _unxz_chunks(comp: bytes | bytearray, p: Path, progress, cap: Optional[int] 
             raise InputError(f"{p}: not enough memory to decompress the trace ({total:,} bytes so far)") from None
         data = b""
         if total + len(out) > cap:
-            raise InputError(f"{p}: " + limits.too_big(f"the trace decompressed from its {len(comp):,} xz bytes",
-                                                       cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
+            raise InputError(
+                f"{p}: "
+                + limits.too_big(
+                    f"the trace decompressed from its {len(comp):,} xz bytes", cap, "PERFSCOPE_MAX_TRACE_GB", "GB"
+                )
+            )
         total += len(out)
         if out:
             yield out
@@ -92,8 +102,10 @@ def _unxz_chunks(comp: bytes | bytearray, p: Path, progress, cap: Optional[int] 
         if d.needs_input:
             break
     if not d.eof:
-        raise InputError(f"{p}: truncated xz file (the stream ends after {total:,} bytes of JSON); "
-                         "was it copied while still being written?")
+        raise InputError(
+            f"{p}: truncated xz file (the stream ends after {total:,} bytes of JSON); "
+            "was it copied while still being written?"
+        )
 
 
 def _gunzip(comp: bytes | bytearray, p: Path, progress, cap: Optional[int] = None) -> bytearray:
@@ -108,7 +120,7 @@ def _gunzip(comp: bytes | bytearray, p: Path, progress, cap: Optional[int] = Non
         for out in _gunzip_chunks(comp, p, progress, cap):
             n = len(out)
             if pos + n <= len(buf):
-                view[pos:pos + n] = out
+                view[pos : pos + n] = out
             else:  # the trailer's size was wrong (files over 4 GiB): grow
                 view.release()
                 buf[pos:] = out
@@ -132,7 +144,7 @@ def _gunzip_chunks(comp: bytes | bytearray, p: Path, progress, cap: Optional[int
     fed = total = 0  # compressed bytes handed to zlib, JSON bytes out
     d = zlib.decompressobj(31)
     while True:
-        data: bytes | memoryview = view[fed:fed + _FEED]
+        data: bytes | memoryview = view[fed : fed + _FEED]
         fed += len(data)
         while True:
             try:
@@ -144,8 +156,12 @@ def _gunzip_chunks(comp: bytes | bytearray, p: Path, progress, cap: Optional[int
                 raise InputError(f"{p}: not enough memory to inflate the trace ({total:,} bytes so far)") from None
             n = len(out)
             if total + n > cap:
-                raise InputError(f"{p}: " + limits.too_big(f"the trace inflated from its {size:,} gzip bytes",
-                                                           cap, "PERFSCOPE_MAX_TRACE_GB", "GB"))
+                raise InputError(
+                    f"{p}: "
+                    + limits.too_big(
+                        f"the trace inflated from its {size:,} gzip bytes", cap, "PERFSCOPE_MAX_TRACE_GB", "GB"
+                    )
+                )
             total += n
             if n:
                 yield out
@@ -172,8 +188,10 @@ def _gunzip_chunks(comp: bytes | bytearray, p: Path, progress, cap: Optional[int
         if fed >= size:
             break
     if not d.eof:
-        raise InputError(f"{p}: truncated gzip file (the stream ends after {total:,} bytes of JSON); "
-                         "was it copied while still being written?")
+        raise InputError(
+            f"{p}: truncated gzip file (the stream ends after {total:,} bytes of JSON); "
+            "was it copied while still being written?"
+        )
 
 
 def _inflate(comp: bytes | bytearray, p: Path, progress=None) -> bytes | bytearray:

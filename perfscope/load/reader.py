@@ -40,7 +40,7 @@ def _top(buf: bytes | bytearray, path: str):
     n = len(buf)
     while i < n and buf[i] in b" \t\r\n":
         i += 1
-    if buf[i:i + 1] != b"[":
+    if buf[i : i + 1] != b"[":
         return TOP.decode(buf)
     try:
         events = _ARRAY.decode(buf)
@@ -48,7 +48,7 @@ def _top(buf: bytes | bytearray, path: str):
         j = len(buf)
         while j > 0 and buf[j - 1] in b" \t\r\n":
             j -= 1
-        if j == 0 or buf[j - 1:j] == b"]":
+        if j == 0 or buf[j - 1 : j] == b"]":
             raise
         if not isinstance(buf, bytearray):
             buf = bytearray(buf)
@@ -98,21 +98,30 @@ def parse(buf: bytes | bytearray, path: str = "<trace>") -> Trace:
         raise InputError(f"{path}: not a Kineto trace: {e}") from None
     if top.traceEvents is None:
         if top.nodes is not None:
-            raise InputError(f"{path}: this is a PyTorch execution trace (ExecutionTraceObserver), "
-                             "not a Kineto profiler trace; export the profiler's chrome trace instead")
+            raise InputError(
+                f"{path}: this is a PyTorch execution trace (ExecutionTraceObserver), "
+                "not a Kineto profiler trace; export the profiler's chrome trace instead"
+            )
         raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
     bound = limits.max_events()
     if len(top.traceEvents) > bound:
-        raise InputError(f"{path}: {len(top.traceEvents):,} events, more than perfscope's bound of {bound:,} "
-                         "per trace (raise it with PERFSCOPE_MAX_EVENTS=<events>, or trace fewer steps)")
+        raise InputError(
+            f"{path}: {len(top.traceEvents):,} events, more than perfscope's bound of {bound:,} "
+            "per trace (raise it with PERFSCOPE_MAX_EVENTS=<events>, or trace fewer steps)"
+        )
 
-    meta = TraceMeta(path=str(path), json_bytes=len(buf), events=len(top.traceEvents), repaired_names=repaired,
-                     lone_surrogates=surrogates, encoding=encoding)
+    meta = TraceMeta(
+        path=str(path),
+        json_bytes=len(buf),
+        events=len(top.traceEvents),
+        repaired_names=repaired,
+        lone_surrogates=surrogates,
+        encoding=encoding,
+    )
     _fill_meta(meta, top)
     acc = _Events(meta)
     acc.take_raw(top.traceEvents)
     return acc.trace()
-
 
 
 def load_trace(path: str | os.PathLike, progress=None) -> Trace:
@@ -129,8 +138,10 @@ def load_trace(path: str | os.PathLike, progress=None) -> Trace:
                 trace = parse(_inflate(comp, p, progress), str(path))
             return trace
     except MemoryError:
-        raise InputError(f"{path}: not enough memory to analyse this trace (see the bounds in the README: "
-                         "PERFSCOPE_MAX_TRACE_GB, PERFSCOPE_MAX_EVENTS)") from None
+        raise InputError(
+            f"{path}: not enough memory to analyse this trace (see the bounds in the README: "
+            "PERFSCOPE_MAX_TRACE_GB, PERFSCOPE_MAX_EVENTS)"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------- pieces
@@ -186,8 +197,9 @@ def _stream(chunks: Iterable, path: str) -> Optional[Trace]:
     for chunk in it:
         pending += chunk
         total += len(chunk)
-        if total == len(chunk) and (normalise_encoding(bytes(pending[:4]))[1] != "utf-8"
-                                    or pending.lstrip(_WS)[:1] not in (b"{", b"")):
+        if total == len(chunk) and (
+            normalise_encoding(bytes(pending[:4]))[1] != "utf-8" or pending.lstrip(_WS)[:1] not in (b"{", b"")
+        ):
             return None
         try:
             head, opened = _head(pending, at)
@@ -247,11 +259,11 @@ def _head(buf: bytearray, at: int) -> tuple[Optional[Top], int]:
         j = i
         while j and buf[j - 1] in _WS:
             j -= 1
-        c = buf[j - 1:j]
+        c = buf[j - 1 : j]
         if c in (b",", b"{"):
             # the text before the key, closed: an object only when the key is one of the top level's
             try:
-                head = TOP.decode(b"".join((memoryview(buf)[:j - 1 if c == b"," else j], b"}")))
+                head = TOP.decode(b"".join((memoryview(buf)[: j - 1 if c == b"," else j], b"}")))
             except RecursionError:
                 raise _Layout from None
             except msgspec.ValidationError:
@@ -281,7 +293,7 @@ def _piece(pending: bytearray, acc: "_Events") -> int:
             return 0
         hi = k
         with memoryview(pending) as v:
-            piece = b"".join((b"[", v[:k + 1], b"]"))
+            piece = b"".join((b"[", v[: k + 1], b"]"))
         try:
             events = _EVENT_LIST.decode(piece)
         except (msgspec.ValidationError, RecursionError):  # an event breaks the schema: each on its own
@@ -292,11 +304,11 @@ def _piece(pending: bytearray, acc: "_Events") -> int:
             except msgspec.DecodeError:
                 continue  # not the end of an event
             acc.take_raw(raws)
-            del pending[:k + 2]
+            del pending[: k + 2]
             return len(raws)
         except msgspec.DecodeError:
             continue  # not the end of an event (inside a string, or of an object inside one)
         acc.take(events)
-        del pending[:k + 2]
+        del pending[: k + 2]
         return len(events)
     return 0

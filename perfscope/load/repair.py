@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 
-_NAME_VALUE = re.compile(rb'("name": ")([^\n]*?)("(?=[ \t]*,[ \t]*(?:\r?\n|"(?:pid|tid|ts|dur|cat|ph|args|id|bp|s)"[ \t]*:)))')
+_NAME_VALUE = re.compile(
+    rb'("name": ")([^\n]*?)("(?=[ \t]*,[ \t]*(?:\r?\n|"(?:pid|tid|ts|dur|cat|ph|args|id|bp|s)"[ \t]*:)))'
+)
 _BARE_QUOTE = re.compile(rb'(?<!\\)"')
 _HIGH = rb"\\u[dD][89abAB][0-9a-fA-F]{2}"
 _LOW = rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
@@ -31,7 +33,7 @@ def _move_up(v: memoryview, a: int, b: int, d: int) -> None:
     hi = b
     while hi > a:
         lo = max(a, hi - _MOVE_CHUNK)
-        v[lo + d:hi + d] = v[lo:hi]
+        v[lo + d : hi + d] = v[lo:hi]
         hi = lo
 
 
@@ -48,7 +50,7 @@ def splice(buf: bytearray, edits: list[tuple[int, int, bytes]]) -> None:
         for s, e, r in reversed(edits):
             _move_up(v, e, end, shift)
             shift -= len(r) - (e - s)
-            v[s + shift:s + shift + len(r)] = r
+            v[s + shift : s + shift + len(r)] = r
             end = s
 
 
@@ -80,7 +82,7 @@ def fix_surrogates(buf: bytearray) -> int:
     n = 0
     with memoryview(buf) as v:
         for m in _LONE.finditer(buf):
-            v[m.start():m.end()] = rb"\ufffd"
+            v[m.start() : m.end()] = rb"\ufffd"
             n += 1
     return n
 

@@ -51,9 +51,11 @@ class Deadline:
         self._stop.set()
 
     def error(self, where: str, what: str = "a complete reply") -> StreamStall:
-        return StreamStall(f"{where}: timed out: no {what} within {self.seconds:g}s (the server sends too slowly "
-                           "or not at all); each request has this total deadline, raise it with "
-                           "PERFSCOPE_HTTP_DEADLINE_S=<seconds>")
+        return StreamStall(
+            f"{where}: timed out: no {what} within {self.seconds:g}s (the server sends too slowly "
+            "or not at all); each request has this total deadline, raise it with "
+            "PERFSCOPE_HTTP_DEADLINE_S=<seconds>"
+        )
 
 
 def _too_big(where: str, what: str, cap: int) -> RemoteError:

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional
 from perfscope.errors import RemoteError
 from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient, StreamFrame
 
-_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
+_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -59,8 +59,7 @@ class VLLMClient(SGLangClient):
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             raise RemoteError("GET /v1/models: no model listed (is this a vLLM server?)")
         m = data[0]
-        info: dict = {"engine": "vllm", "served_model_name": m.get("id"),
-                      "model_path": m.get("root") or m.get("id")}
+        info: dict = {"engine": "vllm", "served_model_name": m.get("id"), "model_path": m.get("root") or m.get("id")}
         if m.get("max_model_len") is not None:
             info["context_length"] = m["max_model_len"]
         if len(data) > 1:
@@ -72,8 +71,9 @@ class VLLMClient(SGLangClient):
         except HTTPStatusError:
             pass
         try:
-            cache = parse_cache_config(self.request("GET", "/metrics", timeout=min(self.timeout, 15.0))
-                                       .decode("utf-8", "replace"))
+            cache = parse_cache_config(
+                self.request("GET", "/metrics", timeout=min(self.timeout, 15.0)).decode("utf-8", "replace")
+            )
         except RemoteError:  # /metrics off or not reachable: the config stays partial
             cache = {}
         if cache:
@@ -88,41 +88,53 @@ class VLLMClient(SGLangClient):
                 info["max_total_num_tokens"] = tokens
         return info
 
-    def start_profile(self, output_dir: Optional[str] = None, num_steps: Optional[int] = None,
-                      activities: Optional[list] = None, with_stack: Optional[bool] = None,
-                      record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,
-                      profile_prefix: Optional[str] = None, request_timeout: Optional[float] = None,
-                      server_has_gpu: bool = False, **extra: Any) -> str:
+    def start_profile(
+        self,
+        output_dir: Optional[str] = None,
+        num_steps: Optional[int] = None,
+        activities: Optional[list] = None,
+        with_stack: Optional[bool] = None,
+        record_shapes: Optional[bool] = None,
+        profile_by_stage: Optional[bool] = None,
+        profile_prefix: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+        server_has_gpu: bool = False,
+        **extra: Any,
+    ) -> str:
         """POST /start_profile (no body: vLLM's profiler is configured at server start, so every
         argument but ``request_timeout`` is ignored). A 404 means the server runs without a torch
         profiler directory."""
         try:
             wait = request_timeout if request_timeout is not None else max(self.timeout, 120.0)
-            return self.request("POST", "/start_profile", None, timeout=wait) \
-                .decode("utf-8", "replace").strip()
+            return self.request("POST", "/start_profile", None, timeout=wait).decode("utf-8", "replace").strip()
         except HTTPStatusError as e:
             if e.status in (404, 405):
                 raise RemoteError(
                     "this vLLM server has no /start_profile: start it with a torch profiler directory "
-                    "(VLLM_TORCH_PROFILER_DIR=DIR, or --profiler-config '{\"profiler\": \"torch\", "
-                    "\"torch_profiler_dir\": \"DIR\"}') and pass the same DIR as --profile-dir") from None
+                    '(VLLM_TORCH_PROFILER_DIR=DIR, or --profiler-config \'{"profiler": "torch", '
+                    '"torch_profiler_dir": "DIR"}\') and pass the same DIR as --profile-dir'
+                ) from None
             raise
 
     def stop_profile(self, request_timeout: Optional[float] = None) -> str:
         """POST /stop_profile: replies once the workers wrote their traces (can take minutes, or
         at most ``request_timeout`` s)."""
         wait = request_timeout if request_timeout is not None else max(self.timeout, 600.0)
-        return self.request("POST", "/stop_profile", None, timeout=wait) \
-            .decode("utf-8", "replace").strip()
+        return self.request("POST", "/stop_profile", None, timeout=wait).decode("utf-8", "replace").strip()
 
     def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:
         body = _completion_body(payload, self._model(), stream=False)
         out = self.request_json("POST", "/v1/completions", body, timeout=timeout)
         ch = (out.get("choices") or [{}])[0] if isinstance(out, dict) else {}
         usage = out.get("usage") or {}
-        return {"text": ch.get("text", ""), "meta_info": {"completion_tokens": usage.get("completion_tokens"),
-                                                          "prompt_tokens": usage.get("prompt_tokens"),
-                                                          "finish_reason": ch.get("finish_reason")}}
+        return {
+            "text": ch.get("text", ""),
+            "meta_info": {
+                "completion_tokens": usage.get("completion_tokens"),
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "finish_reason": ch.get("finish_reason"),
+            },
+        }
 
     def _model(self) -> Optional[str]:
         if not hasattr(self, "_model_name"):
@@ -133,8 +145,9 @@ class VLLMClient(SGLangClient):
                 self._model_name = None
         return self._model_name
 
-    def generate_stream(self, payload: dict, timeout: Optional[float] = None,
-                        stop: Optional[Any] = None) -> Iterator[StreamFrame]:
+    def generate_stream(
+        self, payload: dict, timeout: Optional[float] = None, stop: Optional[Any] = None
+    ) -> Iterator[StreamFrame]:
         """Streamed /v1/completions for an SGLang-style ``payload`` (``input_ids`` or ``text``,
         ``sampling_params``); yields SGLang-shaped frames (see the module docstring)."""
         body = _completion_body(payload, self._model(), stream=True)
@@ -163,9 +176,13 @@ class VLLMClient(SGLangClient):
 def _completion_body(payload: dict, model: Optional[str], *, stream: bool) -> dict:
     sp = payload.get("sampling_params") or {}
     prompt = payload.get("input_ids") if payload.get("input_ids") is not None else payload.get("text", "")
-    body: dict = {"prompt": prompt, "max_tokens": sp.get("max_new_tokens", 16),
-                  "temperature": sp.get("temperature", 0.0), "ignore_eos": bool(sp.get("ignore_eos", False)),
-                  "stream": stream}
+    body: dict = {
+        "prompt": prompt,
+        "max_tokens": sp.get("max_new_tokens", 16),
+        "temperature": sp.get("temperature", 0.0),
+        "ignore_eos": bool(sp.get("ignore_eos", False)),
+        "stream": stream,
+    }
     if model:
         body["model"] = model
     if stream:

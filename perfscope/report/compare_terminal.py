@@ -18,10 +18,12 @@ from perfscope.report.wording import per_step_count as _count
 
 def moved_line(m: dict) -> str:
     """What ``moved_together`` says: which ops moved, how far, why it matters."""
-    return (f"{m['ops']} of {m['of_ops']} ops the fix was not expected to change moved together, "
-            f"{m['median_factor']:.2f}x {m['direction']} per launch ({m['share_of_time']:.0%} of their time; e.g. "
-            f"{', '.join(m['examples'])}): the machine's load or clocks changed, and the step's change is not all "
-            "the fix's")
+    return (
+        f"{m['ops']} of {m['of_ops']} ops the fix was not expected to change moved together, "
+        f"{m['median_factor']:.2f}x {m['direction']} per launch ({m['share_of_time']:.0%} of their time; e.g. "
+        f"{', '.join(m['examples'])}): the machine's load or clocks changed, and the step's change is not all "
+        "the fix's"
+    )
 
 
 def _signed(x: Optional[float]) -> str:
@@ -34,45 +36,58 @@ def _signed(x: Optional[float]) -> str:
     return f"[{colour}]{s}{_fmt_ms(abs(x))}[/]"
 
 
-
-
 def prediction_line(pr: dict) -> str:
     """``predicted by fp8-kv-cast: step 6.42 ms, measured 7.93 ms (error -19.0%)``, + TPOT when known."""
     tpot = pr.get("predicted_tpot_ms") == pr.get("predicted_step_ms") and pr.get("measured_tpot_ms") is not None
     if tpot:  # a prediction of the unprofiled TPOT, held to AFTER's bench
-        line = (f"predicted by [bold]{escape(pr['finding'])}[/] (before run): TPOT {_fmt_ms(pr['predicted_step_ms'])} ms, "
-                f"measured without the profiler [bold]{_fmt_ms(pr['measured_tpot_ms'])} ms[/] "
-                f"(error {pr['error_pct']:+.1f}%; the profiled step {_fmt_ms(pr['measured_step_ms'])} ms)")
+        line = (
+            f"predicted by [bold]{escape(pr['finding'])}[/] (before run): TPOT {_fmt_ms(pr['predicted_step_ms'])} ms, "
+            f"measured without the profiler [bold]{_fmt_ms(pr['measured_tpot_ms'])} ms[/] "
+            f"(error {pr['error_pct']:+.1f}%; the profiled step {_fmt_ms(pr['measured_step_ms'])} ms)"
+        )
     else:
-        line = (f"predicted by [bold]{escape(pr['finding'])}[/] (before run): step {_fmt_ms(pr['predicted_step_ms'])} ms, "
-                f"measured [bold]{_fmt_ms(pr['measured_step_ms'])} ms[/] (error {pr['error_pct']:+.1f}%)"
-                + (" [dim](under the profiler; the prediction is of the unprofiled step)[/]"
-                   if pr.get("measured_under_profiler") else ""))
+        line = (
+            f"predicted by [bold]{escape(pr['finding'])}[/] (before run): step {_fmt_ms(pr['predicted_step_ms'])} ms, "
+            f"measured [bold]{_fmt_ms(pr['measured_step_ms'])} ms[/] (error {pr['error_pct']:+.1f}%)"
+            + (
+                " [dim](under the profiler; the prediction is of the unprofiled step)[/]"
+                if pr.get("measured_under_profiler")
+                else ""
+            )
+        )
     if pr.get("bound") == "host":
         line += " [dim](host-bound)[/]"
     if pr.get("predicted_range_ms") and pr["predicted_range_ms"][0] != pr["predicted_range_ms"][1]:
         lo, hi = pr["predicted_range_ms"]
-        line += (f"; range {_fmt_ms(lo)}-{_fmt_ms(hi)} ms "
-                 f"({'measured inside' if pr['within_range'] else 'measured outside'})")
+        line += (
+            f"; range {_fmt_ms(lo)}-{_fmt_ms(hi)} ms "
+            f"({'measured inside' if pr['within_range'] else 'measured outside'})"
+        )
     d = pr.get("unchanged_kernels_delta_ms")
     if d is not None and pr.get("measured_step_ms") and abs(d) >= 0.02 * pr["measured_step_ms"]:
         top = (pr.get("unchanged_kernels_largest") or [{}])[0]
-        line += (f"; kernels it assumed unchanged moved {d:+.2f} ms/step (largest {escape(str(top.get('short')))} "
-                 f"{top.get('delta_ms', 0):+.2f})")
+        line += (
+            f"; kernels it assumed unchanged moved {d:+.2f} ms/step (largest {escape(str(top.get('short')))} "
+            f"{top.get('delta_ms', 0):+.2f})"
+        )
         if pr.get("error_with_measured_kernels_pct") is not None:
             e, e0 = pr["error_with_measured_kernels_pct"], pr["error_pct"]
             line += f": with their measured times the error is {e:+.1f}%"
             if abs(e) > abs(e0):
-                line += (f" (larger than {e0:+.1f}%: the kernels' move had offset part of the step model's own "
-                         "error, which this shows alone)")
+                line += (
+                    f" (larger than {e0:+.1f}%: the kernels' move had offset part of the step model's own "
+                    "error, which this shows alone)"
+                )
     if pr.get("host_work_added"):
         hb, ha = pr["host_step_ms"]
         line += f"; the fix added host work: the CPU step took {_fmt_ms(hb)} ms before, {_fmt_ms(ha)} ms after"
     if tpot:
         pass  # said above
     elif pr.get("predicted_tpot_ms") is not None:
-        line += (f"; TPOT {_fmt_ms(pr['predicted_tpot_ms'])} ms predicted, {_fmt_ms(pr['measured_tpot_ms'])} ms "
-                 f"measured (error {pr['tpot_error_pct']:+.1f}%)")
+        line += (
+            f"; TPOT {_fmt_ms(pr['predicted_tpot_ms'])} ms predicted, {_fmt_ms(pr['measured_tpot_ms'])} ms "
+            f"measured (error {pr['tpot_error_pct']:+.1f}%)"
+        )
     return line
 
 
@@ -97,12 +112,24 @@ def _labelled(label: str, rest: str, style: str = "") -> Table:
 def header(c: dict) -> Panel:
     b, a, st = c["before"], c["after"], c["step"]
     lines: list = [f"[bold]{escape(c['verdict'])}[/]", ""]
-    lines.append(_labelled("before: ", f"{escape(b['label'])}  ({escape(_device(b))}, {b['ranks']} file(s), "
-                                       f"{b.get('step_count')} {b.get('phase')} steps)"))
-    lines.append(_labelled("after:  ", f"{escape(a['label'])}  ({escape(_device(a))}, {a['ranks']} file(s), "
-                                       f"{a.get('step_count')} {a.get('phase')} steps)"))
+    lines.append(
+        _labelled(
+            "before: ",
+            f"{escape(b['label'])}  ({escape(_device(b))}, {b['ranks']} file(s), "
+            f"{b.get('step_count')} {b.get('phase')} steps)",
+        )
+    )
+    lines.append(
+        _labelled(
+            "after:  ",
+            f"{escape(a['label'])}  ({escape(_device(a))}, {a['ranks']} file(s), "
+            f"{a.get('step_count')} {a.get('phase')} steps)",
+        )
+    )
     ratio = f"   after/before {st['ratio']:.3f}" if st.get("ratio") is not None else ""
-    lines.append(f"median step ({'CPU ops' if cpu_only(c) else 'GPU work'}): [bold]{_fmt_ms(st['before_ms'])} -> {_fmt_ms(st['after_ms'])} ms[/]{ratio}")
+    lines.append(
+        f"median step ({'CPU ops' if cpu_only(c) else 'GPU work'}): [bold]{_fmt_ms(st['before_ms'])} -> {_fmt_ms(st['after_ms'])} ms[/]{ratio}"
+    )
     if c.get("tpot"):
         t = c["tpot"]
         r = f"   ratio {t['ratio']:.3f}" if t.get("ratio") is not None else ""
@@ -131,13 +158,32 @@ def bucket_table(c: dict) -> Table:
         t.add_column(col, justify="left" if col == "bucket" else "right")
     for r in c["buckets"]:
         st = BUCKET_STYLE.get(r["bucket"], "white")
-        t.add_row(f"[{st}]{r['bucket']}[/]", _fmt_ms(r["before_ms"]), _fmt_ms(r["after_ms"]), _signed(r["delta_ms"]),
-                  f"{r['before_share']:.1%}", f"{r['after_share']:.1%}")
+        t.add_row(
+            f"[{st}]{r['bucket']}[/]",
+            _fmt_ms(r["before_ms"]),
+            _fmt_ms(r["after_ms"]),
+            _signed(r["delta_ms"]),
+            f"{r['before_share']:.1%}",
+            f"{r['after_share']:.1%}",
+        )
         if "delta_exposed_ms" in r:
-            t.add_row("[dim]  exposed[/]", _fmt_ms(r["before_exposed_ms"]), _fmt_ms(r["after_exposed_ms"]),
-                      _signed(r["delta_exposed_ms"]), "", "")
+            t.add_row(
+                "[dim]  exposed[/]",
+                _fmt_ms(r["before_exposed_ms"]),
+                _fmt_ms(r["after_exposed_ms"]),
+                _signed(r["delta_exposed_ms"]),
+                "",
+                "",
+            )
     i = c["idle"]
-    t.add_row(f"[dim]({'idle' if cpu else 'GPU idle'})[/]", _fmt_ms(i["before_ms"]), _fmt_ms(i["after_ms"]), _signed(i["delta_ms"]), "", "")
+    t.add_row(
+        f"[dim]({'idle' if cpu else 'GPU idle'})[/]",
+        _fmt_ms(i["before_ms"]),
+        _fmt_ms(i["after_ms"]),
+        _signed(i["delta_ms"]),
+        "",
+        "",
+    )
     return t
 
 
@@ -168,11 +214,16 @@ def ops_table(c: dict, limit: int = 10) -> Table:
     t.add_column("n/step", justify="right")
     for o in c["ops"][:limit]:
         st = BUCKET_STYLE.get(o["bucket"], "white")
-        name = BoundaryText(Text.assemble(term(o["short"]), (" (gone)" if o["status"] == "gone" else
-                                                             " (new)" if o["status"] == "new" else "", "dim")))
+        name = BoundaryText(
+            Text.assemble(
+                term(o["short"]),
+                (" (gone)" if o["status"] == "gone" else " (new)" if o["status"] == "new" else "", "dim"),
+            )
+        )
         n = f"{_count(o['before_count'])} -> {_count(o['after_count'])}"
-        t.add_row(name, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["before_ms"]), _fmt_ms(o["after_ms"]),
-                  _signed(o["delta_ms"]), n)
+        t.add_row(
+            name, f"[{st}]{o['bucket']}[/]", _fmt_ms(o["before_ms"]), _fmt_ms(o["after_ms"]), _signed(o["delta_ms"]), n
+        )
     return t
 
 

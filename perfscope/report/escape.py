@@ -57,8 +57,8 @@ class Console(_RichConsole):
 
     def _render_buffer(self, buffer):  # rich's one place where segments become the written text
         return super()._render_buffer(
-            type(seg)(term(seg.text, keep="\n\t"), seg.style, seg.control) if not seg.control else seg
-            for seg in buffer)
+            type(seg)(term(seg.text, keep="\n\t"), seg.style, seg.control) if not seg.control else seg for seg in buffer
+        )
 
 
 # --------------------------------------------------------------------------------------- Markdown
@@ -66,8 +66,10 @@ class Console(_RichConsole):
 # the ASCII punctuation that can start or end structure in CommonMark / GFM: emphasis, links and
 # images, raw HTML and entities, code spans, headings and issue references, tables, strikethrough;
 # ``_`` only where it can be emphasis (not inside a word); a URL's ``://`` and ``www.`` (autolinks)
-_MD_ACTIVE = re.compile(r"[\\`*\[\]<>&|#~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])"
-                        r"|(?<=[A-Za-z0-9]):(?=//)|(?<=www)\.")
+_MD_ACTIVE = re.compile(
+    r"[\\`*\[\]<>&|#~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])"
+    r"|(?<=[A-Za-z0-9]):(?=//)|(?<=www)\."
+)
 _MD_LINE_START = re.compile(r"^(?:[-+=>]|\d+[.)])")  # a list item, a setext underline, a quote
 
 

@@ -26,27 +26,64 @@ from perfscope.analysis.buckets import BUCKETS
 from perfscope.analysis.gpus import device_label
 from perfscope.analysis.result import Diagnosis, RankAnalysis
 from perfscope.errors import InputError
-from perfscope.report.html_filters import (code_spans, evidence_value, fmt_ms, op_columns, op_table_columns, pct,
-                                          plain_lines, signed_ms, signed_pct)
+from perfscope.report.html_filters import (
+    code_spans,
+    evidence_value,
+    fmt_ms,
+    op_columns,
+    op_table_columns,
+    pct,
+    plain_lines,
+    signed_ms,
+    signed_pct,
+)
 from perfscope.report.view import diagnosis_json, view
-from perfscope.report.wording import (evidence_pairs, gpu_arch, graph_word, ms_range,
-                                     per_step_count as count,
-                                     skipped_note)
+from perfscope.report.wording import (
+    evidence_pairs,
+    gpu_arch,
+    graph_word,
+    ms_range,
+    per_step_count as count,
+    skipped_note,
+)
 from perfscope.util.files import atomic_write_text, resource_dir
 
 # One colour per bucket (the hues of the terminal's BUCKET_STYLE), and the idle gaps.
 BUCKET_COLORS = {
-    "copy": "#d62728", "gemm": "#1f77b4", "attention": "#9467bd", "communication": "#e6a700",
-    "moe": "#17becf", "sampling": "#2ca02c", "elementwise": "#7f7f7f", "other": "#c7c7c7",
+    "copy": "#d62728",
+    "gemm": "#1f77b4",
+    "attention": "#9467bd",
+    "communication": "#e6a700",
+    "moe": "#17becf",
+    "sampling": "#2ca02c",
+    "elementwise": "#7f7f7f",
+    "other": "#c7c7c7",
 }
 IDLE_COLOR = "#f2c4a0"
 
 # Config keys shown in the header when the server's config is known (run folder or --config).
-HEADER_CONFIG_KEYS = ("model_path", "served_model_name", "tp_size", "dp_size", "ep_size", "pp_size", "dtype",
-                      "quantization", "kv_cache_dtype", "attention_backend", "decode_attention_backend",
-                      "page_size", "disable_cuda_graph", "cuda_graph_max_bs", "disable_custom_all_reduce",
-                      "disable_overlap_schedule", "chunked_prefill_size", "sampling_backend",
-                      "max_total_num_tokens", "version")
+HEADER_CONFIG_KEYS = (
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "dp_size",
+    "ep_size",
+    "pp_size",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "attention_backend",
+    "decode_attention_backend",
+    "page_size",
+    "disable_cuda_graph",
+    "cuda_graph_max_bs",
+    "disable_custom_all_reduce",
+    "disable_overlap_schedule",
+    "chunked_prefill_size",
+    "sampling_backend",
+    "max_total_num_tokens",
+    "version",
+)
 
 MAX_OPS = 60  # rows in the ops table
 MAX_RANK_OPS = 20  # ops kept per non-primary rank in the blob
@@ -76,9 +113,13 @@ def timeline_data(tl: dict) -> dict:
         return {}
     ks = tl["kernels"]
     gaps = idle_gaps(ks)
-    return {**tl, "streams": sorted({k[0] for k in ks}, key=lambda s: (str(type(s)), s)), "gaps": gaps,
-            "idle_ms": round(sum(g[1] for g in gaps), 5),
-            "span_ms": round(max(k[1] + k[2] for k in ks), 5)}
+    return {
+        **tl,
+        "streams": sorted({k[0] for k in ks}, key=lambda s: (str(type(s)), s)),
+        "gaps": gaps,
+        "idle_ms": round(sum(g[1] for g in gaps), 5),
+        "span_ms": round(max(k[1] + k[2] for k in ks), 5),
+    }
 
 
 STAGE_WORDS = {"EXTEND": "EXTEND stage (prefill)", "DECODE": "DECODE stage"}
@@ -87,6 +128,7 @@ STAGE_WORDS = {"EXTEND": "EXTEND stage (prefill)", "DECODE": "DECODE stage"}
 def rank_labels(ranks: list) -> tuple[list[str], str]:
     """Chart labels for the per-rank files, and the section's title: SGLang writes one file per rank
     *and stage* (EXTEND = prefill, DECODE); one rank's stages are labelled as stages, not ranks."""
+
     def get(r, k):
         return r.get(k) if isinstance(r, dict) else getattr(r, k)
 
@@ -155,7 +197,8 @@ def _header(d: Diagnosis, config: Optional[dict]) -> dict:
     v = view(d).top  # the verdict, as the terminal and Markdown show it
     gpus = run.get("gpu") or []
     return {
-        "device": m.get("device_name") or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)
+        "device": m.get("device_name")
+        or (gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None)
         or device_label(m),  # the trace's name, else nvidia-smi's on the host, else the table's match
         "compute_capability": m.get("compute_capability"),
         "arch": gpu_arch(m),  # sm 9.0 / gfx942
@@ -203,13 +246,26 @@ def _env():
     import jinja2
 
     root = resource_dir("reports")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root / "templates")),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value,
-                       code=code_spans)
-    env.globals.update(skipped_note=skipped_note, ms_range=ms_range, op_columns=op_columns, evidence_pairs=evidence_pairs, op_table_columns=op_table_columns, bucket_colors=BUCKET_COLORS, idle_color=IDLE_COLOR,
-                       bucket_order=BUCKETS)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(root / "templates")),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        ms=fmt_ms, pct=pct, count=count, signed_ms=signed_ms, signed_pct=signed_pct, ev=evidence_value, code=code_spans
+    )
+    env.globals.update(
+        skipped_note=skipped_note,
+        ms_range=ms_range,
+        op_columns=op_columns,
+        evidence_pairs=evidence_pairs,
+        op_table_columns=op_table_columns,
+        bucket_colors=BUCKET_COLORS,
+        idle_color=IDLE_COLOR,
+        bucket_order=BUCKETS,
+    )
     return env
 
 
@@ -221,10 +277,14 @@ def _render(template: str, data: dict, **ctx: Any) -> str:
     env = _env()
     data = {**data, "bucket_order": list(BUCKETS), "bucket_colors": BUCKET_COLORS, "idle_color": IDLE_COLOR}
     return env.get_template(template).render(
-        data_json=_blob(data), plotly_js=plotly_js(), css=_asset("report.css"),
+        data_json=_blob(data),
+        plotly_js=plotly_js(),
+        css=_asset("report.css"),
         script=_asset("report.js").replace("</script", "<\\/script"),
-        version=__version__, generated=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        **ctx)
+        version=__version__,
+        generated=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        **ctx,
+    )
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -237,25 +297,54 @@ def render_diagnosis(d: Diagnosis, config: Optional[dict] = None, title: Optiona
     data: dict[str, Any] = {"kind": "diagnosis", "diagnosis": diagnosis_data(d)}
     order = [b for b in BUCKETS if p.buckets.get(b, {}).get("ms_per_step")]
     name = title or (Path(d.ranks[0].file).name if len(d.ranks) == 1 else f"{len(d.ranks)} trace files")
-    return _render("diagnosis.html.j2", data, d=d, p=p, h=_header(d, config), buckets_present=order,
-                   findings=view(d).findings,
-                   timeline=data["diagnosis"]["timeline"], title=name, ranks_title=rank_labels(d.ranks)[1])
+    return _render(
+        "diagnosis.html.j2",
+        data,
+        d=d,
+        p=p,
+        h=_header(d, config),
+        buckets_present=order,
+        findings=view(d).findings,
+        timeline=data["diagnosis"]["timeline"],
+        title=name,
+        ranks_title=rank_labels(d.ranks)[1],
+    )
 
 
 def render_compare(cmp: dict, before: Diagnosis, after: Diagnosis) -> str:
     """The before/after report of :func:`perfscope.analysis.compare.compare`, as an HTML string."""
-    data = {"kind": "compare", "compare": cmp,
-            "timelines": {"before": timeline_data(before.primary.timeline),
-                          "after": timeline_data(after.primary.timeline)},
-            "per_rank": {side: [{"rank": r.rank, "stage": r.stage, "buckets": r.buckets, "label": lab,
-                                 "idle_ms_per_step": r.idle_ms_per_step, "median_ms": r.steps.median_ms}
-                                for r, lab in zip(dg.ranks, rank_labels(dg.ranks)[0])]
-                         for side, dg in (("before", before), ("after", after))}}
+    data = {
+        "kind": "compare",
+        "compare": cmp,
+        "timelines": {"before": timeline_data(before.primary.timeline), "after": timeline_data(after.primary.timeline)},
+        "per_rank": {
+            side: [
+                {
+                    "rank": r.rank,
+                    "stage": r.stage,
+                    "buckets": r.buckets,
+                    "label": lab,
+                    "idle_ms_per_step": r.idle_ms_per_step,
+                    "median_ms": r.steps.median_ms,
+                }
+                for r, lab in zip(dg.ranks, rank_labels(dg.ranks)[0])
+            ]
+            for side, dg in (("before", before), ("after", after))
+        },
+    }
     ranks_title = rank_labels(before.ranks)[1] if len(before.ranks) >= len(after.ranks) else rank_labels(after.ranks)[1]
     cpu = all(cmp[k].get("analysed_on") == "cpu-ops" for k in ("before", "after"))
-    return _render("compare.html.j2", data, c=cmp, timelines=data["timelines"], per_rank=data["per_rank"],
-                   said=plain_lines(cmp), cpu=cpu,
-                   title=f"{cmp['before']['label']} vs {cmp['after']['label']}", ranks_title=ranks_title)
+    return _render(
+        "compare.html.j2",
+        data,
+        c=cmp,
+        timelines=data["timelines"],
+        per_rank=data["per_rank"],
+        said=plain_lines(cmp),
+        cpu=cpu,
+        title=f"{cmp['before']['label']} vs {cmp['after']['label']}",
+        ranks_title=ranks_title,
+    )
 
 
 def write_html(path: str | Path, html: str) -> Path:

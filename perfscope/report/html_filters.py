@@ -40,7 +40,7 @@ def op_columns(o: Op, graph: str = "CUDA graph") -> dict:
         "dtype_shape": op_where(o, graph, ("types", "dims")),
         # the same as pieces that must not break across lines: the dtypes, then each shape
         "dtype_shape_parts": ([op_where(o, graph, ("types",))] if a.input_types else [])
-                             + [str(d) for d in (a.input_dims or []) if d],
+        + [str(d) for d in (a.input_dims or []) if d],
         "source": a.source or "",
         "geometry": (f"grid {list(o.grid)} x block {list(o.block) if o.block else None}" if o.grid else ""),
     }
@@ -64,10 +64,16 @@ def plain_lines(c: dict) -> dict:
     from perfscope.analysis.change import describe
     from perfscope.report.compare_terminal import moved_line, prediction_line
 
-    noise = [describe(ch, what) for key, what in (("step", "step median"), ("tpot", "TPOT median"))
-             if (ch := (c.get("change") or {}).get(key))]
-    return {"noise": noise, "moved": moved_line(c["moved_together"]) if c.get("moved_together") else None,
-            "predictions": [Text.from_markup(prediction_line(pr)).plain for pr in c.get("predictions") or []]}
+    noise = [
+        describe(ch, what)
+        for key, what in (("step", "step median"), ("tpot", "TPOT median"))
+        if (ch := (c.get("change") or {}).get(key))
+    ]
+    return {
+        "noise": noise,
+        "moved": moved_line(c["moved_together"]) if c.get("moved_together") else None,
+        "predictions": [Text.from_markup(prediction_line(pr)).plain for pr in c.get("predictions") or []],
+    }
 
 
 def op_table_columns(ops: list[Op]) -> dict:

@@ -8,8 +8,9 @@ import orjson
 
 
 def dumps(obj) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
-                        default=str)
+    return orjson.dumps(
+        obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
+    )
 
 
 def emit(obj) -> None:

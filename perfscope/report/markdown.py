@@ -27,13 +27,18 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
     cpu = s.cpu_only
     gpu = device_label(p.meta) or ("CPU (no GPU activity)" if cpu else "unknown GPU")
     n = s.count
-    out = [f"### perfscope diagnose: {_text(gpu)}, {n} {_text(s.phase)} step{'s' if n != 1 else ''}, "
-           f"median {wording.ms(s.median_ms)} ms", ""]
+    out = [
+        f"### perfscope diagnose: {_text(gpu)}, {n} {_text(s.phase)} step{'s' if n != 1 else ''}, "
+        f"median {wording.ms(s.median_ms)} ms",
+        "",
+    ]
     verdict = view(d).top
     if verdict is not None:
         f = verdict.finding
-        line = (f"**Verdict: {_code(f.id)} {_text(f.title)}**: {wording.ms(f.ms_per_step)} ms per step "
-                f"({wording.pct(f.share)} of {share_of(f, cpu)}), confidence {f.confidence}.")
+        line = (
+            f"**Verdict: {_code(f.id)} {_text(f.title)}**: {wording.ms(f.ms_per_step)} ms per step "
+            f"({wording.pct(f.share)} of {share_of(f, cpu)}), confidence {f.confidence}."
+        )
         fc = verdict.fix
         if fc is not None:
             line += f" Fix: {_code(fc.check)} (check + diff), then {_code(fc.apply)}."
@@ -43,15 +48,22 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             line += f" Remedy: {_text(f.remedy)}"
         pr = verdict.prediction
         if pr is not None and pr.speedup:
-            line += (f" Predicted step after the fix: ~{wording.ms(pr.step_ms)} ms"
-                     + (f" (range {wording.ms_range((pr.low, pr.high))})" if pr.ranged else "")
-                     + f", {pr.speedup:.1f}x faster" + (f"; {pr.basis}" if pr.basis else "") + ".")
+            line += (
+                f" Predicted step after the fix: ~{wording.ms(pr.step_ms)} ms"
+                + (f" (range {wording.ms_range((pr.low, pr.high))})" if pr.ranged else "")
+                + f", {pr.speedup:.1f}x faster"
+                + (f"; {pr.basis}" if pr.basis else "")
+                + "."
+            )
             if pr.saving:
                 line += f" ({_text(pr.saving[0].upper() + pr.saving[1:])}.)"
         out += [line, ""]
     else:
-        out += [f"**No known bottleneck matched** in the {n} {s.phase} steps analysed "
-                f"({'CPU ops' if cpu else 'GPU kernels'}).", ""]
+        out += [
+            f"**No known bottleneck matched** in the {n} {s.phase} steps analysed "
+            f"({'CPU ops' if cpu else 'GPU kernels'}).",
+            "",
+        ]
     skipped = wording.skipped_note(d.skipped)
     if skipped:
         out += [f"Note: {_text(skipped)}.", ""]
@@ -66,26 +78,42 @@ def diagnosis_markdown(d: Diagnosis, top: int = 10) -> str:
             out.append(f"| {_text(b)} | {wording.ms(v['ms_per_step'])} | {wording.pct(v['share'])} |")
     if p.idle_ms_per_step:
         out.append(f"| ({'idle' if cpu else 'GPU idle'} in step) | {wording.ms(p.idle_ms_per_step)} | |")
-    out += ["", "**Top ops** (per step)", "", "| op | bucket | ms | share | n | launched by |", "|---|---|---:|---:|---:|---|"]
+    out += [
+        "",
+        "**Top ops** (per step)",
+        "",
+        "| op | bucket | ms | share | n | launched by |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for o in p.ops[:top]:
-        out.append(f"| {_code(o.short, in_table=True)} | {_text(o.bucket)} | {wording.ms(o.ms_per_step)} | {wording.pct(o.share)} | "
-                   f"{wording.per_step_count(o.count_per_step)} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |")
+        out.append(
+            f"| {_code(o.short, in_table=True)} | {_text(o.bucket)} | {wording.ms(o.ms_per_step)} | {wording.pct(o.share)} | "
+            f"{wording.per_step_count(o.count_per_step)} | {_code(op_where(o, wording.graph_word(p.meta)), in_table=True)} |"
+        )
     if p.findings:
         out += ["", "**Findings**", ""]
         for fv in view(d).findings:
             f, pr = fv.finding, fv.prediction
             ev = wording.evidence_items({k: v for k, v in (f.evidence or {}).items() if k != "floor_step_ms"})
-            out.append(f"- {_code(f.id)} {_text(f.title)}: {wording.ms(f.ms_per_step)} ms/step, "
-                       f"{wording.pct(f.share)} of {share_of(f, cpu)}, confidence {f.confidence}"
-                       + (f"; predicted step after fix {wording.ms_range((pr.low, pr.high))} ms" if pr else "") + ".  ")
+            out.append(
+                f"- {_code(f.id)} {_text(f.title)}: {wording.ms(f.ms_per_step)} ms/step, "
+                f"{wording.pct(f.share)} of {share_of(f, cpu)}, confidence {f.confidence}"
+                + (f"; predicted step after fix {wording.ms_range((pr.low, pr.high))} ms" if pr else "")
+                + ".  "
+            )
             out.append(f"  {_text(f.summary)}" + (f"  \n  Evidence: {'; '.join(_text(e) for e in ev)}." if ev else ""))
     if len(d.ranks) > 1:
         out += ["", "| rank | stage | steps | median ms |", "|---:|---|---:|---:|"]
         for r in d.ranks:
-            out.append(f"| {r.rank if r.rank is not None else '-'} | {_text(r.stage or '')} | {r.steps.count} | "
-                       f"{wording.ms(r.steps.median_ms)} |")
-    out += ["", f"<sub>perfscope {__version__}; {len(d.ranks)} trace file(s); steps found by "
-                f"{_text(s.how or s.method)}</sub>", ""]
+            out.append(
+                f"| {r.rank if r.rank is not None else '-'} | {_text(r.stage or '')} | {r.steps.count} | "
+                f"{wording.ms(r.steps.median_ms)} |"
+            )
+    out += [
+        "",
+        f"<sub>perfscope {__version__}; {len(d.ranks)} trace file(s); steps found by {_text(s.how or s.method)}</sub>",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -109,16 +137,33 @@ def write_csv(folder: Path, d: Diagnosis) -> list[Path]:
     rows = [["rank", "op", "bucket", "sub", "ms_per_step", "share", "count_per_step", "launched_by", "name"]]
     for r in d.ranks:
         for o in r.ops:
-            rows.append([r.rank if r.rank is not None else "", o.short, o.bucket, o.sub or "",
-                         round(o.ms_per_step, 6), round(o.share, 6), round(o.count_per_step, 3),
-                         op_where(o, wording.graph_word(r.meta)), o.name])
+            rows.append(
+                [
+                    r.rank if r.rank is not None else "",
+                    o.short,
+                    o.bucket,
+                    o.sub or "",
+                    round(o.ms_per_step, 6),
+                    round(o.share, 6),
+                    round(o.count_per_step, 3),
+                    op_where(o, wording.graph_word(r.meta)),
+                    o.name,
+                ]
+            )
     written.append(atomic_write_text(folder / "ops.csv", _csv(rows), shared=True))
     if len(d.ranks) > 1:
         buckets = sorted({b for r in d.ranks for b in r.buckets})
         rows = [["rank", "stage", "steps", "median_ms", "idle_ms_per_step", *[f"{b}_ms_per_step" for b in buckets]]]
         for r in d.ranks:
-            rows.append([r.rank if r.rank is not None else "", r.stage or "", r.steps.count,
-                         r.steps.median_ms, r.idle_ms_per_step,
-                         *[round((r.buckets.get(b) or {}).get("ms_per_step", 0.0), 6) for b in buckets]])
+            rows.append(
+                [
+                    r.rank if r.rank is not None else "",
+                    r.stage or "",
+                    r.steps.count,
+                    r.steps.median_ms,
+                    r.idle_ms_per_step,
+                    *[round((r.buckets.get(b) or {}).get("ms_per_step", 0.0), 6) for b in buckets],
+                ]
+            )
         written.append(atomic_write_text(folder / "ranks.csv", _csv(rows), shared=True))
     return written

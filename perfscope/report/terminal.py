@@ -51,18 +51,23 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
 
         ran = [r for r in RULES if not cpu or not r.needs_gpu_timeline]
         skipped = "" if len(ran) == len(RULES) else f"; the {len(RULES) - len(ran)} idle-time rules need a GPU timeline"
-        body = head + [f"[bold green]No known bottleneck matched[/] in the {steps} analysed "
-                f"({'their CPU ops: the trace has no GPU kernels' if cpu else 'their GPU kernels'}).",
-                f"[dim]The {len(ran)} rules checked look for: {', '.join(r.id for r in ran)}{skipped} "
-                f"(what each means: perfscope rules).[/]"]
-        return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
-                     expand=False)
+        body = head + [
+            f"[bold green]No known bottleneck matched[/] in the {steps} analysed "
+            f"({'their CPU ops: the trace has no GPU kernels' if cpu else 'their GPU kernels'}).",
+            f"[dim]The {len(ran)} rules checked look for: {', '.join(r.id for r in ran)}{skipped} "
+            f"(what each means: perfscope rules).[/]",
+        ]
+        return Panel(
+            Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left", expand=False
+        )
     top = view(d).top
     assert top is not None  # p.findings is not empty
     f = top.finding
-    body = head + [f"[bold red]{escape(f.id)}[/]  [bold]{escape(f.title)}[/]",
-            f"costs [bold]{_fmt_ms(f.ms_per_step)} ms[/] per step ({wording.pct(f.share)} of {share_of(f, cpu)}), "
-            f"confidence {f.confidence}"]
+    body = head + [
+        f"[bold red]{escape(f.id)}[/]  [bold]{escape(f.title)}[/]",
+        f"costs [bold]{_fmt_ms(f.ms_per_step)} ms[/] per step ({wording.pct(f.share)} of {share_of(f, cpu)}), "
+        f"confidence {f.confidence}",
+    ]
     fc = top.fix
     if fc is not None:
         if _fits(fc.check, width):
@@ -80,17 +85,20 @@ def verdict(d: Diagnosis, width: Optional[int] = None) -> Panel:
     elif pr is not None and pr.speedup:
         speed = f" ({pr.speedup:.1f}x faster)" if pr.speedup >= 1.05 else ""
         rng = f" ({wording.ms_range((pr.low, pr.high))})" if pr.ranged else ""
-        body.append(f"after: [bold green]~{_fmt_ms(pr.step_ms)} ms[/] per step predicted{rng}, "
-                    f"from {_fmt_ms(pr.from_ms)} ms{speed}")
+        body.append(
+            f"after: [bold green]~{_fmt_ms(pr.step_ms)} ms[/] per step predicted{rng}, "
+            f"from {_fmt_ms(pr.from_ms)} ms{speed}"
+        )
         if pr.basis and pr.bound == "host":
             body.append(f"[dim]       ({pr.basis})[/]")  # host-bound: what the point is made of
         if pr.saving:
             body.append(f"[dim]       ({escape(pr.saving)})[/]")
     if len(p.findings) > 1:
-        body.append("[dim]also: " + ", ".join(f"{escape(x.id)} ({_fmt_ms(x.ms_per_step)} ms)" for x in p.findings[1:]) + "[/]")
+        body.append(
+            "[dim]also: " + ", ".join(f"{escape(x.id)} ({_fmt_ms(x.ms_per_step)} ms)" for x in p.findings[1:]) + "[/]"
+        )
     # a line that wraps keeps its indent (the fix's notes under "fix:", the prediction under "after:")
-    return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left",
-                 expand=False)
+    return Panel(Group(*(hanging(x, labels=True) for x in body)), title=escape(title), title_align="left", expand=False)
 
 
 # the panel's frame and padding, and the "fix:   " label before the command
@@ -103,8 +111,11 @@ def _fits(cmd: str, width: Optional[int]) -> bool:
 
 def long_finding_commands(d: Diagnosis, width: Optional[int]) -> list[tuple[str, str]]:
     """(finding id, fix command) for each finding whose command :func:`findings_panel` leaves out."""
-    return [(fv.finding.id, fv.fix.check) for fv in view(d).findings
-            if fv.fix is not None and not _fits(fv.fix.check, width)]
+    return [
+        (fv.finding.id, fv.fix.check)
+        for fv in view(d).findings
+        if fv.fix is not None and not _fits(fv.fix.check, width)
+    ]
 
 
 def long_fix_command(d: Diagnosis, width: Optional[int]) -> Optional[str]:
@@ -126,14 +137,20 @@ def facts(d: Diagnosis) -> list[str]:
     arch = wording.gpu_arch(m)
     arch = f" ({arch})" if arch else ""
     ws = f", world size {m.get('world_size')}" if m.get("world_size") else ""
-    lines = [f"[dim]{escape(str(device_label(m) or ('CPU' if cpu else 'unknown GPU')))}{arch}{ws}; steps found by "
-             f"{escape(str(s.how or s.method))}[/]",
-             f"[dim]per step: {'op' if cpu else 'kernel'} time {_fmt_ms(p.kernel_ms_per_step)} ms, "
-             f"{'idle' if cpu else 'GPU idle'} {_fmt_ms(p.idle_ms_per_step)} ms[/]"]
+    lines = [
+        f"[dim]{escape(str(device_label(m) or ('CPU' if cpu else 'unknown GPU')))}{arch}{ws}; steps found by "
+        f"{escape(str(s.how or s.method))}[/]",
+        f"[dim]per step: {'op' if cpu else 'kernel'} time {_fmt_ms(p.kernel_ms_per_step)} ms, "
+        f"{'idle' if cpu else 'GPU idle'} {_fmt_ms(p.idle_ms_per_step)} ms[/]",
+    ]
     other = [ph for ph in p.phases if ph["phase"] != s.phase]
     if other:
-        lines[-1] = lines[-1][:-3] + "; other phases: " + ", ".join(
-            f"{escape(ph['phase'])} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)" for ph in other) + "[/]"
+        lines[-1] = (
+            lines[-1][:-3]
+            + "; other phases: "
+            + ", ".join(f"{escape(ph['phase'])} x{ph['count']} (median {_fmt_ms(ph['median_ms'])} ms)" for ph in other)
+            + "[/]"
+        )
     t = d.timings
     if t.get("tpot_ms"):
         how = "perfscope bench" if t["source"] == "bench" else "during the trace, under the profiler"
@@ -157,23 +174,38 @@ def findings_panel(d: Diagnosis, width: Optional[int] = None) -> Optional[Panel]
     parts: list[Group | Text] = []
     for fv in view(d).findings:
         f, pr, fc = fv.finding, fv.prediction, fv.fix
-        head = Text.assemble((f"[{term(f.id)}] ", "bold red"), (term(f.title), "bold"),
-                             f"  {_fmt_ms(f.ms_per_step)} ms/step, {wording.pct(f.share)} of {share_of(f, cpu)}, "
-                             f"confidence {f.confidence}")
+        head = Text.assemble(
+            (f"[{term(f.id)}] ", "bold red"),
+            (term(f.title), "bold"),
+            f"  {_fmt_ms(f.ms_per_step)} ms/step, {wording.pct(f.share)} of {share_of(f, cpu)}, "
+            f"confidence {f.confidence}",
+        )
         lines = [head, Text(term(f.summary))]
         if pr is not None:
             fl = (f.evidence or {}).get("floor_step_ms")
             rng = f"; range {_fmt_ms(pr.low)}-{_fmt_ms(pr.high)} ms" if pr.ranged else ""
-            lines.append(Text(f"predicted step after fix: {_fmt_ms(pr.step_ms)} ms"
-                              + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(
-                                  str(pr.bound), "")
-                              + (f"  (floor {_fmt_ms(fl)} ms: {pr.step_ms / fl:.1f}x above it)" if fl else ""),
-                              style="green"))
+            lines.append(
+                Text(
+                    f"predicted step after fix: {_fmt_ms(pr.step_ms)} ms"
+                    + {"host": f" (bound by the host{rng})", "gpu": f" (bound by GPU work{rng})"}.get(str(pr.bound), "")
+                    + (f"  (floor {_fmt_ms(fl)} ms: {pr.step_ms / fl:.1f}x above it)" if fl else ""),
+                    style="green",
+                )
+            )
         if fc is not None and _fits(fc.check, width):
-            lines.append(Text.assemble(("fix: ", "bold"), (term(fc.check), "bold green"), ("  (check + diff; then add --apply)", "dim")))
+            lines.append(
+                Text.assemble(
+                    ("fix: ", "bold"), (term(fc.check), "bold green"), ("  (check + diff; then add --apply)", "dim")
+                )
+            )
         elif fc is not None:
-            lines.append(Text.assemble(("fix: ", "bold"), ("under this box, one line", "bold"),
-                                       ("  (check + diff; then add --apply)", "dim")))
+            lines.append(
+                Text.assemble(
+                    ("fix: ", "bold"),
+                    ("under this box, one line", "bold"),
+                    ("  (check + diff; then add --apply)", "dim"),
+                )
+            )
         if f.remedy and fc is None:
             lines.append(Text.assemble(("remedy: ", "bold"), term(f.remedy)))
         ev = {k: v for k, v in (f.evidence or {}).items() if k != "floor_step_ms"}
@@ -221,9 +253,12 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
         s = d.straggler or {}
         if s.get("significant"):
             # the line compares like with like: step time with step time, or compute with compute
-            c.print(f"[red]straggler:[/] {escape(s['line'])}" if s.get("line") else
-                    f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
-                    f"{s['slower_than_others']:.2f}x the other ranks' median ({s['signal']})")
+            c.print(
+                f"[red]straggler:[/] {escape(s['line'])}"
+                if s.get("line")
+                else f"[red]straggler:[/] rank {s['rank']} at {_fmt_ms(s['median_ms'])} ms/step, "
+                f"{s['slower_than_others']:.2f}x the other ranks' median ({s['signal']})"
+            )
     par = d.parallel or {}
     if par.get("bound") == "memory":
         c.print(f"note: {par['files']} trace files parsed {par['workers']} at a time, to fit in the memory available")
@@ -231,5 +266,9 @@ def render(d: Diagnosis, console: Optional[Console] = None, top: int = 10) -> No
     if fp is not None:
         c.print(fp)
         for fid, cmd in long_finding_commands(d, c.width):
-            c.print(Text.assemble((f"fix [{term(fid)}]: ", "bold"), (term(cmd), "bold green")), soft_wrap=True, overflow="ignore",
-                    crop=False)
+            c.print(
+                Text.assemble((f"fix [{term(fid)}]: ", "bold"), (term(cmd), "bold green")),
+                soft_wrap=True,
+                overflow="ignore",
+                crop=False,
+            )

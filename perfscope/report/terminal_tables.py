@@ -15,8 +15,16 @@ from perfscope.report import wording
 from perfscope.report.escape import markup as escape, term
 from perfscope.report.textfit import BoundaryText, cut_name as _cut_name, hanging
 
-BUCKET_STYLE = {"copy": "red", "gemm": "blue", "attention": "magenta", "communication": "yellow",
-                "moe": "cyan", "sampling": "green", "elementwise": "bright_black", "other": "white"}
+BUCKET_STYLE = {
+    "copy": "red",
+    "gemm": "blue",
+    "attention": "magenta",
+    "communication": "yellow",
+    "moe": "cyan",
+    "sampling": "green",
+    "elementwise": "bright_black",
+    "other": "white",
+}
 
 
 def _bar(share: float, width: int = 24) -> str:
@@ -41,8 +49,9 @@ def bucket_table(p: RankAnalysis) -> Table:
         st = BUCKET_STYLE.get(b, "white")
         t.add_row(f"[{st}]{b}[/]", _fmt_ms(v["ms_per_step"]), f"{v['share']:.1%}", f"[{st}]{_bar(v['share'])}[/]")
         if v.get("exposed_ms_per_step") is not None:
-            t.add_row(f"[dim]  exposed ({v['overlapped_share']:.0%} hidden)[/]", _fmt_ms(v["exposed_ms_per_step"]),
-                      "", "")
+            t.add_row(
+                f"[dim]  exposed ({v['overlapped_share']:.0%} hidden)[/]", _fmt_ms(v["exposed_ms_per_step"]), "", ""
+            )
     if p.idle_ms_per_step:
         t.add_row("[dim](GPU idle)[/]", _fmt_ms(p.idle_ms_per_step), "", "")
     return t
@@ -96,8 +105,13 @@ def ops_table(p: RankAnalysis, limit: int = 10) -> Table:
         where = op_where(o, wording.graph_word(p.meta))
         name = BoundaryText(Text(term(o.short), style="bold"))
         cell = Group(name, hanging(f"[dim]  {escape(where)}[/]")) if where else name
-        t.add_row(cell, f"[{st}]{o.bucket}[/]", _fmt_ms(o.ms_per_step), f"{o.share:.1%}",
-                  wording.per_step_count(o.count_per_step))
+        t.add_row(
+            cell,
+            f"[{st}]{o.bucket}[/]",
+            _fmt_ms(o.ms_per_step),
+            f"{o.share:.1%}",
+            wording.per_step_count(o.count_per_step),
+        )
     return t
 
 
@@ -114,9 +128,15 @@ def ranks_table(d: Diagnosis) -> Optional[Table]:
     for r, h in zip(d.ranks, hosts):
         b = r.buckets
         mark = " [red](straggler)[/]" if strag == r.rank and (d.straggler or {}).get("significant") else ""
-        t.add_row(*([escape(h or "-")] if len(set(hosts)) > 1 else []), f"{r.rank if r.rank is not None else '-'}{mark}", escape(r.stage or ""), str(r.steps.count),
-                  _fmt_ms(r.steps.median_ms), *(f"{b[x]['share']:.0%}" for x in ("copy", "gemm", "attention", "communication")),
-                  _fmt_ms(r.idle_ms_per_step))
+        t.add_row(
+            *([escape(h or "-")] if len(set(hosts)) > 1 else []),
+            f"{r.rank if r.rank is not None else '-'}{mark}",
+            escape(r.stage or ""),
+            str(r.steps.count),
+            _fmt_ms(r.steps.median_ms),
+            *(f"{b[x]['share']:.0%}" for x in ("copy", "gemm", "attention", "communication")),
+            _fmt_ms(r.idle_ms_per_step),
+        )
     return t
 
 
@@ -126,13 +146,17 @@ def roofline_lines(p: RankAnalysis, top: int = 3) -> list[str]:
     if not r.get("available"):
         return []
     rows = sorted(r["ops"], key=lambda o: -o["ms_per_step_above_floor"])[:top]
-    out = [f"[dim]  ops against {escape(str(r['gpu']))}'s peaks ({r['peak_tb_s']} TB/s, {r['peak_bf16_tflops']:.0f} "
-           f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"]
+    out = [
+        f"[dim]  ops against {escape(str(r['gpu']))}'s peaks ({r['peak_tb_s']} TB/s, {r['peak_bf16_tflops']:.0f} "
+        f"BF16 TFLOP/s): {_fmt_ms(r['ms_per_step_above_op_floors'])} ms/step above their own floors[/]"
+    ]
     for o in rows:
         tf = f", {o['achieved_tflops']:.1f} TFLOP/s" if o["flops"] else ""
-        out.append(f"[dim]    {escape(_cut_name(str(o.get('short') or o['name'])))}: {o['achieved_tb_s']:.2f} TB/s "
-                   f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
-                   f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]")
+        out.append(
+            f"[dim]    {escape(_cut_name(str(o.get('short') or o['name'])))}: {o['achieved_tb_s']:.2f} TB/s "
+            f"({o['bw_fraction_of_peak']:.0%} of peak){tf}, {o['times_its_floor']}x its floor, "
+            f"+{_fmt_ms(o['ms_per_step_above_floor'])} ms/step[/]"
+        )
     return out
 
 
@@ -149,14 +173,19 @@ def floor_lines(p: RankAnalysis) -> list[str]:
         gpu = (fl.get("gpu") or {}).get("name")
         meta = {"--model-config": "CONFIG_JSON", "--batch": "N", "--context": "TOKENS"}
         add = " ".join(f"{o.split()[0]} {meta.get(o.split()[0], 'VALUE')}" for o in opts)
-        return [f"[dim]floor (what this step should cost{' on the ' + escape(str(gpu)) if gpu else ''}): "
-                f"add {escape(add)}[/]"]
+        return [
+            f"[dim]floor (what this step should cost{' on the ' + escape(str(gpu)) if gpu else ''}): "
+            f"add {escape(add)}[/]"
+        ]
     g = fl.get("gpu") or {}
     i = fl.get("inputs") or {}
     b = fl.get("buckets") or {}
     w = fl.get("worst_bucket")
-    rows = "  ".join(f"{k} {_fmt_ms(v['measured_ms'])}/{_fmt_ms(v['floor_ms'])}" for k, v in b.items()
-                     if v["measured_ms"] > 0 or v["floor_ms"] > 0)
+    rows = "  ".join(
+        f"{k} {_fmt_ms(v['measured_ms'])}/{_fmt_ms(v['floor_ms'])}"
+        for k, v in b.items()
+        if v["measured_ms"] > 0 or v["floor_ms"] > 0
+    )
     by = fl.get("bytes_per_step") or {}
     mbu = fl.get("memory_bandwidth_utilisation")
     return [
@@ -166,5 +195,6 @@ def floor_lines(p: RankAnalysis) -> list[str]:
         f"[dim]  ms/step measured/floor: {rows}[/]",
         f"[dim]  reads {wording.nbytes(by.get('weights', 0))} weights + {wording.nbytes(by.get('kv', 0))} KV per step "
         f"(batch {i.get('batch')}, context {i.get('context')}, tp {i.get('tp_size')}, KV {i.get('kv_cache_dtype')})"
-        + (f"; memory-bandwidth utilisation {mbu:.0%}" if mbu is not None else "") + "[/]",
+        + (f"; memory-bandwidth utilisation {mbu:.0%}" if mbu is not None else "")
+        + "[/]",
     ]

@@ -90,10 +90,10 @@ def hanging(markup: str, labels: bool = False):
     body = markup.lstrip(" ")
     style = ""
     if markup.startswith("[dim]") and markup.endswith("[/]"):  # the style wraps the whole line
-        style, body = "dim", markup[len("[dim]"):-len("[/]")]
+        style, body = "dim", markup[len("[dim]") : -len("[/]")]
     m = _LABEL.match(body) if labels else None
     lead = m.group(0) if m else " " * (len(body) - len(body.lstrip(" ")))
-    body = body[len(lead):]
+    body = body[len(lead) :]
     if not lead:
         return markup
     g = _Grid.grid(padding=0)

@@ -74,9 +74,15 @@ def prediction(f: Finding, step_ms: Optional[float]) -> Optional[Prediction]:
         return None
     model = (f.evidence or {}).get("prediction") or {}
     bound = model.get("bound")
-    return Prediction(step_ms=f.predicted_step_ms_after_fix, low=rng[0], high=rng[1], from_ms=step_ms or None,
-                      bound=bound if bound in ("gpu", "host") else None, basis=wording.prediction_basis(f),
-                      saving=wording.saving_note(f, step_ms))
+    return Prediction(
+        step_ms=f.predicted_step_ms_after_fix,
+        low=rng[0],
+        high=rng[1],
+        from_ms=step_ms or None,
+        bound=bound if bound in ("gpu", "host") else None,
+        basis=wording.prediction_basis(f),
+        saving=wording.saving_note(f, step_ms),
+    )
 
 
 def view(d: Diagnosis) -> View:

@@ -11,11 +11,28 @@ from perfscope.analysis.finding import Finding
 
 # torch / Kineto dtype spellings -> the short names engineers use
 _DTYPES = {
-    "float8_e4m3fn": "fp8_e4m3", "float8_e4m3fnuz": "fp8_e4m3fnuz", "float8_e5m2": "fp8_e5m2",
-    "float8_e5m2fnuz": "fp8_e5m2fnuz", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
-    "float": "fp32", "float32": "fp32", "double": "fp64", "float64": "fp64", "int": "int32", "long": "int64",
-    "long int": "int64", "unsigned char": "uint8", "signed char": "int8", "bool": "bool", "int8": "int8",
-    "int32": "int32", "int64": "int64", "uint8": "uint8", "c10::complex<float>": "complex64",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e4m3fnuz": "fp8_e4m3fnuz",
+    "float8_e5m2": "fp8_e5m2",
+    "float8_e5m2fnuz": "fp8_e5m2fnuz",
+    "bfloat16": "bf16",
+    "half": "fp16",
+    "float16": "fp16",
+    "float": "fp32",
+    "float32": "fp32",
+    "double": "fp64",
+    "float64": "fp64",
+    "int": "int32",
+    "long": "int64",
+    "long int": "int64",
+    "unsigned char": "uint8",
+    "signed char": "int8",
+    "bool": "bool",
+    "int8": "int8",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "c10::complex<float>": "complex64",
 }
 
 
@@ -26,8 +43,11 @@ def prediction_basis(f: Finding) -> Optional[str]:
     host, gpu = model.get("host"), model.get("gpu_work_ms")
     if not isinstance(host, dict) or not isinstance(gpu, (int, float)):
         return None
-    src = {"bench": "measured by the bench", "gpu-only": "from the GPU-only profile, unprofiled",
-           "full": "from the trace, unprofiled"}.get(str(host.get("source")), "unprofiled")
+    src = {
+        "bench": "measured by the bench",
+        "gpu-only": "from the GPU-only profile, unprofiled",
+        "full": "from the trace, unprofiled",
+    }.get(str(host.get("source")), "unprofiled")
     bound = "the host bounds it" if model.get("bound") == "host" else "the GPU bounds it"
     return f"GPU work ~{ms(gpu)} ms; the host's own work ~{ms(host.get('point'))} ms per step ({src}): {bound}"
 
@@ -46,8 +66,13 @@ def saving_note(f: Finding, step_ms: Optional[float]) -> Optional[str]:
     anything else: the step model replays the step without it, and the rest is hidden."""
     pred = f.predicted_step_ms_after_fix
     cost = f.ms_per_step
-    if not isinstance(pred, (int, float)) or pred <= 0 or not step_ms or not isinstance(cost, (int, float)) \
-            or cost <= 0:
+    if (
+        not isinstance(pred, (int, float))
+        or pred <= 0
+        or not step_ms
+        or not isinstance(cost, (int, float))
+        or cost <= 0
+    ):
         return None
     saving = step_ms - pred
     if abs(saving - cost) <= 0.2 * cost:
@@ -55,11 +80,15 @@ def saving_note(f: Finding, step_ms: Optional[float]) -> Optional[str]:
     ev = f.evidence or {}
     cycle, gap = ev.get("step_cycle_ms"), ev.get("gap_between_steps_ms")
     if f.share_of == "the step cycle" and isinstance(cycle, (int, float)) and isinstance(gap, (int, float)):
-        return (f"the {ms(cost)} ms it costs is mostly between steps ({ms(gap)} ms): it comes off the step cycle "
-                f"({ms(cycle)} ms -> ~{ms(cycle - cost)} ms), while the step itself saves only its "
-                f"{ms(max(saving, 0.0))} ms inside")
-    return (f"the step saves {ms(max(saving, 0.0))} ms of the {ms(cost)} ms this costs: the prediction replays "
-            "the step without it, and the rest is hidden behind other work")
+        return (
+            f"the {ms(cost)} ms it costs is mostly between steps ({ms(gap)} ms): it comes off the step cycle "
+            f"({ms(cycle)} ms -> ~{ms(cycle - cost)} ms), while the step itself saves only its "
+            f"{ms(max(saving, 0.0))} ms inside"
+        )
+    return (
+        f"the step saves {ms(max(saving, 0.0))} ms of the {ms(cost)} ms this costs: the prediction replays "
+        "the step without it, and the rest is hidden behind other work"
+    )
 
 
 def ms_range(r: tuple[float, float]) -> str:
@@ -131,9 +160,13 @@ def _unit(k: str, v: float) -> tuple[str, str]:
     """(the key without its unit, the value with its unit)."""
     if k == "bytes" or k.startswith("bytes_") or k.endswith("_bytes"):
         return re.sub(r"^bytes_?|_?bytes$", "", k), nbytes(v)
-    for suffix, fmt in (("_gb_s", lambda x: f"{x:,.1f} GB/s"), ("_tb_s", lambda x: f"{x:,.2f} TB/s"),
-                        ("_tbs", lambda x: f"{x:,.2f} TB/s"), ("_us", lambda x: f"{x:,.1f} µs"),
-                        ("_ms", lambda x: f"{ms(x)} ms")):
+    for suffix, fmt in (
+        ("_gb_s", lambda x: f"{x:,.1f} GB/s"),
+        ("_tb_s", lambda x: f"{x:,.2f} TB/s"),
+        ("_tbs", lambda x: f"{x:,.2f} TB/s"),
+        ("_us", lambda x: f"{x:,.1f} µs"),
+        ("_ms", lambda x: f"{ms(x)} ms"),
+    ):
         if k.endswith(suffix):
             return k[: -len(suffix)], fmt(v)
         if suffix == "_ms" and "_ms_" in k:  # idle_ms_per_step
@@ -212,5 +245,6 @@ def skipped_note(skipped: list) -> Optional[str]:
 
     names = ", ".join(Path(x["path"]).name for x in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
     n = len(skipped)
-    return (f"skipped {n} JSON file{'s' if n != 1 else ''} that {'is' if n == 1 else 'are'} not a profiler trace: "
-            f"{names}")
+    return (
+        f"skipped {n} JSON file{'s' if n != 1 else ''} that {'is' if n == 1 else 'are'} not a profiler trace: {names}"
+    )

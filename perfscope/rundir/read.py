@@ -38,31 +38,54 @@ def read_run(path: str | Path, *, verify: bool = False, _depth: int = 0) -> RunI
     if not isinstance(sv, int) or isinstance(sv, bool):
         raise InputError(f"{rj}: no schema_version: not a perfscope run.json")
     if data.get("status") == "incomplete":
-        raise InputError(f"{run_dir} is an incomplete run folder ({data.get('incomplete_reason') or 'the trace did not finish'}): "
-                         "trace again")
+        raise InputError(
+            f"{run_dir} is an incomplete run folder ({data.get('incomplete_reason') or 'the trace did not finish'}): "
+            "trace again"
+        )
     if sv > SCHEMA_VERSION:
-        raise InputError(f"{rj} has schema_version {sv}, this perfscope reads up to {SCHEMA_VERSION}: upgrade perfscope")
-    for key, typ in (("server_info", dict), ("versions", dict), ("gpu", list), ("workload", dict),
-                     ("timings", dict), ("files", list), ("command", list)):
+        raise InputError(
+            f"{rj} has schema_version {sv}, this perfscope reads up to {SCHEMA_VERSION}: upgrade perfscope"
+        )
+    for key, typ in (
+        ("server_info", dict),
+        ("versions", dict),
+        ("gpu", list),
+        ("workload", dict),
+        ("timings", dict),
+        ("files", list),
+        ("command", list),
+    ):
         if data.get(key) is not None:
             _check(isinstance(data[key], typ), rj, f"'{key}' should be a {typ.__name__}")
     files: list[TraceFile] = []
     root = run_dir.resolve()
     for key in ("tpot_ms", "ttft_ms"):
         v = (data.get("timings") or {}).get(key)
-        _check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)), rj,
-               f"timings.{key} should be a number, not {type(v).__name__}")
+        _check(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+            rj,
+            f"timings.{key} should be a number, not {type(v).__name__}",
+        )
     for i, f in enumerate(data.get("files") or []):
         _check(isinstance(f, dict) and isinstance(f.get("path"), str) and f["path"], rj, f"files[{i}] has no path")
         for key, want in _FILE_FIELDS.items():
             v = f.get(key)
-            _check(v is None or (isinstance(v, want) and not isinstance(v, bool)), rj,
-                   f"files[{i}].{key} should be {'an' if want is int else 'a'} {want.__name__}, not {type(v).__name__}")
+            _check(
+                v is None or (isinstance(v, want) and not isinstance(v, bool)),
+                rj,
+                f"files[{i}].{key} should be {'an' if want is int else 'a'} {want.__name__}, not {type(v).__name__}",
+            )
         full = (run_dir / f["path"]).resolve()
         _check(full == root or root in full.parents, rj, f"files[{i}] path {f['path']!r} leaves the run folder")
         tf = TraceFile(
-            path=full, rel=f["path"], sha256=f.get("sha256"), bytes=f.get("bytes"),
-            rank=f.get("rank"), stage=f.get("stage"), host=f.get("host"), parallel=f.get("parallel") or {},
+            path=full,
+            rel=f["path"],
+            sha256=f.get("sha256"),
+            bytes=f.get("bytes"),
+            rank=f.get("rank"),
+            stage=f.get("stage"),
+            host=f.get("host"),
+            parallel=f.get("parallel") or {},
             role=f.get("role") or parse_trace_name(f["path"])["role"],
         )
         if not full.is_file():

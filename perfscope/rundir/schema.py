@@ -28,8 +28,9 @@ _RANK = re.compile(r"(?:^|[-_.])rank[-_]?(\d+)(?=$|[-_.])", re.IGNORECASE)
 # server and AsyncLLM: HTTP, tokenizing, output processing; Python/CPU only) writes
 # <host>_<pid>.async_llm.<ns>.pt.trace.json.gz. Not a rank: it runs no model step.
 _FRONTEND = re.compile(r"(?:^|[._-])async_llm(?=$|[._-])")
-FRONTEND_NOTE = ("vLLM's front-end process (API server + AsyncLLM: HTTP, tokenizing, output processing; "
-                 "no model step): not a rank")
+FRONTEND_NOTE = (
+    "vLLM's front-end process (API server + AsyncLLM: HTTP, tokenizing, output processing; no model step): not a rank"
+)
 
 
 def parse_trace_name(name: str) -> dict:
@@ -39,8 +40,12 @@ def parse_trace_name(name: str) -> dict:
     base = Path(name).name
     stem = re.sub(r"(\.pt)?\.trace\.json(\.gz)?$|\.json(\.gz)?$", "", base)
     if _FRONTEND.search(stem):
-        return {"rank": None, "stage": None, "parallel": {"tp": None, "dp": None, "pp": None, "ep": None},
-                "role": "frontend"}
+        return {
+            "rank": None,
+            "stage": None,
+            "parallel": {"tp": None, "dp": None, "pp": None, "ep": None},
+            "role": "frontend",
+        }
     par: dict[str, int | None] = {"tp": None, "dp": None, "pp": None, "ep": None}
     for kind, num in _PAR.findall(stem):
         par[kind.lower()] = int(num)

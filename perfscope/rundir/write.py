@@ -18,8 +18,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
-def file_entry(run_dir: str | Path, path: str | Path, *, host: str | None = None,
-               sha256: str | None = None) -> dict:
+def file_entry(run_dir: str | Path, path: str | Path, *, host: str | None = None, sha256: str | None = None) -> dict:
     """A ``files`` entry for a file inside ``run_dir`` (sha256 computed unless given)."""
     run_dir = Path(run_dir)
     p = Path(path)
@@ -43,13 +42,25 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def write_run(run_dir: str | Path, *, command: Iterable[str] = (), kind: str = "trace",
-              engine: str = "sglang", host: str | None = None, hosts: Iterable[str] | None = None,
-              url: str | None = None, versions: Mapping | None = None,
-              server_info: Mapping | None = None, gpu: Iterable[Mapping] | None = None,
-              workload: Mapping | None = None, timings: Mapping | None = None,
-              profile: Mapping | None = None, files: Iterable[Mapping] = (),
-              members: Iterable[Mapping] | None = None, extra: Mapping | None = None) -> Path:
+def write_run(
+    run_dir: str | Path,
+    *,
+    command: Iterable[str] = (),
+    kind: str = "trace",
+    engine: str = "sglang",
+    host: str | None = None,
+    hosts: Iterable[str] | None = None,
+    url: str | None = None,
+    versions: Mapping | None = None,
+    server_info: Mapping | None = None,
+    gpu: Iterable[Mapping] | None = None,
+    workload: Mapping | None = None,
+    timings: Mapping | None = None,
+    profile: Mapping | None = None,
+    files: Iterable[Mapping] = (),
+    members: Iterable[Mapping] | None = None,
+    extra: Mapping | None = None,
+) -> Path:
     """Write ``RUN_DIR/run.json`` atomically; returns its path. ``files`` entries need at least
     ``path`` (relative to RUN_DIR); missing sha256/bytes/rank/stage are filled in from the file."""
     run_dir = Path(run_dir)
@@ -109,17 +120,33 @@ def update_run(run_dir: str | Path, **fields: Any) -> Path:
     return path
 
 
-def mark_incomplete(run_dir: str | Path, *, reason: str, command: Iterable[str] = (), engine: str = "sglang",
-                    host: str | None = None, remote_files: list | None = None) -> Path | None:
+def mark_incomplete(
+    run_dir: str | Path,
+    *,
+    reason: str,
+    command: Iterable[str] = (),
+    engine: str = "sglang",
+    host: str | None = None,
+    remote_files: list | None = None,
+) -> Path | None:
     """After a failed or interrupted trace: a run.json with ``"status": "incomplete"`` (which
     :func:`read_run` refuses in one line); the folder is made if need be. Traces already copied stay;
     ``remote_files`` (``trace --analyse-on-host``: the traces left on the host, with their paths and
     sha256) stay listed."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = {"schema_version": SCHEMA_VERSION, "tool": {"name": "perfscope", "version": __version__},
-            "created": _now(), "kind": "trace", "status": "incomplete", "incomplete_reason": reason[:500],
-            "command": list(command), "host": host, "engine": engine, "files": []}
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "perfscope", "version": __version__},
+        "created": _now(),
+        "kind": "trace",
+        "status": "incomplete",
+        "incomplete_reason": reason[:500],
+        "command": list(command),
+        "host": host,
+        "engine": engine,
+        "files": [],
+    }
     if remote_files:
         data["remote_files"] = remote_files
     path = run_dir / RUN_FILE

@@ -69,8 +69,14 @@ def copy_hashed(src: IO[bytes], dst: IO[bytes], total: int = 0, progress=None, c
     return h.hexdigest()
 
 
-def read_regular(path: str | os.PathLike, cap: int, bound_var: str, unit: str = "MB",
-                 what: str = "the file", hint: str = "save it to a file and pass its path") -> bytearray:
+def read_regular(
+    path: str | os.PathLike,
+    cap: int,
+    bound_var: str,
+    unit: str = "MB",
+    what: str = "the file",
+    hint: str = "save it to a file and pass its path",
+) -> bytearray:
     """The bytes of a *regular* file of at most ``cap`` bytes, read once through one descriptor:
     a FIFO, a device or a socket is refused without blocking (opened non-blocking, checked with
     fstat), a folder is refused, and a file larger than ``cap`` (or growing past it while read)
@@ -160,8 +166,9 @@ def umask_mode() -> int:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: int | None = None,
-                  tmp_dir: str | os.PathLike | None = None, shared: bool = False) -> Iterator[IO[bytes]]:
+def atomic_writer(
+    path: str | os.PathLike, mode: int | None = None, tmp_dir: str | os.PathLike | None = None, shared: bool = False
+) -> Iterator[IO[bytes]]:
     """A binary file object for ``path`` written by the rules in the module docstring; the new
     content replaces the old only when the ``with`` block ends without an exception.
 
@@ -209,8 +216,13 @@ def atomic_writer(path: str | os.PathLike, mode: int | None = None,
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None,
-                       tmp_dir: str | os.PathLike | None = None, shared: bool = False) -> Path:
+def atomic_write_bytes(
+    path: str | os.PathLike,
+    data: bytes,
+    mode: int | None = None,
+    tmp_dir: str | os.PathLike | None = None,
+    shared: bool = False,
+) -> Path:
     """Write ``data`` to ``path`` with :func:`atomic_writer`; returns ``path``."""
     with atomic_writer(path, mode=mode, tmp_dir=tmp_dir, shared=shared) as f:
         f.write(data)

@@ -47,8 +47,14 @@ def check(obj: Any, where: str, *, error: Type[PerfscopeError] = InputError, max
     return obj
 
 
-def loads(data: bytes | str, where: str, *, error: Type[PerfscopeError] = InputError,
-          expect: type | None = None, max_depth: int = MAX_DEPTH) -> Any:
+def loads(
+    data: bytes | str,
+    where: str,
+    *,
+    error: Type[PerfscopeError] = InputError,
+    expect: type | None = None,
+    max_depth: int = MAX_DEPTH,
+) -> Any:
     """Parse and :func:`check` JSON text; ``expect`` (dict / list) checks the top level's type."""
     try:
         if isinstance(data, (bytes, bytearray)):
@@ -64,13 +70,15 @@ def loads(data: bytes | str, where: str, *, error: Type[PerfscopeError] = InputE
         raise error(f"{where}: unusable JSON ({str(e).split(';')[0][:120]})") from None
     check(obj, where, error=error, max_depth=max_depth)
     if expect is not None and not isinstance(obj, expect):
-        raise error(f"{where}: expected a JSON {'object' if expect is dict else expect.__name__}, "
-                    f"got {type(obj).__name__}")
+        raise error(
+            f"{where}: expected a JSON {'object' if expect is dict else expect.__name__}, got {type(obj).__name__}"
+        )
     return obj
 
 
-def read(path: str | os.PathLike, what: str, *, expect: type | None = dict,
-         error: Type[PerfscopeError] = InputError) -> Any:
+def read(
+    path: str | os.PathLike, what: str, *, expect: type | None = dict, error: Type[PerfscopeError] = InputError
+) -> Any:
     """Read and :func:`loads` a JSON file; ``what`` names it in messages ("server config")."""
     p = Path(path)
     try:

@@ -69,8 +69,12 @@ def _layer_modules(shape: ModelShape, i: int) -> dict[str, tuple[int, bool]]:
         mods[p + "o_proj"] = (nh * v * h, True)
         return mods
     hd = shape.head_dim or 0
-    return {p + "q_proj": (h * nh * hd, True), p + "k_proj": (h * (shape.kv_heads or nh) * hd, True),
-            p + "v_proj": (h * (shape.kv_heads or nh) * hd, True), p + "o_proj": (nh * hd * h, True)}
+    return {
+        p + "q_proj": (h * nh * hd, True),
+        p + "k_proj": (h * (shape.kv_heads or nh) * hd, True),
+        p + "v_proj": (h * (shape.kv_heads or nh) * hd, True),
+        p + "o_proj": (nh * hd * h, True),
+    }
 
 
 _MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
@@ -79,8 +83,14 @@ _MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
 def weight_read(shape: ModelShape, par: Parallel, tokens: int) -> WeightRead:
     """The weights one rank reads in a decode step of ``tokens`` tokens (batch x tokens per request)."""
     q = shape.quant or Quantization(_fmt("bf16"), _fmt("bf16"))
-    parts = {"attention": 0.0, "dense_mlp": 0.0, "shared_experts": 0.0, "routed_experts": 0.0, "router": 0.0,
-             "lm_head": 0.0}
+    parts = {
+        "attention": 0.0,
+        "dense_mlp": 0.0,
+        "shared_experts": 0.0,
+        "routed_experts": 0.0,
+        "router": 0.0,
+        "lm_head": 0.0,
+    }
     params = dict(parts)
     h = shape.hidden or 0
     lm = 0.0
@@ -95,8 +105,12 @@ def weight_read(shape: ModelShape, par: Parallel, tokens: int) -> WeightRead:
         parts["layers"] = total / par.tp
         params["layers"] = parts["layers"] / q.default.bytes_per_param
         parts["lm_head"] = lm
-        return WeightRead({k: v for k, v in parts.items() if v}, {k: v for k, v in params.items() if v},
-                          q.default.gemm_dtype, explicit=True)
+        return WeightRead(
+            {k: v for k, v in parts.items() if v},
+            {k: v for k, v in params.items() if v},
+            q.default.gemm_dtype,
+            explicit=True,
+        )
     touched = None
     kvh = shape.kv_heads or 1
     per: float  # parameters of one module on this rank
@@ -131,8 +145,12 @@ def weight_read(shape: ModelShape, par: Parallel, tokens: int) -> WeightRead:
                 parts["dense_mlp"] += dense * q.format_of(mlp + proj).bytes_per_param
                 params["dense_mlp"] += dense
     parts["lm_head"] = lm
-    return WeightRead({k: v for k, v in parts.items() if v}, {k: v for k, v in params.items() if v},
-                      q.default.gemm_dtype, experts_touched_per_rank=touched)
+    return WeightRead(
+        {k: v for k, v in parts.items() if v},
+        {k: v for k, v in params.items() if v},
+        q.default.gemm_dtype,
+        experts_touched_per_rank=touched,
+    )
 
 
 def kv_bytes_per_token_per_layer(shape: ModelShape, kv_dtype_bytes: float, par: Parallel) -> float:

@@ -11,9 +11,23 @@ from typing import Optional
 
 from perfscope.errors import InputError
 
-DTYPE_BYTES = {"bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0, "float32": 4.0,
-               "fp32": 4.0, "float": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "float8_e4m3fn": 1.0,
-               "int8": 1.0, "fp4": 0.5, "fp4_e2m1": 0.5}
+DTYPE_BYTES = {
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "fp16": 2.0,
+    "half": 2.0,
+    "float32": 4.0,
+    "fp32": 4.0,
+    "float": 4.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "float8_e4m3fn": 1.0,
+    "int8": 1.0,
+    "fp4": 0.5,
+    "fp4_e2m1": 0.5,
+}
 
 
 class ModelConfigError(InputError):
@@ -34,8 +48,12 @@ def _fmt(name: str, detail: str = "", group: Optional[int] = None, block: Option
         return WeightFormat(name, 2.0, "bf16", detail)
     if name == "fp8":
         if block and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block):
-            return WeightFormat("fp8", 1.0 + 4.0 / (block[0] * block[1]), "fp8",
-                                detail or f"FP8 e4m3, FP32 scale per {block[0]}x{block[1]} block")
+            return WeightFormat(
+                "fp8",
+                1.0 + 4.0 / (block[0] * block[1]),
+                "fp8",
+                detail or f"FP8 e4m3, FP32 scale per {block[0]}x{block[1]} block",
+            )
         return WeightFormat("fp8", 1.0, "fp8", detail or "FP8 e4m3, per-tensor/per-channel scales")
     if name == "nvfp4":
         g = group or 16
@@ -73,8 +91,13 @@ class Quantization:
         return self.default
 
     def summary(self) -> dict:
-        d = {"method": self.method, "weights": self.default.name, "bytes_per_param": round(self.default.bytes_per_param, 5),
-             "detail": self.default.detail, "unquantized": self.unquantized.name}
+        d = {
+            "method": self.method,
+            "weights": self.default.name,
+            "bytes_per_param": round(self.default.bytes_per_param, 5),
+            "detail": self.default.detail,
+            "unquantized": self.unquantized.name,
+        }
         if self.exclude:
             d["exclude"] = self.exclude
         if self.per_module:
@@ -88,8 +111,12 @@ def _pat_hit(pat: str, module: str) -> bool:
     if pat.startswith("re:"):
         return re.search(pat[3:], module) is not None
     if any(c in pat for c in "*?["):
-        return fnmatch.fnmatch(module, pat) or fnmatch.fnmatch(module, pat + ".*") or \
-            fnmatch.fnmatch(module, "*" + pat) or fnmatch.fnmatch(module, "*" + pat + ".*")
+        return (
+            fnmatch.fnmatch(module, pat)
+            or fnmatch.fnmatch(module, pat + ".*")
+            or fnmatch.fnmatch(module, "*" + pat)
+            or fnmatch.fnmatch(module, "*" + pat + ".*")
+        )
     return pat in module
 
 
@@ -117,8 +144,17 @@ def parse_quantization(cfg: dict, server_quant: Optional[str], model_dtype: str)
         qc = cfg["quantization"]  # hf_quant_config.json layout
     if isinstance(qc, dict):
         method = str(qc.get("quant_method") or ("modelopt" if "quant_algo" in qc else "")).lower()
-        exclude = [x for x in (qc.get("modules_to_not_convert") or qc.get("exclude_modules") or qc.get("ignore")
-                               or qc.get("ignored_layers") or []) if isinstance(x, str)]
+        exclude = [
+            x
+            for x in (
+                qc.get("modules_to_not_convert")
+                or qc.get("exclude_modules")
+                or qc.get("ignore")
+                or qc.get("ignored_layers")
+                or []
+            )
+            if isinstance(x, str)
+        ]
         group = qc.get("group_size") if isinstance(qc.get("group_size"), int) else None
         if method == "fp8":
             fmt = _fmt("fp8", block=qc.get("weight_block_size"))
@@ -172,8 +208,9 @@ def parse_quantization(cfg: dict, server_quant: Optional[str], model_dtype: str)
             raise ModelConfigError(f"unsupported quant_method {method!r} in quantization_config")
     sq = (server_quant or "").lower()
     if sq and sq not in ("none", "null"):
-        f = _algo_format(sq.replace("modelopt_fp4", "nvfp4").replace("w8a8_fp8", "fp8").replace("w8a8_int8", "int8"),
-                         None)
+        f = _algo_format(
+            sq.replace("modelopt_fp4", "nvfp4").replace("w8a8_fp8", "fp8").replace("w8a8_int8", "int8"), None
+        )
         if f is None:
             raise ModelConfigError(f"unsupported server quantization {server_quant!r}")
         return Quantization(f, base, method=f"server --quantization {server_quant}")

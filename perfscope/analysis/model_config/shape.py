@@ -84,8 +84,9 @@ def _flatten(cfg: dict) -> dict:
     return out
 
 
-def parse_model(cfg: dict, *, server_quant: Optional[str] = None, server_dtype: Optional[str] = None,
-                source: str = "config.json") -> ModelShape:
+def parse_model(
+    cfg: dict, *, server_quant: Optional[str] = None, server_dtype: Optional[str] = None, source: str = "config.json"
+) -> ModelShape:
     """A :class:`ModelShape` from a HF config.json (or a server_info carrying the same fields)."""
     if not isinstance(cfg, dict):
         raise ModelConfigError("the model config must be a JSON object (a Hugging Face config.json)")
@@ -96,14 +97,24 @@ def parse_model(cfg: dict, *, server_quant: Optional[str] = None, server_dtype: 
     hidden = _int(c, "hidden_size", "d_model", "n_embd", "dim")
     heads = _int(c, "num_attention_heads", "n_head", "n_heads", "num_heads")
     model_type = str(c.get("model_type") or (c.get("architectures") or ["?"])[0])
-    dtype = str(server_dtype if server_dtype and server_dtype != "auto" else
-                (c.get("torch_dtype") or c.get("dtype") or "bfloat16")).replace("torch.", "")
+    dtype = str(
+        server_dtype
+        if server_dtype and server_dtype != "auto"
+        else (c.get("torch_dtype") or c.get("dtype") or "bfloat16")
+    ).replace("torch.", "")
     kv_lora = _int(c, "kv_lora_rank")
     rope = _int(c, "qk_rope_head_dim")
     kv_dim = _int(c, "kv_cache_dim")
     mla = bool(kv_lora) or (kv_dim is not None and "mla" in str(c.get("architectures") or "").lower())
-    shape = ModelShape(model_type=model_type, attention="mla" if mla else "gqa", layers=layers, hidden=hidden,
-                       heads=heads, dtype=dtype, source=source)
+    shape = ModelShape(
+        model_type=model_type,
+        attention="mla" if mla else "gqa",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        dtype=dtype,
+        source=source,
+    )
     if mla:
         shape.kv_lora_rank = kv_lora
         shape.qk_rope_head_dim = rope if rope is not None else (64 if kv_lora else None)
@@ -173,11 +184,24 @@ def load_model_config(path: Path) -> dict:
 
     cfg = jsonio.read(path, "model config: a JSON object, a Hugging Face config.json", expect=dict)
     if not any(k in cfg for k in _MODEL_KEYS):
-        raise InputError(f"--model-config {path}: not a model's config.json (none of {', '.join(_MODEL_KEYS[:4])}, ... "
-                         "in it): give the model's Hugging Face config.json")
+        raise InputError(
+            f"--model-config {path}: not a model's config.json (none of {', '.join(_MODEL_KEYS[:4])}, ... "
+            "in it): give the model's Hugging Face config.json"
+        )
     return cfg
 
 
 # a Hugging Face config.json has at least one of these (multimodal ones nest the LLM's under *_config)
-_MODEL_KEYS = ("num_hidden_layers", "hidden_size", "model_type", "architectures", "n_layer", "num_layers",
-               "text_config", "llm_config", "language_config", "weight_bytes_per_layer", "kv_lora_rank")
+_MODEL_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "model_type",
+    "architectures",
+    "n_layer",
+    "num_layers",
+    "text_config",
+    "llm_config",
+    "language_config",
+    "weight_bytes_per_layer",
+    "kv_lora_rank",
+)

@@ -17,8 +17,16 @@ from perfscope.analysis.rules.untuned_fused_moe import UntunedFusedMoe
 from perfscope.analysis.rules.warmup import WarmupInWindow
 
 RULES: tuple[Rule, ...] = (
-    Fp8KvCast(), EagerDecode(), HostBubble(), OverlapOff(), NcclAllReduce(), UntunedFusedMoe(),
-    TritonBlockFp8Gemm(), TorchSampling(), ChunkedPrefillInterference(), WarmupInWindow(),
+    Fp8KvCast(),
+    EagerDecode(),
+    HostBubble(),
+    OverlapOff(),
+    NcclAllReduce(),
+    UntunedFusedMoe(),
+    TritonBlockFp8Gemm(),
+    TorchSampling(),
+    ChunkedPrefillInterference(),
+    WarmupInWindow(),
 )
 
 # Precedence: a rule is not checked where one it yields to applies (that one names the cause). The GPU idle
@@ -31,8 +39,11 @@ def _yields(rule: Rule, ctx: RuleContext) -> bool:
 
 
 def run_rules(ctx: RuleContext) -> list[Finding]:
-    rules = [r for r in RULES if (ctx.gpu_timeline or not r.needs_gpu_timeline) and (ctx.server or r.forwards)
-             and not _yields(r, ctx)]
+    rules = [
+        r
+        for r in RULES
+        if (ctx.gpu_timeline or not r.needs_gpu_timeline) and (ctx.server or r.forwards) and not _yields(r, ctx)
+    ]
     found = [f for f in (r.check(ctx) for r in rules) if f is not None]
     for f in found:
         model_prediction(ctx, f)
@@ -79,24 +90,40 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
     if ctx.gpu_timeline:
         # the kernels the fix changes (by name): compare holds the others to the prediction's assumption
         kern = ctx.trace.kernels
-        p["changed_kernels"] = sorted({kern[i].name for s in ctx.steps for i in s.kernels
-                                       if f.new_duration(i) is not None})[:20]
-        host = hosttime.estimate(p.get("host_busy_quick_ms"), hosttime.profile_kind(ctx.trace), p.get("removed_cpu_ms") or 0.0,
-                                 ctx.config.get("host_timing"), _bench_tpot(ctx), ctx.step_ms)
+        p["changed_kernels"] = sorted(
+            {kern[i].name for s in ctx.steps for i in s.kernels if f.new_duration(i) is not None}
+        )[:20]
+        host = hosttime.estimate(
+            p.get("host_busy_quick_ms"),
+            hosttime.profile_kind(ctx.trace),
+            p.get("removed_cpu_ms") or 0.0,
+            ctx.config.get("host_timing"),
+            _bench_tpot(ctx),
+            ctx.step_ms,
+        )
         gpu = hosttime.gpu_work_ms(p)
         p["gpu_work_ms"] = round(gpu, 4)
         pt, lo, hi, bound = hosttime.cycle(gpu, host, tail)
         anchored = hosttime.anchor_to_bench(ctx.config.get("bench"), ctx.step_ms, p, host, tail)
         if anchored is not None:
-            pt, lo, hi, bound = anchored["point_ms"], anchored["range_ms"][0], anchored["range_ms"][1], anchored["bound"]
+            pt, lo, hi, bound = (
+                anchored["point_ms"],
+                anchored["range_ms"][0],
+                anchored["range_ms"][1],
+                anchored["bound"],
+            )
             p["anchored"] = anchored
         if tail > 0.005:
             p["decode_tail_ms"] = round(tail, 4)
-        p.update(predicted_step_ms=round(pt, 4), bound=bound, range_ms=[round(lo, 4), round(hi, 4)],
-                 host=host.to_dict() if host else None,
-                 model=p["model"] + "; the host's time per step as unprofiled (perfscope.analysis.hosttime: "
-                                    "a GPU-only profile or the trace, scaled by the profiler's measured slow-down "
-                                    "of the host, or the bench's TPOT where it measured the host)")
+        p.update(
+            predicted_step_ms=round(pt, 4),
+            bound=bound,
+            range_ms=[round(lo, 4), round(hi, 4)],
+            host=host.to_dict() if host else None,
+            model=p["model"] + "; the host's time per step as unprofiled (perfscope.analysis.hosttime: "
+            "a GPU-only profile or the trace, scaled by the profiler's measured slow-down "
+            "of the host, or the bench's TPOT where it measured the host)",
+        )
     if f.alternatives and ctx.gpu_timeline:
         # other outcomes of the same fix (another strategy, kernels it is known to slow down), replayed alike
         alt = {}
@@ -104,8 +131,12 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
             q = predict_after(ctx.trace, ctx.steps, ctx.step_ms, nd, added, lower_bound=False)  # its GPU work only
             if q:
                 qp, qlo, qhi, qb = hosttime.cycle(hosttime.gpu_work_ms(q), host, tail)
-                alt[name] = {"predicted_step_ms": round(qp, 4), "bound": qb, "why": why,
-                             "range_ms": [round(qlo, 4), round(qhi, 4)]}
+                alt[name] = {
+                    "predicted_step_ms": round(qp, 4),
+                    "bound": qb,
+                    "why": why,
+                    "range_ms": [round(qlo, 4), round(qhi, 4)],
+                }
         if alt:
             p["alternatives"] = alt
             lo = min([p["range_ms"][0]] + [a["range_ms"][0] for a in alt.values()])
@@ -120,23 +151,29 @@ def model_prediction(ctx: RuleContext, f: Finding) -> None:
 def _prediction_said(p: dict, host) -> str:
     """The sentences a summary ends with about the step model's prediction ``p``: the fix's other
     outcomes, the step measured without the profiler, or the host that bounds the fixed step."""
-    out = "".join(f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})."
-                  for name, a in (p.get("alternatives") or {}).items())
+    out = "".join(
+        f" {a['why']}: ~{a['predicted_step_ms']:.1f} ms ({name})." for name, a in (p.get("alternatives") or {}).items()
+    )
     if p.get("anchored"):
         a = p["anchored"]
-        out += (f" Without the profiler the step takes {a['measured_step_ms']:.2f} ms (the trace's "
-                f"{a['profiled_step_ms']:.2f} ms is the profiler's): fixed, ~{p['predicted_step_ms']:.2f} ms "
-                f"(the measured step less the {a['kernel_time_saved_ms']:.2f} ms of kernel time the fix saves; "
-                f"expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms).")
+        out += (
+            f" Without the profiler the step takes {a['measured_step_ms']:.2f} ms (the trace's "
+            f"{a['profiled_step_ms']:.2f} ms is the profiler's): fixed, ~{p['predicted_step_ms']:.2f} ms "
+            f"(the measured step less the {a['kernel_time_saved_ms']:.2f} ms of kernel time the fix saves; "
+            f"expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms)."
+        )
     elif host is not None and p.get("bound") == "host":
-        out += (f" Fixed, the host bounds the step: its GPU work would take ~{p['gpu_work_ms']:.1f} ms, the "
-                f"host's own work ~{host.point:.2f} ms per step without the profiler ({host.how}); expect "
-                f"{p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
-    elif host is not None and host.source != "bench" and host.profiled_ms \
-            and host.profiled_ms > p["predicted_step_ms"]:
-        out += (f" The profiled host looks busier ({host.profiled_ms:.2f} ms per step) than the fixed GPU work, but "
-                f"the profiler slows the host: without it, ~{host.point:.2f} ms ({host.how}), so the GPU "
-                f"bounds the step; expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms.")
+        out += (
+            f" Fixed, the host bounds the step: its GPU work would take ~{p['gpu_work_ms']:.1f} ms, the "
+            f"host's own work ~{host.point:.2f} ms per step without the profiler ({host.how}); expect "
+            f"{p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms."
+        )
+    elif host is not None and host.source != "bench" and host.profiled_ms and host.profiled_ms > p["predicted_step_ms"]:
+        out += (
+            f" The profiled host looks busier ({host.profiled_ms:.2f} ms per step) than the fixed GPU work, but "
+            f"the profiler slows the host: without it, ~{host.point:.2f} ms ({host.how}), so the GPU "
+            f"bounds the step; expect {p['range_ms'][0]:.2f}-{p['range_ms'][1]:.2f} ms."
+        )
     return out
 
 
@@ -147,8 +184,11 @@ def _on_cpu_host(f: Finding, cost: dict, saved_ms: float, ops: float, p: Optiona
 
     a = cpuhost.after_fix(cost, saved_ms, ops, p["predicted_step_ms"] if p else None)
     before = f.predicted_step_ms_after_fix
-    a["profiled"] = {k: p[k] for k in ("predicted_step_ms", "kernel_time_saved_ms") if k in p} if p else \
-        {"predicted_step_ms": before}
+    a["profiled"] = (
+        {k: p[k] for k in ("predicted_step_ms", "kernel_time_saved_ms") if k in p}
+        if p
+        else {"predicted_step_ms": before}
+    )
     if p:
         a["model"] = p["model"] + "; " + "held to the bench's step without the profiler (perfscope.analysis.cpuhost)"
         if f.assumes:
@@ -161,9 +201,11 @@ def _on_cpu_host(f: Finding, cost: dict, saved_ms: float, ops: float, p: Optiona
                 f.summary = f.summary.replace(old, old[0] * (old[0] == "~") + f"{a['predicted_step_ms']:.1f} ms")
                 break
     if f.summary:
-        f.summary += (f" Without the profiler a token takes {cost['tpot_ms']:.2f} ms (the bench; the trace's step "
-                      f"cycle: {cost['profiled_cycle_ms']:.2f} ms): fixed, ~{a['predicted_step_ms']:.2f} ms "
-                      f"(expect {a['range_ms'][0]:.2f}-{a['range_ms'][1]:.2f} ms).")
+        f.summary += (
+            f" Without the profiler a token takes {cost['tpot_ms']:.2f} ms (the bench; the trace's step "
+            f"cycle: {cost['profiled_cycle_ms']:.2f} ms): fixed, ~{a['predicted_step_ms']:.2f} ms "
+            f"(expect {a['range_ms'][0]:.2f}-{a['range_ms'][1]:.2f} ms)."
+        )
 
 
 def rule_ids() -> list[str]:

@@ -137,5 +137,13 @@ class Rule:
 
     @classmethod
     def doc(cls) -> dict:
-        return {"id": cls.id, "title": cls.title, "fix": cls.fix, "what": cls.what, "why": cls.why,
-                "evidence": cls.evidence, "remedy": cls.remedy, "false_positives": cls.false_positives}
+        return {
+            "id": cls.id,
+            "title": cls.title,
+            "fix": cls.fix,
+            "what": cls.what,
+            "why": cls.why,
+            "evidence": cls.evidence,
+            "remedy": cls.remedy,
+            "false_positives": cls.false_positives,
+        }

@@ -14,17 +14,27 @@ class ChunkedPrefillInterference(Rule):
     id = "chunked-prefill-interference"
     title = "Prefill chunks interleaved with decode steps"
     fix = "chunked-prefill-interference"
-    what = ("EXTEND (prefill) forwards run between DECODE forwards: every running request waits for each "
-            "prefill chunk, so inter-token latency has a tail of one chunk's duration.")
-    why = ("A scheduler serves new requests by prefilling them between decode steps; with large chunks a "
-           "decode token now and then waits tens of milliseconds, and P99 ITL is far above the median.")
-    evidence = ("Prefill/mixed steps found between the first and last decode step, their median GPU time, the "
-                "decode-to-decode interval median and maximum (an ITL proxy), `chunked_prefill_size`.")
-    remedy = ("Bound the stall with a smaller `--chunked-prefill-size`; run prefill chunks together with decode "
-              "(`--enable-mixed-chunk`); or separate them (prefill-decode disaggregation) when the ITL tail "
-              "matters more than throughput.")
-    false_positives = ("Every serving trace with new arrivals has some prefill: the rule fires only when the "
-                       "interleaved prefills stretch decode intervals to at least twice the median.")
+    what = (
+        "EXTEND (prefill) forwards run between DECODE forwards: every running request waits for each "
+        "prefill chunk, so inter-token latency has a tail of one chunk's duration."
+    )
+    why = (
+        "A scheduler serves new requests by prefilling them between decode steps; with large chunks a "
+        "decode token now and then waits tens of milliseconds, and P99 ITL is far above the median."
+    )
+    evidence = (
+        "Prefill/mixed steps found between the first and last decode step, their median GPU time, the "
+        "decode-to-decode interval median and maximum (an ITL proxy), `chunked_prefill_size`."
+    )
+    remedy = (
+        "Bound the stall with a smaller `--chunked-prefill-size`; run prefill chunks together with decode "
+        "(`--enable-mixed-chunk`); or separate them (prefill-decode disaggregation) when the ITL tail "
+        "matters more than throughput."
+    )
+    false_positives = (
+        "Every serving trace with new arrivals has some prefill: the rule fires only when the "
+        "interleaved prefills stretch decode intervals to at least twice the median."
+    )
 
     MIN_TAIL_RATIO = 2.0
 
@@ -35,8 +45,9 @@ class ChunkedPrefillInterference(Rule):
         if len(dec) < 2:
             return None
         lo, hi = dec[0], dec[-1]
-        pre = [s for s in ctx.stepset.steps if s.phase in _PREFILL and s.gpu_start is not None
-               and lo < s.gpu_start < hi]
+        pre = [
+            s for s in ctx.stepset.steps if s.phase in _PREFILL and s.gpu_start is not None and lo < s.gpu_start < hi
+        ]
         if not pre:
             return None
         itl = [(b - a) / 1e3 for a, b in zip(dec, dec[1:])]
@@ -48,15 +59,25 @@ class ChunkedPrefillInterference(Rule):
         starts = [s.gpu_start for s in pre if s.gpu_start is not None]
         stalled = sum(1 for a, b in zip(dec, dec[1:]) if any(a < t < b for t in starts))
         ms = sum(pre_ms) / len(dec)  # prefill time amortised over the decode steps it interrupted
-        summary = (f"{len(pre)} prefill forward(s) ran between {len(dec)} decode steps (median {statistics.median(pre_ms):.1f} ms "
-                   f"each): decode intervals reach {worst:.1f} ms against a median of {med:.1f} ms.")
+        summary = (
+            f"{len(pre)} prefill forward(s) ran between {len(dec)} decode steps (median {statistics.median(pre_ms):.1f} ms "
+            f"each): decode intervals reach {worst:.1f} ms against a median of {med:.1f} ms."
+        )
         return self.finding(
-            summary=summary, ms_per_step=ms, share=ms / max(ctx.kernel_ms_per_step, 1e-9),
+            summary=summary,
+            ms_per_step=ms,
+            share=ms / max(ctx.kernel_ms_per_step, 1e-9),
             confidence="high" if worst >= 4 * med else "medium",
             predicted_step_ms_after_fix=round(ctx.step_ms, 4),
-            evidence={"prefill_steps_between_decodes": len(pre), "decode_steps": len(dec),
-                      "prefill_median_ms": round(statistics.median(pre_ms), 4),
-                      "decode_interval_median_ms": round(med, 4), "decode_interval_max_ms": round(worst, 4),
-                      "tail_ratio": round(worst / med, 3), "stalled_intervals": stalled,
-                      "chunked_prefill_size": ctx.config_value("chunked_prefill_size"),
-                      "enable_mixed_chunk": ctx.config_value("enable_mixed_chunk")})
+            evidence={
+                "prefill_steps_between_decodes": len(pre),
+                "decode_steps": len(dec),
+                "prefill_median_ms": round(statistics.median(pre_ms), 4),
+                "decode_interval_median_ms": round(med, 4),
+                "decode_interval_max_ms": round(worst, 4),
+                "tail_ratio": round(worst / med, 3),
+                "stalled_intervals": stalled,
+                "chunked_prefill_size": ctx.config_value("chunked_prefill_size"),
+                "enable_mixed_chunk": ctx.config_value("enable_mixed_chunk"),
+            },
+        )

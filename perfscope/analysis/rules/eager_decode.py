@@ -21,36 +21,46 @@ class EagerDecode(Rule):
     id = "eager-decode"
     title = "Eager (launch-bound) decode: no CUDA graph"
     fix = "eager-decode"
-    what = ("Decode steps launch hundreds of kernels one by one (no `cudaGraphLaunch`) and the GPU sits "
-            "idle between them while the CPU issues the next launch.")
-    why = ("At decode batch sizes most kernels run for a few microseconds, less than the CPU needs to "
-           "launch one; the step is bound by Python and launch overhead, not by the GPU.")
-    evidence = ("Kernel launches per step, graph launches per step, GPU idle time inside the step (fires at 20% of "
-                "the step) and per launch, median kernel time. When the run has a bench (`trace --bench`, "
-                "`perfscope bench`), the idle is the unprofiled one: the bench's decode step (median "
-                "inter-token latency, else TPOT) less the step's GPU kernel time. The predicted step is the "
-                "larger of the GPU kernel time and the host's work a graph replay keeps: per step cycle, the "
-                "launching thread's time outside the deepest Python frame that holds 80% of the cycle's "
-                "kernel launches (the model's forward, which the graph replaces; the Python frames of a trace "
-                "recorded with stacks), scaled by the profiler's measured slow-down of the host "
-                "(`perfscope.analysis.hosttime`: 0.38, range 0.25-0.47), no more than the bench's step. "
-                "The bench's TPOT beyond its step (prefill chunks, the eager steps' spread) is added scaled as the "
-                "step is. Measured on the real SGLang on the H200 (`examples/gpu_loop/results/h200-2026-12-03-eager"
-                "*`), predicted against the fixed server's benches: dense model 1.49 ms (0.90-1.81) vs 1.69 ms (1.36-1.91) "
-                "at one request, 1.86 (1.20-2.29) vs 1.83 / 2.22 at 16; MoE model 1.57 (1.41-1.88) vs 1.60 at one, "
-                "2.45 (1.46-2.98) vs 1.66 at 16 (its host work under the profiler scales less well).")
-    remedy = ("Run decode under CUDA graphs: drop `--disable-cuda-graph`, raise `--cuda-graph-max-bs` above "
-              "the running batch size (SGLang falls back to eager above it).")
-    false_positives = ("Profiling inflates eager steps (the profiler's own per-launch overhead): without a bench the "
-                       "thresholds read the profiled idle. Idle of more than 100 us per kernel launch is host "
-                       "work between the launches (Python, pre/post-processing, a profiler recording stacks, "
-                       "shapes and memory), not launch cost: no finding, unless the bench shows the unprofiled "
-                       "idle per launch under it (the real SGLang on the H200: 110 us per launch profiled, 43 us "
-                       "without the profiler; CUDA graphs made it 4x faster). The graphs deliver only if the "
-                       "batch fits the captured sizes. Without Python frames in the trace the prediction is the "
-                       "kernel time alone (the host's share unknown; said in the finding). On model forwards "
-                       "outside a serving engine (Hugging Face transformers) the finding names no fix command: "
-                       "the launch flags are a server's.")
+    what = (
+        "Decode steps launch hundreds of kernels one by one (no `cudaGraphLaunch`) and the GPU sits "
+        "idle between them while the CPU issues the next launch."
+    )
+    why = (
+        "At decode batch sizes most kernels run for a few microseconds, less than the CPU needs to "
+        "launch one; the step is bound by Python and launch overhead, not by the GPU."
+    )
+    evidence = (
+        "Kernel launches per step, graph launches per step, GPU idle time inside the step (fires at 20% of "
+        "the step) and per launch, median kernel time. When the run has a bench (`trace --bench`, "
+        "`perfscope bench`), the idle is the unprofiled one: the bench's decode step (median "
+        "inter-token latency, else TPOT) less the step's GPU kernel time. The predicted step is the "
+        "larger of the GPU kernel time and the host's work a graph replay keeps: per step cycle, the "
+        "launching thread's time outside the deepest Python frame that holds 80% of the cycle's "
+        "kernel launches (the model's forward, which the graph replaces; the Python frames of a trace "
+        "recorded with stacks), scaled by the profiler's measured slow-down of the host "
+        "(`perfscope.analysis.hosttime`: 0.38, range 0.25-0.47), no more than the bench's step. "
+        "The bench's TPOT beyond its step (prefill chunks, the eager steps' spread) is added scaled as the "
+        "step is. Measured on the real SGLang on the H200 (`examples/gpu_loop/results/h200-2026-12-03-eager"
+        "*`), predicted against the fixed server's benches: dense model 1.49 ms (0.90-1.81) vs 1.69 ms (1.36-1.91) "
+        "at one request, 1.86 (1.20-2.29) vs 1.83 / 2.22 at 16; MoE model 1.57 (1.41-1.88) vs 1.60 at one, "
+        "2.45 (1.46-2.98) vs 1.66 at 16 (its host work under the profiler scales less well)."
+    )
+    remedy = (
+        "Run decode under CUDA graphs: drop `--disable-cuda-graph`, raise `--cuda-graph-max-bs` above "
+        "the running batch size (SGLang falls back to eager above it)."
+    )
+    false_positives = (
+        "Profiling inflates eager steps (the profiler's own per-launch overhead): without a bench the "
+        "thresholds read the profiled idle. Idle of more than 100 us per kernel launch is host "
+        "work between the launches (Python, pre/post-processing, a profiler recording stacks, "
+        "shapes and memory), not launch cost: no finding, unless the bench shows the unprofiled "
+        "idle per launch under it (the real SGLang on the H200: 110 us per launch profiled, 43 us "
+        "without the profiler; CUDA graphs made it 4x faster). The graphs deliver only if the "
+        "batch fits the captured sizes. Without Python frames in the trace the prediction is the "
+        "kernel time alone (the host's share unknown; said in the finding). On model forwards "
+        "outside a serving engine (Hugging Face transformers) the finding names no fix command: "
+        "the launch flags are a server's."
+    )
     forwards = True  # a launch-bound forward pass is the same case as a launch-bound decode step
 
     # the one threshold: the GPU idles this share of the step while the launches trickle in
@@ -75,41 +85,68 @@ class EagerDecode(Rule):
         # SGLang's step[DECODE bs=N] labels: the batch sizes the graphs must cover (--cuda-graph-max-bs)
         sizes = sorted({int(g.group(1)) for s in ctx.steps for g in [_BS.search(s.label or "")] if g})
         what = "The forward pass runs eagerly" if forward else "Decode runs eagerly"
-        summary = (f"{what}: {m.launches:.0f} kernel launches per step and no CUDA graph; the GPU "
-                   f"idles {m.idle:.1f} of {ctx.step_ms:.1f} ms per step ({m.idle / ctx.step_ms:.0%}) waiting for launches")
+        summary = (
+            f"{what}: {m.launches:.0f} kernel launches per step and no CUDA graph; the GPU "
+            f"idles {m.idle:.1f} of {ctx.step_ms:.1f} ms per step ({m.idle / ctx.step_ms:.0%}) waiting for launches"
+        )
         if m.bench_step_ms is not None:
-            summary += (f" (without the profiler {m.unprofiled_idle_ms:.2f} of {m.bench_step_ms:.2f} ms, {m.share:.0%}, "
-                        f"{m.per_launch_us:.0f} us per launch: the bench's step)")
+            summary += (
+                f" (without the profiler {m.unprofiled_idle_ms:.2f} of {m.bench_step_ms:.2f} ms, {m.share:.0%}, "
+                f"{m.per_launch_us:.0f} us per launch: the bench's step)"
+            )
         summary += "."
         if pred and pred.get("host"):
             h = pred["host"]
-            summary += (f" Under CUDA graphs: ~{predicted:.2f} ms per step, the larger of {busy:.2f} ms of kernels and "
-                        f"~{h['point']:.2f} ms of host work the graph keeps; expect {pred['range_ms'][0]:.2f}-"
-                        f"{pred['range_ms'][1]:.2f} ms.")
+            summary += (
+                f" Under CUDA graphs: ~{predicted:.2f} ms per step, the larger of {busy:.2f} ms of kernels and "
+                f"~{h['point']:.2f} ms of host work the graph keeps; expect {pred['range_ms'][0]:.2f}-"
+                f"{pred['range_ms'][1]:.2f} ms."
+            )
         elif ctx.server:
-            summary += (f" Under CUDA graphs: at least {predicted:.2f} ms per step (its kernels; the host's share is "
-                        "unknown: the trace has no Python frames).")
+            summary += (
+                f" Under CUDA graphs: at least {predicted:.2f} ms per step (its kernels; the host's share is "
+                "unknown: the trace has no Python frames)."
+            )
         extra = {}
         if not ctx.server:  # a serving engine's launch flags fix nothing in a script's forward
-            extra = {"fix": None, "remedy": ("Capture the forward in a CUDA graph (`torch.compile(model, "
-                                             "mode=\"reduce-overhead\")` or `torch.cuda.graphs`), or give each "
-                                             "launch more work (a larger batch).")}
+            extra = {
+                "fix": None,
+                "remedy": (
+                    "Capture the forward in a CUDA graph (`torch.compile(model, "
+                    'mode="reduce-overhead")` or `torch.cuda.graphs`), or give each '
+                    "launch more work (a larger batch)."
+                ),
+            }
         ms = m.unprofiled_idle_ms if m.bench_step_ms is not None else m.idle
-        evidence = {"launches_per_step": m.launches, "graph_launches_per_step": m.graphs,
-                    "idle_ms_per_step": round(m.idle, 3), "idle_share": round(m.idle / ctx.step_ms, 3),
-                    "idle_per_launch_us": round(m.idle * 1e3 / m.launches, 1), "server": ctx.server,
-                    "median_kernel_us": round(med_us, 2), "decode_batch_sizes": sizes,
-                    "disable_cuda_graph": ctx.config_value("disable_cuda_graph"),
-                    "cuda_graph_max_bs": ctx.config_value("cuda_graph_max_bs")}
+        evidence = {
+            "launches_per_step": m.launches,
+            "graph_launches_per_step": m.graphs,
+            "idle_ms_per_step": round(m.idle, 3),
+            "idle_share": round(m.idle / ctx.step_ms, 3),
+            "idle_per_launch_us": round(m.idle * 1e3 / m.launches, 1),
+            "server": ctx.server,
+            "median_kernel_us": round(med_us, 2),
+            "decode_batch_sizes": sizes,
+            "disable_cuda_graph": ctx.config_value("disable_cuda_graph"),
+            "cuda_graph_max_bs": ctx.config_value("cuda_graph_max_bs"),
+        }
         if m.bench_step_ms is not None:
-            evidence.update(bench_step_ms=round(m.bench_step_ms, 4), unprofiled_idle_ms=round(m.unprofiled_idle_ms, 4),
-                            unprofiled_idle_per_launch_us=round(m.per_launch_us, 1))
+            evidence.update(
+                bench_step_ms=round(m.bench_step_ms, 4),
+                unprofiled_idle_ms=round(m.unprofiled_idle_ms, 4),
+                unprofiled_idle_per_launch_us=round(m.per_launch_us, 1),
+            )
         if pred:
             evidence["prediction"] = pred
         return self.finding(
-            summary=summary, ms_per_step=ms, share=m.share,  # idle: a share of the step, not of kernel time
-            confidence="high" if m.share > 0.4 else "medium", predicted_step_ms_after_fix=predicted,
-            evidence=evidence, **extra)
+            summary=summary,
+            ms_per_step=ms,
+            share=m.share,  # idle: a share of the step, not of kernel time
+            confidence="high" if m.share > 0.4 else "medium",
+            predicted_step_ms_after_fix=predicted,
+            evidence=evidence,
+            **extra,
+        )
 
     @classmethod
     def host_work_note(cls, ctx: RuleContext) -> Optional[str]:
@@ -118,10 +155,12 @@ class EagerDecode(Rule):
         if m is None or m.share < cls.MIN_IDLE_SHARE or m.per_launch_us <= cls.LAUNCH_IDLE_MAX_US:
             return None
         where = " without the profiler (the bench's step)" if m.bench_step_ms is not None else ""
-        return (f"the GPU idles {m.idle:.1f} of {ctx.step_ms:.1f} ms per step ({m.idle / ctx.step_ms:.0%}), "
-                f"{m.per_launch_us:.0f} us per kernel launch{where}: host work between the launches (Python, pre- and "
-                "post-processing, a profiler recording stacks, shapes or memory), not launch cost; CUDA graphs "
-                f"would not remove it (eager-decode fires up to {cls.LAUNCH_IDLE_MAX_US:.0f} us per launch)")
+        return (
+            f"the GPU idles {m.idle:.1f} of {ctx.step_ms:.1f} ms per step ({m.idle / ctx.step_ms:.0%}), "
+            f"{m.per_launch_us:.0f} us per kernel launch{where}: host work between the launches (Python, pre- and "
+            "post-processing, a profiler recording stacks, shapes or memory), not launch cost; CUDA graphs "
+            f"would not remove it (eager-decode fires up to {cls.LAUNCH_IDLE_MAX_US:.0f} us per launch)"
+        )
 
 
 class LaunchIdle(NamedTuple):
@@ -188,8 +227,9 @@ def graph_kept_host(trace, steps) -> Optional[dict]:
         if b.index != a.index + 1:
             continue
         # the launching thread: the one with the most kernel launches in the cycle
-        counts = {tid: bisect.bisect_left(ts, b.cpu_start) - bisect.bisect_left(ts, a.cpu_start)
-                  for tid, ts in by_tid.items()}
+        counts = {
+            tid: bisect.bisect_left(ts, b.cpu_start) - bisect.bisect_left(ts, a.cpu_start) for tid, ts in by_tid.items()
+        }
         tid = max(counts, key=lambda t: counts[t])
         n = counts[tid]
         if n < 2 or tid not in frames:
@@ -201,7 +241,7 @@ def graph_kept_host(trace, steps) -> Optional[dict]:
         window = min(ts[i0 + k + need - 1] - ts[i0 + k] for k in range(n - need + 1))
         best = None
         fl, ft = frames[tid], fts[tid]
-        for fr in fl[bisect.bisect_left(ft, a.cpu_start):bisect.bisect_left(ft, b.cpu_start)]:
+        for fr in fl[bisect.bisect_left(ft, a.cpu_start) : bisect.bisect_left(ft, b.cpu_start)]:
             if fr.dur < window or (best is not None and fr.dur >= best.dur):
                 continue
             if bisect.bisect_left(ts, fr.ts + fr.dur) - bisect.bisect_left(ts, fr.ts) >= need:
@@ -212,8 +252,11 @@ def graph_kept_host(trace, steps) -> Optional[dict]:
         names[best.name] += 1
     if not kept:
         return None
-    return {"kept_ms": round(statistics.median(kept) / 1e3, 4), "cycles": len(kept),
-            "frame": names.most_common(1)[0][0]}
+    return {
+        "kept_ms": round(statistics.median(kept) / 1e3, 4),
+        "cycles": len(kept),
+        "frame": names.most_common(1)[0][0],
+    }
 
 
 def _prediction(ctx: RuleContext, busy_ms: float) -> Optional[dict]:
@@ -230,29 +273,49 @@ def _prediction(ctx: RuleContext, busy_ms: float) -> Optional[dict]:
     got = hosttime.bench_step_ms(bench)
     if kept is None:
         tail = tail * busy_ms / got[0] if got else 0.0
-        return {"predicted_step_ms": round(busy_ms + tail, 4), "bound": "gpu", "gpu_work_ms": round(busy_ms, 4),
-                "range_ms": [round(busy_ms * (1 - hosttime.GPU_WORK_ERROR), 4),
-                             round(busy_ms * (1 + hosttime.GPU_WORK_ERROR) + tail, 4)],
-                "kernel_only_prediction_ms": round(busy_ms, 4),
-                "model": "the step's kernel time (the trace has no Python frames: the host's work under "
-                         "CUDA graphs is not known)"}
+        return {
+            "predicted_step_ms": round(busy_ms + tail, 4),
+            "bound": "gpu",
+            "gpu_work_ms": round(busy_ms, 4),
+            "range_ms": [
+                round(busy_ms * (1 - hosttime.GPU_WORK_ERROR), 4),
+                round(busy_ms * (1 + hosttime.GPU_WORK_ERROR) + tail, 4),
+            ],
+            "kernel_only_prediction_ms": round(busy_ms, 4),
+            "model": "the step's kernel time (the trace has no Python frames: the host's work under "
+            "CUDA graphs is not known)",
+        }
     host = hosttime.estimate(kept["kept_ms"], "full")
     if host is None:
         return None
     if got is not None and host.hi > got[0]:
         cap = got[0]
-        host = hosttime.HostEstimate(min(host.point, cap), min(host.lo, cap), cap, host.source, host.profiled_ms,
-                                     host.how + f"; at most the bench's eager step, {cap:.2f} ms")
+        host = hosttime.HostEstimate(
+            min(host.point, cap),
+            min(host.lo, cap),
+            cap,
+            host.source,
+            host.profiled_ms,
+            host.how + f"; at most the bench's eager step, {cap:.2f} ms",
+        )
     pt, lo, hi, bound = hosttime.cycle(busy_ms, host)
     if got and tail > 0:
         tail *= min(pt / got[0], 1.0)
         pt, hi = pt + tail, hi + tail
-    out = {"predicted_step_ms": round(pt, 4), "bound": bound, "range_ms": [round(lo, 4), round(hi, 4)],
-           "gpu_work_ms": round(busy_ms, 4), "host": host.to_dict(), "graph_kept_host": kept,
-           "kernel_only_prediction_ms": round(busy_ms, 4),
-           "model": (f"the larger of the step's kernel time and the host work a graph replay keeps: the step cycle "
-                     f"less `{kept['frame']}` (the frame holding {FORWARD_SHARE:.0%} of its launches), "
-                     f"{kept['kept_ms']:.2f} ms profiled, scaled to the unprofiled host")}
+    out = {
+        "predicted_step_ms": round(pt, 4),
+        "bound": bound,
+        "range_ms": [round(lo, 4), round(hi, 4)],
+        "gpu_work_ms": round(busy_ms, 4),
+        "host": host.to_dict(),
+        "graph_kept_host": kept,
+        "kernel_only_prediction_ms": round(busy_ms, 4),
+        "model": (
+            f"the larger of the step's kernel time and the host work a graph replay keeps: the step cycle "
+            f"less `{kept['frame']}` (the frame holding {FORWARD_SHARE:.0%} of its launches), "
+            f"{kept['kept_ms']:.2f} ms profiled, scaled to the unprofiled host"
+        ),
+    }
     if tail > 0.005:
         out["decode_tail_ms"] = round(tail, 4)
     return out

@@ -50,24 +50,34 @@ class Fp8KvCast(Rule):
     id = "fp8-kv-cast"
     title = "Whole FP8 KV pool cast to BF16 on every layer"
     fix = "fp8-kv-cast"
-    what = ("A dtype-converting copy kernel (torch `direct_copy_kernel_cuda` with `LoadWithCast`) runs "
-            "once per layer per decode step over a tensor as large as the KV pool: SGLang's FlashInfer "
-            "MLA (and fa3) backend calls `get_key_buffer(layer_id).to(q.dtype)` on the FP8 pool.")
-    why = ("Each cast reads the whole pool (1 byte/element) and writes a BF16 copy (2 bytes/element), "
-           "whatever the batch's context length: with a 495k-token pool of 576-byte latents that is "
-           "~0.86 GB of traffic per layer, 60 times per step, at ~1 TB/s for this unvectorised kernel.")
-    evidence = ("Eager traces: the CPU op chain `aten::to > aten::_to_copy > aten::copy_` with an FP8 "
-                "input type and Input Dims [tokens, 1, 576]. Graph traces (no CPU ops): the kernel name "
-                "and its grid x block x elements-per-thread, which give the elements cast; pool tokens = "
-                "elements / 576. A cast torch splits into several launches (32-bit indexing: 16 per layer "
-                "for a 15.7M-token pool) counts once: consecutive launches of the kernel on one stream are "
-                "one cast. Checked against the server's max_total_num_tokens when known. Casts per step, "
-                "ms per step and share of kernel time.")
-    remedy = ("`perfscope fix fp8-kv-cast --apply`: on SM90 with FlashInfer >= 0.6.14, give FP8 to "
-              "`plan()` and read the pool directly (native); elsewhere cast only the pages the batch reads.")
-    false_positives = ("A model that really keeps a BF16 copy of a large FP8 tensor per layer for another "
-                       "reason; casts of activations are excluded by size (the cast must be repeated per "
-                       "step and cover >= 1M elements) and by share (>= 5% of kernel time).")
+    what = (
+        "A dtype-converting copy kernel (torch `direct_copy_kernel_cuda` with `LoadWithCast`) runs "
+        "once per layer per decode step over a tensor as large as the KV pool: SGLang's FlashInfer "
+        "MLA (and fa3) backend calls `get_key_buffer(layer_id).to(q.dtype)` on the FP8 pool."
+    )
+    why = (
+        "Each cast reads the whole pool (1 byte/element) and writes a BF16 copy (2 bytes/element), "
+        "whatever the batch's context length: with a 495k-token pool of 576-byte latents that is "
+        "~0.86 GB of traffic per layer, 60 times per step, at ~1 TB/s for this unvectorised kernel."
+    )
+    evidence = (
+        "Eager traces: the CPU op chain `aten::to > aten::_to_copy > aten::copy_` with an FP8 "
+        "input type and Input Dims [tokens, 1, 576]. Graph traces (no CPU ops): the kernel name "
+        "and its grid x block x elements-per-thread, which give the elements cast; pool tokens = "
+        "elements / 576. A cast torch splits into several launches (32-bit indexing: 16 per layer "
+        "for a 15.7M-token pool) counts once: consecutive launches of the kernel on one stream are "
+        "one cast. Checked against the server's max_total_num_tokens when known. Casts per step, "
+        "ms per step and share of kernel time."
+    )
+    remedy = (
+        "`perfscope fix fp8-kv-cast --apply`: on SM90 with FlashInfer >= 0.6.14, give FP8 to "
+        "`plan()` and read the pool directly (native); elsewhere cast only the pages the batch reads."
+    )
+    false_positives = (
+        "A model that really keeps a BF16 copy of a large FP8 tensor per layer for another "
+        "reason; casts of activations are excluded by size (the cast must be repeated per "
+        "step and cover >= 1M elements) and by share (>= 5% of kernel time)."
+    )
 
     MIN_SHARE = 0.05
     MIN_ELEMENTS = 1 << 20
@@ -167,8 +177,9 @@ class Fp8KvCast(Rule):
             latent = dims[-1]
             source = "cpu-op shapes"
         elif all(kern[i].grid and kern[i].block for i in full):
-            elements = sum(math.prod(kern[i].grid) * math.prod(kern[i].block) * elements_per_thread(kern[i].name)
-                           for i in full)
+            elements = sum(
+                math.prod(kern[i].grid) * math.prod(kern[i].block) * elements_per_thread(kern[i].name) for i in full
+            )
             tokens = elements // latent  # the grid rounds elements up to a whole block (per launch)
             source = "kernel launch geometry" + (f" ({len(full)} launches)" if len(full) > 1 else "")
         else:
@@ -225,14 +236,18 @@ class Fp8KvCast(Rule):
         cast_ms = statistics.median(c for _, c in per_step) / 1e3  # <= the median step: each cast <= its step
         where = f" at {attr.source}" if attr.source else ""
         split = f", each in {launches_per_cast} launches (torch's 32-bit indexing)" if launches_per_cast > 1 else ""
-        said = (f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
-                f"{note}{where}{split}: {cast_ms:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); ")
+        said = (
+            f"{casts_per_step:.0f} casts per step convert a {tokens:,}-token FP8 KV pool to BF16"
+            f"{note}{where}{split}: {cast_ms:.1f} ms of a {ctx.step_ms:.1f} ms step ({share:.0%} of kernel time); "
+        )
 
         def summary_at(step_ms: float) -> str:
             return said + f"fixed, the step should take ~{step_ms:.1f} ms (every other kernel as it is)."
 
-        assumes = ("the casts go and every other kernel keeps its time: what the pages strategy does "
-                   "(BF16 attention on the rows the batch reads, plus their small conversion)")
+        assumes = (
+            "the casts go and every other kernel keeps its time: what the pages strategy does "
+            "(BF16 attention on the rows the batch reads, plus their small conversion)"
+        )
         alternatives = {}
         table = kernel_table(ctx.trace)
         is_mla = [("BatchMLAPagedAttentionKernel" in kern[i].name) for i in table.first]  # per distinct name
@@ -245,13 +260,26 @@ class Fp8KvCast(Rule):
             x = NATIVE_MLA_SLOWDOWN[phase]
             mla_ms = sum(kern[i].dur for i in mla) / n / 1e3
             alternatives["native"] = (
-                lambda i, x=x: 0.0 if i in removed else (kern[i].dur * x if i in mla else None), 0.0,
+                lambda i, x=x: 0.0 if i in removed else (kern[i].dur * x if i in mla else None),
+                0.0,
                 f"With the native strategy (the fix's default on SM90), FlashInfer's MLA kernel reads FP8 "
                 f"itself: {x:.2f}x its BF16 time on a {phase} step as measured on {NATIVE_MLA_SOURCE}, "
-                f"+{mla_ms * (x - 1):.1f} ms of attention")
-            evidence["native_mla_slowdown"] = {"phase": phase, "factor": x, "attention_ms_per_step": round(mla_ms, 4),
-                                               "source": NATIVE_MLA_SOURCE}
-        return self.finding(summary_at=summary_at, ms_per_step=ms_per_step, share=share, confidence=confidence,
-                            predicted_step_ms_after_fix=predicted, evidence=evidence,
-                            new_duration=lambda i: 0.0 if i in removed else None,
-                            assumes=assumes, alternatives=alternatives)
+                f"+{mla_ms * (x - 1):.1f} ms of attention",
+            )
+            evidence["native_mla_slowdown"] = {
+                "phase": phase,
+                "factor": x,
+                "attention_ms_per_step": round(mla_ms, 4),
+                "source": NATIVE_MLA_SOURCE,
+            }
+        return self.finding(
+            summary_at=summary_at,
+            ms_per_step=ms_per_step,
+            share=share,
+            confidence=confidence,
+            predicted_step_ms_after_fix=predicted,
+            evidence=evidence,
+            new_duration=lambda i: 0.0 if i in removed else None,
+            assumes=assumes,
+            alternatives=alternatives,
+        )

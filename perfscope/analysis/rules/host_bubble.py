@@ -51,24 +51,34 @@ class HostBubble(Rule):
     id = "host-bubble"
     title = "Host bubble around CUDA-graph replay"
     fix = "overlap-off"  # the overlap scheduler prepares the next batch while the GPU runs
-    what = ("Decode runs as CUDA-graph replays, yet the GPU sits idle between one step's last kernel and the "
-            "next step's first: the host prepares the next batch (scheduling, input and metadata copies, "
-            "sampling bookkeeping) while the GPU waits.")
-    why = ("A graph replay is fast to launch, but nothing is queued behind it: each step's GPU work starts only "
-           "when the CPU has finished the previous step's bookkeeping, so the host time adds to every token "
-           "(sglang#5593, #29960).")
-    evidence = ("Median GPU idle between consecutive decode steps and inside them, the graph launch to first "
-                "kernel latency, and their share of the step cycle (GPU step + bubble).")
-    remedy = ("Keep SGLang's overlap scheduler on (no `--disable-overlap-schedule`), so the next batch is "
-              "prepared while the GPU runs the current one; move per-step host work (metadata building, "
-              ".item()/.tolist() syncs, logging) off the critical path; check that `--cuda-graph-max-bs` covers "
-              "the batch so no step falls back to eager.")
-    false_positives = ("A benchmark loop that synchronises after every step (torch.profiler schedules, "
-                       "CUDA-event timing) shows the same gap; so does a server that simply has no next request "
-                       "queued (low load). The prediction assumes the bubble can be hidden entirely: the step becomes its GPU "
-                       "work back to back (the step minus its idle inside). With the overlap scheduler already on "
-                       "(server config, or SGLang's `event_loop_overlap` in the trace's Python frames) the finding "
-                       "names no fix command: the remedy's other steps are the user's.")
+    what = (
+        "Decode runs as CUDA-graph replays, yet the GPU sits idle between one step's last kernel and the "
+        "next step's first: the host prepares the next batch (scheduling, input and metadata copies, "
+        "sampling bookkeeping) while the GPU waits."
+    )
+    why = (
+        "A graph replay is fast to launch, but nothing is queued behind it: each step's GPU work starts only "
+        "when the CPU has finished the previous step's bookkeeping, so the host time adds to every token "
+        "(sglang#5593, #29960)."
+    )
+    evidence = (
+        "Median GPU idle between consecutive decode steps and inside them, the graph launch to first "
+        "kernel latency, and their share of the step cycle (GPU step + bubble)."
+    )
+    remedy = (
+        "Keep SGLang's overlap scheduler on (no `--disable-overlap-schedule`), so the next batch is "
+        "prepared while the GPU runs the current one; move per-step host work (metadata building, "
+        ".item()/.tolist() syncs, logging) off the critical path; check that `--cuda-graph-max-bs` covers "
+        "the batch so no step falls back to eager."
+    )
+    false_positives = (
+        "A benchmark loop that synchronises after every step (torch.profiler schedules, "
+        "CUDA-event timing) shows the same gap; so does a server that simply has no next request "
+        "queued (low load). The prediction assumes the bubble can be hidden entirely: the step becomes its GPU "
+        "work back to back (the step minus its idle inside). With the overlap scheduler already on "
+        "(server config, or SGLang's `event_loop_overlap` in the trace's Python frames) the finding "
+        "names no fix command: the remedy's other steps are the user's."
+    )
 
     MIN_SHARE = 0.10  # of the step cycle
     MIN_MS = 0.05
@@ -109,28 +119,41 @@ class HostBubble(Rule):
         lat = launch_to_gpu_ms(ctx)
         # the overlap scheduler is already on (the server's config, or its loop in the trace's Python frames):
         # `perfscope fix overlap-off` has nothing to change, so no fix command, the remedy's other steps stay
-        overlap_on = (ctx.config_value("disable_overlap_schedule") is False
-                      or scheduler_loop(ctx.trace) == "overlap")
+        overlap_on = ctx.config_value("disable_overlap_schedule") is False or scheduler_loop(ctx.trace) == "overlap"
         if real is None:
-            summary = (f"CUDA-graph decode, but the GPU idles {bubble:.2f} ms per step waiting for the host "
-                       f"({gap:.2f} ms between steps, {inside:.2f} ms inside): {share_cycle:.0%} of a {cycle:.2f} ms "
-                       f"step cycle.")
+            summary = (
+                f"CUDA-graph decode, but the GPU idles {bubble:.2f} ms per step waiting for the host "
+                f"({gap:.2f} ms between steps, {inside:.2f} ms inside): {share_cycle:.0%} of a {cycle:.2f} ms "
+                f"step cycle."
+            )
         else:
-            summary = (f"CUDA-graph decode, but the GPU idles ~{bubble:.2f} ms per step waiting for the host without "
-                       f"the profiler ({real['how']}): {share_cycle:.0%} of a {cycle:.2f} ms step cycle (profiled: "
-                       f"{profiled['profiled_bubble_ms']:.2f} ms, {gap:.2f} ms between steps, {inside:.2f} ms inside).")
+            summary = (
+                f"CUDA-graph decode, but the GPU idles ~{bubble:.2f} ms per step waiting for the host without "
+                f"the profiler ({real['how']}): {share_cycle:.0%} of a {cycle:.2f} ms step cycle (profiled: "
+                f"{profiled['profiled_bubble_ms']:.2f} ms, {gap:.2f} ms between steps, {inside:.2f} ms inside)."
+            )
         return self.finding(
-            summary=summary, ms_per_step=bubble, share=share_cycle,  # idle: a share of the step cycle
+            summary=summary,
+            ms_per_step=bubble,
+            share=share_cycle,  # idle: a share of the step cycle
             confidence="high" if share_cycle > 0.25 else "medium",
             # hidden, the bubble leaves the GPU's own work: the step without its idle inside, back to back
             predicted_step_ms_after_fix=round(gpu_work, 4),
             **({"fix": None} if overlap_on else {}),
-            evidence={"gap_between_steps_ms": round(gap, 4), "idle_inside_step_ms": round(inside, 4),
-                      "bubble_ms_per_step": round(bubble, 4), "step_gpu_ms": round(ctx.step_ms, 4),
-                      "step_cycle_ms": round(cycle, 4), "bubble_share_of_cycle": round(share_cycle, 4),
-                      "graph_launch_to_first_kernel_ms": round(statistics.median(lat), 4) if lat else None,
-                      "gaps_measured": len(gaps), "step_method": ctx.stepset.method,
-                      "graph_replayed_fraction": round(replayed, 4),
-                      "disable_overlap_schedule": ctx.config_value("disable_overlap_schedule"),
-                      **profiled, "unprofiled": real,
-                      "overlap_scheduler_on": overlap_on})
+            evidence={
+                "gap_between_steps_ms": round(gap, 4),
+                "idle_inside_step_ms": round(inside, 4),
+                "bubble_ms_per_step": round(bubble, 4),
+                "step_gpu_ms": round(ctx.step_ms, 4),
+                "step_cycle_ms": round(cycle, 4),
+                "bubble_share_of_cycle": round(share_cycle, 4),
+                "graph_launch_to_first_kernel_ms": round(statistics.median(lat), 4) if lat else None,
+                "gaps_measured": len(gaps),
+                "step_method": ctx.stepset.method,
+                "graph_replayed_fraction": round(replayed, 4),
+                "disable_overlap_schedule": ctx.config_value("disable_overlap_schedule"),
+                **profiled,
+                "unprofiled": real,
+                "overlap_scheduler_on": overlap_on,
+            },
+        )

@@ -17,7 +17,7 @@ _LOOP_FRAME = re.compile(r"managers/scheduler\.py\(\d+\): event_loop_(overlap|no
 
 
 def scheduler_loop(trace) -> Optional[str]:
-    """"overlap" / "normal": the SGLang scheduler loop the trace's Python frames show; None if none does."""
+    """ "overlap" / "normal": the SGLang scheduler loop the trace's Python frames show; None if none does."""
     seen = {m.group(1) for f in trace.frames for m in [_LOOP_FRAME.search(f.name)] if m}
     if len(seen) == 1:
         return seen.pop()

@@ -19,21 +19,31 @@ class TorchSampling(Rule):
     id = "torch-sampling"
     title = "Torch-native top-k/top-p sampling every decode step"
     fix = "torch-sampling"
-    what = ("Every decode step samples with plain torch ops over the logits: a sort (cub radix sort behind "
-            "`torch.sort`, top-p) or `torch.topk` (top-k), with the softmax over the vocabulary, cumsum, "
-            "masks and `torch.multinomial` around it, instead of a fused sampling kernel.")
-    why = ("Sorting or top-k over a [batch, vocab] tensor (vocab 150k+) every token costs dozens of small "
-           "kernels and, for top-p's boolean mask, a host sync; FlashInfer's fused sampling kernels "
-           "(rejection sampling) avoid the sort entirely.")
-    evidence = ("The sampling path of each decode step (the kernels after the LM-head GEMM: softmax over the "
-                "vocabulary, sort/topk, cumsum, multinomial), its kernel time and its span on the GPU, "
-                "the fraction of steps with a torch sort/topk, `aten::sort`/`aten::topk` CPU ops when "
-                "recorded, `sampling_backend`. The saving is the step replayed without the path plus a "
-                "fused sampler (perfscope.analysis.stepmodel).")
-    remedy = ("Use `--sampling-backend flashinfer` (SGLang's default when FlashInfer is installed); avoid "
-              "per-request sampling parameters that force the torch path (custom logit processors).")
-    false_positives = ("Sorts of other tensors (MoE token sorting, beam search) also use radix sort; the rule "
-                       "requires a torch sort/topk after the LM head on most decode steps and a noticeable share.")
+    what = (
+        "Every decode step samples with plain torch ops over the logits: a sort (cub radix sort behind "
+        "`torch.sort`, top-p) or `torch.topk` (top-k), with the softmax over the vocabulary, cumsum, "
+        "masks and `torch.multinomial` around it, instead of a fused sampling kernel."
+    )
+    why = (
+        "Sorting or top-k over a [batch, vocab] tensor (vocab 150k+) every token costs dozens of small "
+        "kernels and, for top-p's boolean mask, a host sync; FlashInfer's fused sampling kernels "
+        "(rejection sampling) avoid the sort entirely."
+    )
+    evidence = (
+        "The sampling path of each decode step (the kernels after the LM-head GEMM: softmax over the "
+        "vocabulary, sort/topk, cumsum, multinomial), its kernel time and its span on the GPU, "
+        "the fraction of steps with a torch sort/topk, `aten::sort`/`aten::topk` CPU ops when "
+        "recorded, `sampling_backend`. The saving is the step replayed without the path plus a "
+        "fused sampler (perfscope.analysis.stepmodel)."
+    )
+    remedy = (
+        "Use `--sampling-backend flashinfer` (SGLang's default when FlashInfer is installed); avoid "
+        "per-request sampling parameters that force the torch path (custom logit processors)."
+    )
+    false_positives = (
+        "Sorts of other tensors (MoE token sorting, beam search) also use radix sort; the rule "
+        "requires a torch sort/topk after the LM head on most decode steps and a noticeable share."
+    )
 
     MIN_STEP_FRACTION = 0.8
     MIN_SHARE = 0.03
@@ -90,24 +100,36 @@ class TorchSampling(Rule):
         added = FUSED_KERNELS * per_pass_us
         removed = frozenset(path)
         saved_naive = max(ms - added / 1e3, 0.0)
-        summary = (f"Torch {mode} sampling on {frac:.0%} of decode steps ({sort_n / n:.0f} sort/topk kernels per "
-                   f"step): the sampling path after the LM head costs {ms:.2f} ms of kernels per step "
-                   f"({share:.0%} of kernel time, {span_us / n / 1e3:.2f} ms on the GPU); a fused sampling "
-                   f"kernel avoids the sort.")
+        summary = (
+            f"Torch {mode} sampling on {frac:.0%} of decode steps ({sort_n / n:.0f} sort/topk kernels per "
+            f"step): the sampling path after the LM head costs {ms:.2f} ms of kernels per step "
+            f"({share:.0%} of kernel time, {span_us / n / 1e3:.2f} ms on the GPU); a fused sampling "
+            f"kernel avoids the sort."
+        )
         return self.finding(
-            summary=summary, ms_per_step=ms, share=share, confidence=confidence,
+            summary=summary,
+            ms_per_step=ms,
+            share=share,
+            confidence=confidence,
             predicted_step_ms_after_fix=round(max(ctx.step_ms - saved_naive, 0.0), 4),
-            evidence={"mode": mode, "steps_with_sort_fraction": round(frac, 3),
-                      "sort_kernels_per_step": round(sort_n / n, 2),
-                      "sort_ms_per_step": round(sort_us / n / 1e3, 4),
-                      "sampling_path_ms_per_step": round(ms, 4),
-                      "sampling_path_span_ms_per_step": round(span_us / n / 1e3, 4),
-                      "sampling_path_ms_by_kind": {k: round(v / n / 1e3, 4) for k, v in
-                                                   sorted(kinds.items(), key=lambda kv: -kv[1])},
-                      "batch_vocab": list(batch_vocab) if batch_vocab else None,
-                      "fused_sampler_us_assumed": round(added, 2),
-                      "sort_cpu_ops": sort_ops, "sampling_backend": backend},
-            new_duration=lambda i: 0.0 if i in removed else None, added_us_per_step=added)
+            evidence={
+                "mode": mode,
+                "steps_with_sort_fraction": round(frac, 3),
+                "sort_kernels_per_step": round(sort_n / n, 2),
+                "sort_ms_per_step": round(sort_us / n / 1e3, 4),
+                "sampling_path_ms_per_step": round(ms, 4),
+                "sampling_path_span_ms_per_step": round(span_us / n / 1e3, 4),
+                "sampling_path_ms_by_kind": {
+                    k: round(v / n / 1e3, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])
+                },
+                "batch_vocab": list(batch_vocab) if batch_vocab else None,
+                "fused_sampler_us_assumed": round(added, 2),
+                "sort_cpu_ops": sort_ops,
+                "sampling_backend": backend,
+            },
+            new_duration=lambda i: 0.0 if i in removed else None,
+            added_us_per_step=added,
+        )
 
 
 def _first_dims(op) -> Optional[list]:

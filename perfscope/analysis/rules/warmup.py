@@ -7,8 +7,15 @@ from typing import Optional
 
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
 
-_WARMUP_CALLS = ("Lazy Function Loading", "cuModuleLoad", "cuLibraryLoad", "cudaFuncGetAttributes",
-                 "hipModuleLoad", "cuModuleGetFunction", "cuLibraryGetKernel")
+_WARMUP_CALLS = (
+    "Lazy Function Loading",
+    "cuModuleLoad",
+    "cuLibraryLoad",
+    "cudaFuncGetAttributes",
+    "hipModuleLoad",
+    "cuModuleGetFunction",
+    "cuLibraryGetKernel",
+)
 _WARMUP_OPS = ("autotune", "Autotune", "jit", "compile", "triton_compile", "load_module")
 
 
@@ -16,12 +23,16 @@ class WarmupInWindow(Rule):
     id = "warmup-in-window"
     title = "Warm-up inside the profiled window"
     fix = None
-    what = ("The profiled decode steps include one-off work: lazy CUDA module/function loading, JIT or "
-            "Triton autotuning, or a first step far slower than the rest.")
+    what = (
+        "The profiled decode steps include one-off work: lazy CUDA module/function loading, JIT or "
+        "Triton autotuning, or a first step far slower than the rest."
+    )
     why = "One-off costs inflate the measured step time and hide the steady-state bottleneck."
     evidence = "Module-loading runtime calls inside steps, JIT/autotune CPU ops, the slowest step against the median."
-    remedy = ("Send warm-up requests before profiling (perfscope trace does), or start the profile "
-              "later (`start_step`); set CUDA_MODULE_LOADING=EAGER to load modules up front.")
+    remedy = (
+        "Send warm-up requests before profiling (perfscope trace does), or start the profile "
+        "later (`start_step`); set CUDA_MODULE_LOADING=EAGER to load modules up front."
+    )
     false_positives = "A genuinely variable workload (batch size changing between steps) also spreads step times."
 
     def check(self, ctx: RuleContext) -> Optional[Finding]:
@@ -48,11 +59,21 @@ class WarmupInWindow(Rule):
         if not slow_steps and load_ms < 0.05 * max(ctx.step_ms, 1e-9) * ctx.n_steps:
             return None
         ms = max(load_ms, slow_ms) / ctx.n_steps
-        summary = (f"Warm-up inside the profiled window: {len(loads)} module loads, {len(jit)} JIT/autotune ops"
-                   f"{', and slow outlier steps ' + str(slow_steps) if slow_steps else ''}; "
-                   "profile after warm-up to see the steady state.")
+        summary = (
+            f"Warm-up inside the profiled window: {len(loads)} module loads, {len(jit)} JIT/autotune ops"
+            f"{', and slow outlier steps ' + str(slow_steps) if slow_steps else ''}; "
+            "profile after warm-up to see the steady state."
+        )
         return self.finding(
-            summary=summary, ms_per_step=ms, share=ms / max(ctx.kernel_ms_per_step, 1e-9),
-            confidence="high" if loads or jit else "medium", predicted_step_ms_after_fix=None,
-            evidence={"module_loads": len(loads), "jit_ops": len(jit), "outlier_steps": slow_steps,
-                      "warmup_ms_total": round(max(load_ms, slow_ms), 3)})
+            summary=summary,
+            ms_per_step=ms,
+            share=ms / max(ctx.kernel_ms_per_step, 1e-9),
+            confidence="high" if loads or jit else "medium",
+            predicted_step_ms_after_fix=None,
+            evidence={
+                "module_loads": len(loads),
+                "jit_ops": len(jit),
+                "outlier_steps": slow_steps,
+                "warmup_ms_total": round(max(load_ms, slow_ms), 3),
+            },
+        )

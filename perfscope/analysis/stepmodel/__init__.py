@@ -44,5 +44,12 @@ from perfscope.analysis.stepmodel.memo import host_busy_of
 from perfscope.analysis.stepmodel.predict import predict_after, predict_after_serial
 from perfscope.analysis.stepmodel.replay import StepReplay
 
-__all__ = ["StepReplay", "TraceIndex", "host_busy", "host_busy_of", "host_wait_us", "predict_after",
-           "predict_after_serial"]
+__all__ = [
+    "StepReplay",
+    "TraceIndex",
+    "host_busy",
+    "host_busy_of",
+    "host_wait_us",
+    "predict_after",
+    "predict_after_serial",
+]

@@ -28,8 +28,9 @@ def host_wait_us(l, copies) -> float:
     return 0.0
 
 
-def host_busy(trace: Trace, steps: list[Step], by_corr: Optional[dict] = None,
-              index: Optional[TraceIndex] = None) -> dict:
+def host_busy(
+    trace: Trace, steps: list[Step], by_corr: Optional[dict] = None, index: Optional[TraceIndex] = None
+) -> dict:
     """The host's own time per step: from a step's start to the next step's start on the thread that
     launches the steps' GPU work, less the time it blocked on the GPU (synchronizes, copies to the host
     that waited for their data). With the GPU work gone, a step cannot take less than this: the

@@ -13,8 +13,11 @@ WAIT_MIN_US = 5.0  # a runtime call this long that returns when the GPU work bef
 
 
 def is_wait_candidate(name: str) -> bool:
-    return "Synchronize" in name or name.startswith(("cudaMemcpy", "hipMemcpy", "cuMemcpy")) or \
-        name in ("cudaStreamWaitEvent",)
+    return (
+        "Synchronize" in name
+        or name.startswith(("cudaMemcpy", "hipMemcpy", "cuMemcpy"))
+        or name in ("cudaStreamWaitEvent",)
+    )
 
 
 class TraceIndex:
@@ -29,10 +32,10 @@ class TraceIndex:
         self._waits: Optional[dict] = None
 
     def launches_between(self, lo: float, hi: float):
-        return self.launches[bisect.bisect_left(self.l_ts, lo):bisect.bisect_right(self.l_ts, hi)]
+        return self.launches[bisect.bisect_left(self.l_ts, lo) : bisect.bisect_right(self.l_ts, hi)]
 
     def aten_ops_between(self, lo: float, hi: float):
-        return self.ops[bisect.bisect_left(self.o_ts, lo):bisect.bisect_right(self.o_ts, hi)]
+        return self.ops[bisect.bisect_left(self.o_ts, lo) : bisect.bisect_right(self.o_ts, hi)]
 
     def last_wait(self, thread, lo: float, hi: float):
         """The last cudaStreamWaitEvent call of ``thread`` (pid, tid) that started in [lo, hi], or None."""
@@ -49,4 +52,3 @@ class TraceIndex:
             return None
         j = bisect.bisect_right(w[1], hi) - 1
         return w[0][j] if j >= 0 and w[1][j] >= lo else None
-

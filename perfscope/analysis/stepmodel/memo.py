@@ -17,8 +17,12 @@ def indexes(trace: Trace) -> tuple[dict, TraceIndex]:
     finding and alternative of one analysis replays the same steps)."""
     m = trace.memo.get("stepmodel")
     if m is None:
-        m = trace.memo["stepmodel"] = {"by_corr": launches_by_corr(trace), "index": TraceIndex(trace),
-                                       "replay": {}, "busy": {}}
+        m = trace.memo["stepmodel"] = {
+            "by_corr": launches_by_corr(trace),
+            "index": TraceIndex(trace),
+            "replay": {},
+            "busy": {},
+        }
     return m["by_corr"], m["index"]
 
 

@@ -24,7 +24,6 @@ def _back_to_back_us(kern, idx, duration) -> float:
     return max(per.values(), default=0.0)
 
 
-
 def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
     """Whether graph launches ran at least half the step's GPU time (once per replay)."""
     hit = r._mostly_graph
@@ -51,12 +50,21 @@ def _back_to_back_slots(streams: list, nd: list) -> float:
     """:func:`_back_to_back_us` with the durations by slot, each at least 0 (``streams``: :func:`_streams`).
     Each stream's total added up in slot order from 0.0 (itertools.accumulate: one float addition after
     another, as a loop adds them)."""
-    return max([deque(accumulate(map(nd.__getitem__, slots), operator.add, initial=0.0), maxlen=1)[0]
-                for slots in streams], default=0.0)
+    return max(
+        [deque(accumulate(map(nd.__getitem__, slots), operator.add, initial=0.0), maxlen=1)[0] for slots in streams],
+        default=0.0,
+    )
 
 
-def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration: Callable[[int], Optional[float]],
-                  added_us_per_step: float = 0.0, *, lower_bound: bool = True) -> dict:
+def predict_after(
+    trace: Trace,
+    steps: list[Step],
+    step_ms: float,
+    new_duration: Callable[[int], Optional[float]],
+    added_us_per_step: float = 0.0,
+    *,
+    lower_bound: bool = True,
+) -> dict:
     """The step after a fix that changes kernel durations (``new_duration(i)``: µs, or None = unchanged).
 
     ``added_us_per_step``: GPU time of kernels the fix adds (e.g. one fused sampling kernel), put
@@ -120,13 +128,14 @@ def predict_after(trace: Trace, steps: list[Step], step_ms: float, new_duration:
         "kernel_only_prediction_ms": round(max(step_ms - ks, 0.0), 4),
         "launch_bound_steps": f"{launch_bound}/{len(saved)}",
         "model": "CPU launch timeline replay (perfscope.analysis.stepmodel): the GPU work on this trace's "
-                 "recorded launch times; host_floor_ms the profiled host's busy time per step left after the "
-                 "fix; lower_bound_ms with only the runtime calls' own CPU time",
+        "recorded launch times; host_floor_ms the profiled host's busy time per step left after the "
+        "fix; lower_bound_ms with only the runtime calls' own CPU time",
     }
 
 
-def predict_after_serial(trace: Trace, steps: list[Step], new_duration: Callable[[int], Optional[float]],
-                         added_us_per_step: float = 0.0) -> dict:
+def predict_after_serial(
+    trace: Trace, steps: list[Step], new_duration: Callable[[int], Optional[float]], added_us_per_step: float = 0.0
+) -> dict:
     """The step after a fix on a CPU-only trace (ops as kernels, perfscope.analysis.cpu_ops).
 
     A thread runs its ops one after another, so a step shortens by exactly the self time the fix
@@ -155,5 +164,5 @@ def predict_after_serial(trace: Trace, steps: list[Step], new_duration: Callable
         "kernel_time_saved_ms": round(sv, 4),
         "step_time_saved_ms": round(sv, 4),
         "model": "CPU-only trace: the step's thread runs its ops serially, so each step shortens by the "
-                 "op self time the fix removes from it (median over steps of the step minus its own saving)",
+        "op self time the fix removes from it (median over steps of the step minus its own saving)",
     }

@@ -135,8 +135,12 @@ class StepReplay:
                 ks = launched.get(id(l), (None, []))[1]
                 # a host wait: a synchronize, or a copy to the host that returned when the GPU got
                 # there (it carries its own memcpy "kernel")
-                wait = (l.dur >= WAIT_MIN_US and is_wait_candidate(l.name) and not is_kernel_launch(l.name)
-                        and (not ks or all(kern[i].kind == "memcpy" for i in ks)))
+                wait = (
+                    l.dur >= WAIT_MIN_US
+                    and is_wait_candidate(l.name)
+                    and not is_kernel_launch(l.name)
+                    and (not ks or all(kern[i].kind == "memcpy" for i in ks))
+                )
                 if ks or wait or is_kernel_launch(l.name):
                     self.events.append((l, ks, wait))
         self.events.sort(key=lambda e: e[0].ts)
@@ -223,8 +227,13 @@ class StepReplay:
                     fos = first_on_stream.get(i, ninf)
                     add = delay.get(i, 0.0)
                     if gd is not None or dp is not None or fos > ninf:
-                        extra = (none if gd is None else slot[gd[0]], 0.0 if gd is None else gd[1],
-                                 none if dp is None else slot[dp[0]], 0.0 if dp is None else dp[1], fos)
+                        extra = (
+                            none if gd is None else slot[gd[0]],
+                            0.0 if gd is None else gd[1],
+                            none if dp is None else slot[dp[0]],
+                            0.0 if dp is None else dp[1],
+                            fos,
+                        )
                 if graph and gd is None and prev is not None and prev[2] == n:
                     gap = kts - prev[1]
                     add = gap if gap > 0.0 else 0.0
@@ -238,9 +247,21 @@ class StepReplay:
             if wait and orig_done > ninf and l.ts + l.dur >= orig_done - 2.0:
                 extra = l.ts + l.dur - orig_done
                 wait_extra = extra if extra > 0.0 else 0.0
-            events.append(((l.pid, l.tid), l.ts, l.dur, l.ts + l.dur, o, None if o is None else id(o), graph,
-                           bool(ks) and launch, wait_extra, ss,
-                           _Flat4(kplan) if len(ks) >= _FLAT_FROM else kplan))
+            events.append(
+                (
+                    (l.pid, l.tid),
+                    l.ts,
+                    l.dur,
+                    l.ts + l.dur,
+                    o,
+                    None if o is None else id(o),
+                    graph,
+                    bool(ks) and launch,
+                    wait_extra,
+                    ss,
+                    _Flat4(kplan) if len(ks) >= _FLAT_FROM else kplan,
+                )
+            )
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
         orphans = [(slot[i], kern[i].ts) for i in self.orphans]
         plan = self._plan_cache = (events, ops, orphans, rec_end, durs, [e[9] for e in events])
@@ -353,5 +374,9 @@ class StepReplay:
         removed_cpu = sum(o.dur for o in ops if not keep_op[id(o)])
         if first == inf:
             return {"span_us": 0.0, "last_end_us": 0.0, "last_launch_us": 0.0, "removed_cpu_us": removed_cpu}
-        return {"span_us": last_end - first, "last_end_us": last_end, "last_launch_us": last_launch,
-                "removed_cpu_us": removed_cpu}
+        return {
+            "span_us": last_end - first,
+            "last_end_us": last_end,
+            "last_launch_us": last_launch,
+            "removed_cpu_us": removed_cpu,
+        }

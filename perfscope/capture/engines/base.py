@@ -98,11 +98,13 @@ class Engine:
         for any other error."""
         return None
 
-    def after_load(self, load: TraceLoad, api: SGLangClient, opts: TraceOptions, cancel: threading.Event,
-                   label: str, say: Say) -> None:
+    def after_load(
+        self, load: TraceLoad, api: SGLangClient, opts: TraceOptions, cancel: threading.Event, label: str, say: Say
+    ) -> None:
         """Once the load streams under the armed profiler: what ends the profile (nothing: ``num_steps``)."""
 
-    def extras(self, io: HostIO, folder: RemoteDir, out_dir: Path, got: list[RemoteFile], opts: TraceOptions,
-               say: Say) -> dict:
+    def extras(
+        self, io: HostIO, folder: RemoteDir, out_dir: Path, got: list[RemoteFile], opts: TraceOptions, say: Say
+    ) -> dict:
         """Other files of this profile copied into the run folder, as run.json entries (``extra``)."""
         return {}

@@ -37,12 +37,18 @@ class SGLang(Engine):
     def profile(self, opts: TraceOptions, server: Server, by_stage: bool) -> dict:
         from perfscope.remote.sglang_api import profile_activities
 
-        profile: dict = {"num_steps": opts.steps, "with_stack": opts.with_stack, "record_shapes": opts.record_shapes,
-                         "activities": profile_activities(server.info, server.gpu)}
+        profile: dict = {
+            "num_steps": opts.steps,
+            "with_stack": opts.with_stack,
+            "record_shapes": opts.record_shapes,
+            "activities": profile_activities(server.info, server.gpu),
+        }
         if opts.gpu_only:
             if not server.has_gpu:
-                raise InputError(f"--gpu-only: {server.label} reports no GPU (device {server.info.get('device')!r}): "
-                                 "nothing to record")
+                raise InputError(
+                    f"--gpu-only: {server.label} reports no GPU (device {server.info.get('device')!r}): "
+                    "nothing to record"
+                )
             profile.update(activities=["GPU"], with_stack=False, record_shapes=False)
         if not by_stage and (not server.version or version_tuple(server.version) >= (0, 4, 10)):
             # start at the next forward step: SGLang then refuses (HTTP 500) while another profile
@@ -69,11 +75,14 @@ class SGLang(Engine):
         # ours was armed, and a /stop_profile would stop someone else's
         reply = " ".join((err.body or "").split())[:300]  # redacted with the message (errors.redact)
         said = f" saying {reply!r}" if reply and reply.lower() != "internal server error" else ""
-        return HTTPStatusError(f"{label} refused /start_profile (HTTP 500){said}: SGLang answers so while a "
-                               "profile is already running (someone else's?) or when its profiler "
-                               "cannot start; nothing was armed, and perfscope left it alone", status=500,
-                               body=err.body, hint="see the server's log for the reason; try again when that "
-                               "profile ends")
+        return HTTPStatusError(
+            f"{label} refused /start_profile (HTTP 500){said}: SGLang answers so while a "
+            "profile is already running (someone else's?) or when its profiler "
+            "cannot start; nothing was armed, and perfscope left it alone",
+            status=500,
+            body=err.body,
+            hint="see the server's log for the reason; try again when that profile ends",
+        )
 
 
 def stage_profile_safe(api: SGLangClient, opts: TraceOptions, label: str, say: Say) -> bool:
@@ -100,13 +109,16 @@ def stage_profile_safe(api: SGLangClient, opts: TraceOptions, label: str, say: S
             break
         time.sleep(0.1)
     if opts.by_stage:
-        raise InputError(f"--by-stage: {label} is serving {n} request(s); SGLang's by-stage profile then "
-                         "starts its DECODE file first and never writes the EXTEND one (a second profiler "
-                         "is started over the first)",
-                         hint="trace with --no-by-stage (the default picks it on a busy server), or when the "
-                              "server is idle")
-    say(f"{n} request(s) in the server: profiling {opts.steps} forward steps in one file per rank "
-        "(a by-stage profile is safe on an idle SGLang only)")
+        raise InputError(
+            f"--by-stage: {label} is serving {n} request(s); SGLang's by-stage profile then "
+            "starts its DECODE file first and never writes the EXTEND one (a second profiler "
+            "is started over the first)",
+            hint="trace with --no-by-stage (the default picks it on a busy server), or when the server is idle",
+        )
+    say(
+        f"{n} request(s) in the server: profiling {opts.steps} forward steps in one file per rank "
+        "(a by-stage profile is safe on an idle SGLang only)"
+    )
     return False
 
 

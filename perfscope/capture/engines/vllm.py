@@ -34,8 +34,10 @@ class VLLM(Engine):
 
     def check_options(self, opts: TraceOptions) -> None:
         if not opts.profile_dir:
-            raise InputError("--engine vllm needs --profile-dir: the server's torch profiler directory "
-                             "(its --profiler-config torch_profiler_dir, or VLLM_TORCH_PROFILER_DIR)")
+            raise InputError(
+                "--engine vllm needs --profile-dir: the server's torch profiler directory "
+                "(its --profiler-config torch_profiler_dir, or VLLM_TORCH_PROFILER_DIR)"
+            )
         if opts.gpu_only:
             raise InputError("--gpu-only is for SGLang (vLLM's profiler activities are set at its launch)")
         if opts.profile_prefix:
@@ -43,8 +45,13 @@ class VLLM(Engine):
 
     def profile(self, opts: TraceOptions, server: Server, by_stage: bool) -> dict:
         # configured at server start: what it records is not perfscope's to say
-        return {"num_steps": opts.steps, "stopped_by": "perfscope", "with_stack": None, "record_shapes": None,
-                "activities": None}
+        return {
+            "num_steps": opts.steps,
+            "stopped_by": "perfscope",
+            "with_stack": None,
+            "record_shapes": None,
+            "activities": None,
+        }
 
     def output_dir(self, io: HostIO, opts: TraceOptions, server: Server) -> RemoteDir:
         assert opts.profile_dir  # check_options
@@ -60,17 +67,20 @@ class VLLM(Engine):
     def start(self, api: SGLangClient, profile: dict, *, wait_s: float, server: Server) -> None:
         api.start_profile(request_timeout=wait_s)
 
-    def after_load(self, load: TraceLoad, api: SGLangClient, opts: TraceOptions, cancel: threading.Event,
-                   label: str, say: Say) -> None:
+    def after_load(
+        self, load: TraceLoad, api: SGLangClient, opts: TraceOptions, cancel: threading.Event, label: str, say: Say
+    ) -> None:
         n = wait_vllm_steps(load, opts, cancel, label)
         say(f"{n} tokens streamed while profiling: stopping the profiler (vLLM writes its traces now)")
         load.stop_sent = True
         api.stop_profile()
 
-    def extras(self, io: HostIO, folder: RemoteDir, out_dir: Path, got: list[RemoteFile], opts: TraceOptions,
-               say: Say) -> dict:
-        tables = fetch_tables(io, folder.path, folder.before, out_dir, [f.name for f in got],
-                              wait_s=min(30.0, opts.timeout), say=say)
+    def extras(
+        self, io: HostIO, folder: RemoteDir, out_dir: Path, got: list[RemoteFile], opts: TraceOptions, say: Say
+    ) -> dict:
+        tables = fetch_tables(
+            io, folder.path, folder.before, out_dir, [f.name for f in got], wait_s=min(30.0, opts.timeout), say=say
+        )
         return {"profiler_tables": tables} if tables else {}
 
 
@@ -79,8 +89,15 @@ def is_table(name: str) -> bool:
     return name.endswith("profiler_out.txt") and not name.startswith(".")
 
 
-def fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces: Sequence[str] = (),
-                 wait_s: float = 0.0, say: Say | None = None) -> list[str]:
+def fetch_tables(
+    io: HostIO,
+    folder: str,
+    baseline: dict,
+    out_dir: Path,
+    traces: Sequence[str] = (),
+    wait_s: float = 0.0,
+    say: Say | None = None,
+) -> list[str]:
     """Copy the op tables vLLM wrote with this profile (new or rewritten since it was armed) to
     ``out_dir/profiler_tables/``; returns their paths relative to ``out_dir``. vLLM rewrites them
     in place at every stop, so a table whose size and time are unchanged is not this run's. A worker
@@ -98,8 +115,10 @@ def fetch_tables(io: HostIO, folder: str, baseline: dict, out_dir: Path, traces:
         time.sleep(0.5)
     lost = sorted(w for w in want if not any(f.name.endswith(w) for f in found))
     if lost and say is not None:  # vLLM: a worker whose key_averages() failed ("Failed to stop profiler") writes none
-        say(f"note: vLLM wrote no {', '.join(lost)} within {wait_s:g}s (its log says why, e.g. 'Failed to stop "
-            "profiler'); the traces are complete")
+        say(
+            f"note: vLLM wrote no {', '.join(lost)} within {wait_s:g}s (its log says why, e.g. 'Failed to stop "
+            "profiler'); the traces are complete"
+        )
     got = []
     for f in found:
         local = out_dir / TABLES_DIR / f.name

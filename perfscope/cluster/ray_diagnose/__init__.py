@@ -30,5 +30,20 @@ from perfscope.cluster.ray_diagnose.place import Job, Survey, nodes_of_host, pla
 from perfscope.cluster.ray_diagnose.run import RayRun, diagnose_on_ray
 from perfscope.cluster.ray_diagnose.tasks import analyse, host_timing, survey
 
-__all__ = ["HOST_LABEL", "INSTALL", "Job", "Node", "RayRun", "Survey", "alive_nodes", "analyse", "connect",
-           "diagnose_on_ray", "host_timing", "import_ray", "nodes_of_host", "plan", "survey"]
+__all__ = [
+    "HOST_LABEL",
+    "INSTALL",
+    "Job",
+    "Node",
+    "RayRun",
+    "Survey",
+    "alive_nodes",
+    "analyse",
+    "connect",
+    "diagnose_on_ray",
+    "host_timing",
+    "import_ray",
+    "nodes_of_host",
+    "plan",
+    "survey",
+]

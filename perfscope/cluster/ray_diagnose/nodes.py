@@ -38,8 +38,11 @@ class Node:
 
     def name(self) -> str:
         label = self.labels.get(HOST_LABEL)
-        return f"{label} ({self.ip})" if label else (self.hostname if self.hostname == self.ip else
-                                                     f"{self.hostname} ({self.ip})")
+        return (
+            f"{label} ({self.ip})"
+            if label
+            else (self.hostname if self.hostname == self.ip else f"{self.hostname} ({self.ip})")
+        )
 
 
 def connect(address: Optional[str]):
@@ -50,15 +53,16 @@ def connect(address: Optional[str]):
         return ray, False
     _reachable(address or os.environ.get("RAY_ADDRESS") or "")
     try:
-        ray.init(address=address or "auto", logging_level=logging.ERROR, log_to_driver=False,
-                 configure_logging=True)
+        ray.init(address=address or "auto", logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError) as e:
         why = " ".join(str(e).split())[:300]
         if "Could not find any running Ray instance" in why:
             why = "none runs on this machine and RAY_ADDRESS is not set"
         opt = f"--ray {address}" if address else "--ray"
-        raise RemoteError(f"{opt}: no Ray cluster reachable ({why}); start one (ray start --head) or give its "
-                          "address (--ray HOST:6379)") from None
+        raise RemoteError(
+            f"{opt}: no Ray cluster reachable ({why}); start one (ray start --head) or give its "
+            "address (--ray HOST:6379)"
+        ) from None
     return ray, True
 
 
@@ -76,8 +80,10 @@ def _reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
-        raise RemoteError(f"--ray {address}: no Ray cluster reachable ({e.strerror or type(e).__name__}); start "
-                          "one there (ray start --head) or give its address") from None
+        raise RemoteError(
+            f"--ray {address}: no Ray cluster reachable ({e.strerror or type(e).__name__}); start "
+            "one there (ray start --head) or give its address"
+        ) from None
 
 
 def alive_nodes(ray) -> dict[str, Node]:
@@ -87,9 +93,14 @@ def alive_nodes(ray) -> dict[str, Node]:
         res = n.get("Resources") or {}
         if not n.get("Alive") or res.get("CPU", 0) < 1:
             continue
-        out[n["NodeID"]] = Node(id=n["NodeID"], ip=n.get("NodeManagerAddress", ""),
-                                hostname=n.get("NodeManagerHostname", ""), labels=dict(n.get("Labels") or {}),
-                                cpus=res.get("CPU", 0), memory=res.get("memory", 0))
+        out[n["NodeID"]] = Node(
+            id=n["NodeID"],
+            ip=n.get("NodeManagerAddress", ""),
+            hostname=n.get("NodeManagerHostname", ""),
+            labels=dict(n.get("Labels") or {}),
+            cpus=res.get("CPU", 0),
+            memory=res.get("memory", 0),
+        )
     return out
 
 
@@ -131,8 +142,11 @@ def get_result(ray, ref):
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if getattr(e, "cause", None) is not None else e
         if isinstance(cause, (ImportError, AttributeError)):
-            return ("lost", f"perfscope {__version__} does not run there ({type(cause).__name__}: "
-                            f"{' '.join(str(cause).split())[:200]}); install it on every node: {INSTALL}")
+            return (
+                "lost",
+                f"perfscope {__version__} does not run there ({type(cause).__name__}: "
+                f"{' '.join(str(cause).split())[:200]}); install it on every node: {INSTALL}",
+            )
         raise cause from None
     except ray.exceptions.RayError as e:  # the worker or its node died, the task was cancelled, ...
         return ("lost", _LOST.get(type(e).__name__) or f"{type(e).__name__}: {' '.join(str(e).split())[:160]}")

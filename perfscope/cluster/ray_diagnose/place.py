@@ -87,8 +87,10 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
         if status == "lost":
             raise RemoteError(f"--ray: node {nodes[node].name()} did not answer the survey: {val}")
         if val["version"] != __version__:
-            raise RemoteError(f"--ray: node {nodes[node].name()} runs perfscope {val['version']}, this machine "
-                              f"{__version__}: install the same version on every node ({INSTALL})")
+            raise RemoteError(
+                f"--ray: node {nodes[node].name()} runs perfscope {val['version']}, this machine "
+                f"{__version__}: install the same version on every node ({INSTALL})"
+            )
         replies[node] = val
         moved += len(pickle.dumps(val, protocol=5))
     order = list(nodes)  # ray.nodes() order: stable for a cluster
@@ -102,8 +104,10 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
         found = [(n, replies[n]["paths"][k]) for n in order if "tset" in replies[n]["paths"][k]]
         if not found:
             why = next(iter(replies.values()))["paths"][k]["error"]
-            raise InputError(f"{why} (on every one of the {len(nodes)} Ray node(s): "
-                             f"{', '.join(sorted({n.name() for n in nodes.values()}))})")
+            raise InputError(
+                f"{why} (on every one of the {len(nodes)} Ray node(s): "
+                f"{', '.join(sorted({n.name() for n in nodes.values()}))})"
+            )
         # as discover() of several paths: the last run folder given is the run (the first node holding it)
         ts0 = next((rep["tset"] for _, rep in found if rep["tset"].run_dir is not None), None)
         if ts0 is not None:
@@ -115,8 +119,12 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
             ts: TraceSet = rep["tset"]
             for tf, info in zip(ts.files, rep["files"]):
                 files.append((tf, info, n))
-            for seen, new in ((skipped, ts.skipped), (capture, ts.capture), (frontend, ts.frontend),
-                              (dups, ts.duplicates)):
+            for seen, new in (
+                (skipped, ts.skipped),
+                (capture, ts.capture),
+                (frontend, ts.frontend),
+                (dups, ts.duplicates),
+            ):
                 for x in new:
                     if x not in seen:
                         seen.append(x)
@@ -151,8 +159,9 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
                 if not j.tf.host:
                     holder = nodes[j.holders[0]]
                     j.tf = replace(j.tf, host=holder.labels.get(HOST_LABEL) or holder.hostname or holder.ip)
-    jobs.sort(key=lambda j: (j.tf.host or "", j.tf.rank if j.tf.rank is not None else -1, j.tf.stage or "",
-                             j.tf.path.name))
+    jobs.sort(
+        key=lambda j: (j.tf.host or "", j.tf.rank if j.tf.rank is not None else -1, j.tf.stage or "", j.tf.path.name)
+    )
     for i, j in enumerate(jobs):
         j.index = i
     # place: the run folder's host first (pinned), else spread over the holders by the bytes to parse
@@ -163,12 +172,21 @@ def plan(ray, paths: list[str | Path], nodes: Optional[dict[str, Node]] = None) 
             j.holders, j.pinned = host_nodes, True
         elif j.tf.host and nodes_of_host(j.tf.host, nodes):
             names = ", ".join(nodes[n].name() for n in nodes_of_host(j.tf.host, nodes))
-            raise InputError(f"rank {j.tf.rank} ({j.tf.path}): its host {j.tf.host} is node {names}, which does not "
-                             "hold this file")
+            raise InputError(
+                f"rank {j.tf.rank} ({j.tf.path}): its host {j.tf.host} is node {names}, which does not hold this file"
+            )
         j.node = min(j.holders, key=lambda n: (load[n] / max(nodes[n].cpus, 1), order.index(n)))
         load[j.node] += j.json_bytes
-    tset = TraceSet(files=[j.tf for j in jobs], run_dir=run_dir, run_info=run_info, skipped=skipped,
-                    capture=capture, duplicates=dups, frontend=frontend, host_timing=host_timing_files)
+    tset = TraceSet(
+        files=[j.tf for j in jobs],
+        run_dir=run_dir,
+        run_info=run_info,
+        skipped=skipped,
+        capture=capture,
+        duplicates=dups,
+        frontend=frontend,
+        host_timing=host_timing_files,
+    )
     if not jobs:
         raise InputError(f"{frontend[0].name if frontend else strs[0]}: no rank trace to analyse on any Ray node")
     return Survey(tset=tset, jobs=jobs, host_timing_node=ht_node, nodes=nodes, moved=moved)

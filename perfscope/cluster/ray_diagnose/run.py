@@ -30,10 +30,15 @@ class RayRun:
     task_seconds: float = 0.0  # the rank tasks' own time on their nodes, summed
 
 
-def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, address: Optional[str] = None,
-                    capture: Optional[list[str | Path]] = None,
-                    on_done: Optional[Callable[[int, int], None]] = None,
-                    planned: Optional[Survey] = None) -> tuple[Diagnosis, RayRun]:
+def diagnose_on_ray(
+    paths: list[str | Path],
+    config: Optional[dict] = None,
+    *,
+    address: Optional[str] = None,
+    capture: Optional[list[str | Path]] = None,
+    on_done: Optional[Callable[[int, int], None]] = None,
+    planned: Optional[Survey] = None,
+) -> tuple[Diagnosis, RayRun]:
     """The diagnosis of ``paths`` with every rank analysed on the node that holds its file.
     ``on_done(ranks_done, ranks_total)`` follows the results as they arrive (a lost rank counts as
     done). ``planned``: a :func:`plan` made earlier (the same cluster)."""
@@ -48,10 +53,17 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
         run = RayRun(nodes={i: n.name() for i, n in nodes.items()}, moved_bytes=sv.moved)
         cfg_in = dict(config or {})
         ht_node = sv.host_timing_node  # the node holding sv.tset.host_timing (set with it)
-        if (sv.tset.host_timing and ht_node is not None and "host_timing" not in cfg_in
-                and "host_timing" not in sv.tset.server_info):
-            ref = ray.remote(host_timing).options(num_cpus=1, scheduling_strategy=pinned(ht_node)).remote(
-                sv.tset.host_timing, sv.tset.run_info.get("workload"))
+        if (
+            sv.tset.host_timing
+            and ht_node is not None
+            and "host_timing" not in cfg_in
+            and "host_timing" not in sv.tset.server_info
+        ):
+            ref = (
+                ray.remote(host_timing)
+                .options(num_cpus=1, scheduling_strategy=pinned(ht_node))
+                .remote(sv.tset.host_timing, sv.tset.run_info.get("workload"))
+            )
             status, ht = gather(ray, {ref: ht_node})[ref]
             if status == "ok" and ht:
                 cfg_in["host_timing"] = ht
@@ -96,12 +108,15 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
                     if others:
                         lost_on = nodes[job.node].name()
                         job.node = others[0]
-                        run.retried.append(f"{what}: lost on node {lost_on} ({out}), retried on node "
-                                           f"{nodes[job.node].name()}")
+                        run.retried.append(
+                            f"{what}: lost on node {lost_on} ({out}), retried on node {nodes[job.node].name()}"
+                        )
                         submit(job)
                         continue
-                    run.missing.append(f"{what} missing: its node {nodes[job.node].name()} was lost ({out}) "
-                                       "and no other node holds the file")
+                    run.missing.append(
+                        f"{what} missing: its node {nodes[job.node].name()} was lost ({out}) "
+                        "and no other node holds the file"
+                    )
                 done += 1
                 if on_done:
                     on_done(done, len(sv.jobs))
@@ -109,8 +124,7 @@ def diagnose_on_ray(paths: list[str | Path], config: Optional[dict] = None, *, a
         if not ranks:
             raise RemoteError(f"--ray: no rank could be analysed: {run.missing[0]}")
         used = sorted({run.placement[_where(j)] for j in sv.jobs if _where(j) in run.placement})
-        d = reduce(sv.tset, ranks, {"files": len(sv.jobs), "workers": len(used), "bound": "ray"},
-                   warnings=run.missing)
+        d = reduce(sv.tset, ranks, {"files": len(sv.jobs), "workers": len(used), "bound": "ray"}, warnings=run.missing)
         run.seconds = round(time.perf_counter() - t0, 3)
         return d, run
     finally:

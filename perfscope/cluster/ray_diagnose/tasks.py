@@ -11,6 +11,7 @@ from perfscope import __version__
 from perfscope.errors import PerfscopeError
 from perfscope.load.discover import TraceFile
 
+
 def survey(paths: list[str]) -> dict:
     """What this node holds under each of ``paths``: ``{"hostname", "version", "paths": [...]}`` with
     per path either ``{"error": line}`` or ``{"tset": TraceSet, "files": [{fingerprint, json_bytes}]}``."""
@@ -21,8 +22,10 @@ def survey(paths: list[str]) -> dict:
     for p in paths:
         try:
             ts = discover([p])
-            info = [{"fp": _fingerprint(tf.path), "json_bytes": json_bytes(tf.path), "bytes": tf.path.stat().st_size}
-                    for tf in ts.files]
+            info = [
+                {"fp": _fingerprint(tf.path), "json_bytes": json_bytes(tf.path), "bytes": tf.path.stat().st_size}
+                for tf in ts.files
+            ]
         except (PerfscopeError, OSError) as e:
             out["paths"].append({"error": str(e) if isinstance(e, PerfscopeError) else f"{p}: {e.strerror or e}"})
             continue

@@ -25,8 +25,9 @@ class FixKind:
         """A check's report when the request names no target this kind can edit; None: resolve one."""
         return None
 
-    def resolve_target(self, fix: FixModule, host: FixHost, env: Environment, req: FixRequest,
-                       reverting: bool = False) -> tuple[TargetSpec, str, bytes]:  # pragma: no cover
+    def resolve_target(
+        self, fix: FixModule, host: FixHost, env: Environment, req: FixRequest, reverting: bool = False
+    ) -> tuple[TargetSpec, str, bytes]:  # pragma: no cover
         """The target, its path on the host and its bytes (pinned: what is checked is what is written)."""
         raise NotImplementedError
 

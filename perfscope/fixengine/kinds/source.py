@@ -21,11 +21,13 @@ class SourceKind(FixKind):
 
     def check_request(self, fix: FixModule, req: FixRequest, action: Optional[str]) -> None:
         if req.launch_file:
-            raise InputError(f"{fix.id} patches the server's source, not its launch command: --launch-file does not "
-                             "apply")
+            raise InputError(
+                f"{fix.id} patches the server's source, not its launch command: --launch-file does not apply"
+            )
 
-    def resolve_target(self, fix: FixModule, host: FixHost, env: Environment, req: FixRequest,
-                       reverting: bool = False) -> tuple[TargetSpec, str, bytes]:
+    def resolve_target(
+        self, fix: FixModule, host: FixHost, env: Environment, req: FixRequest, reverting: bool = False
+    ) -> tuple[TargetSpec, str, bytes]:
         if req.target_file:
             path = req.target_file
             data = host.pin(path)
@@ -51,13 +53,17 @@ class SourceKind(FixKind):
             raise InputError(f"target {spec.name} has no place in an sglang install: give --target-file")
         if not env.sglang_root:
             where = f" with {env.python}" if env.python else ""
-            raise InputError(f"sglang not found{where} on {host.label}: give --python (the server's interpreter), "
-                             "--sglang-root DIR or --target-file F")
+            raise InputError(
+                f"sglang not found{where} on {host.label}: give --python (the server's interpreter), "
+                "--sglang-root DIR or --target-file F"
+            )
         path = join(host, env.sglang_root, *spec.relpath.split("/"))
         if spec.creates and not host.exists(path):
             return spec, path, b""  # a file the fix creates: absent is its original state
         return spec, path, host.pin(path)
 
     def patched_without_manifest(self, fix: FixModule, det: Detection, path: str, folder: str) -> Outcome:
-        return AlreadyApplied(f"{path} carries the patch, but no manifest is in {folder}: perfscope cannot restore "
-                              "the original (reinstall sglang to undo)")
+        return AlreadyApplied(
+            f"{path} carries the patch, but no manifest is in {folder}: perfscope cannot restore "
+            "the original (reinstall sglang to undo)"
+        )

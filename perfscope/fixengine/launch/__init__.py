@@ -35,7 +35,21 @@ from perfscope.fixengine.launch.shell import parse_shell, parse_systemd
 from perfscope.fixengine.launch.tokens import LaunchCommand, LaunchParseError, Token
 
 __all__ = [
-    "FlagChange", "LaunchCommand", "LaunchParseError", "Occurrence", "ServerCommandLine", "Token", "edit_flags",
-    "expected_argv", "find_command", "find_engine", "flag_value", "kind_of", "occurrences", "parse_compose",
-    "parse_shell", "parse_systemd", "server_command_line",
+    "FlagChange",
+    "LaunchCommand",
+    "LaunchParseError",
+    "Occurrence",
+    "ServerCommandLine",
+    "Token",
+    "edit_flags",
+    "expected_argv",
+    "find_command",
+    "find_engine",
+    "flag_value",
+    "kind_of",
+    "occurrences",
+    "parse_compose",
+    "parse_shell",
+    "parse_systemd",
+    "server_command_line",
 ]

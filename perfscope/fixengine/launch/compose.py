@@ -6,7 +6,14 @@ from __future__ import annotations
 import re
 
 from perfscope.fixengine.launch.engines import find_engine
-from perfscope.fixengine.launch.tokens import LaunchCommand, LaunchParseError, Token, check_shlex, line_of, tokenize_shell
+from perfscope.fixengine.launch.tokens import (
+    LaunchCommand,
+    LaunchParseError,
+    Token,
+    check_shlex,
+    line_of,
+    tokenize_shell,
+)
 
 
 _YAML_PLAIN_BAD = re.compile(r"(^[\[\]{}!&*%@`|>'\"])|(: )|( #)")
@@ -53,8 +60,9 @@ def parse_compose(text: str) -> list[LaunchCommand]:
             b = a + cm.start()
             rest = text[a:b]
         if rest.startswith(("|", ">")):
-            raise LaunchParseError(f"command: at line {li + 1} is a YAML block scalar; perfscope reads a one-line "
-                                   "string or a list")
+            raise LaunchParseError(
+                f"command: at line {li + 1} is a YAML block scalar; perfscope reads a one-line string or a list"
+            )
         if rest.strip() == "":
             # a block list on the lines below
             toks = []
@@ -72,20 +80,22 @@ def parse_compose(text: str) -> list[LaunchCommand]:
                     break
                 indent = im.group(0)
                 ib = offs[j] + len(lj)
-                cmt = re.search(r"[ \t]#", lj[im.end():]) if not lj[im.end():].startswith(("'", '"')) else None
+                cmt = re.search(r"[ \t]#", lj[im.end() :]) if not lj[im.end() :].startswith(("'", '"')) else None
                 if cmt:
                     ib = offs[j] + im.end() + cmt.start()
                 toks.append(_yaml_item(text, offs[j] + im.end(), ib))
                 j += 1
             if j < len(lines) and re.match(r"^[ \t]*-", lines[j]) and lines[j].strip():
-                raise LaunchParseError(f"command: list at line {li + 1}: an item perfscope does not read at line {j + 1}")
+                raise LaunchParseError(
+                    f"command: list at line {li + 1}: an item perfscope does not read at line {j + 1}"
+                )
             eng = find_engine([t.value for t in toks])
             if eng:
                 cmds.append(LaunchCommand("compose-block", eng[0], toks, eng[1], li + 1, block_indent=indent or ""))
             continue
         if rest.startswith("["):
             close = rest.rfind("]")
-            if close < 0 or rest[close + 1:].strip() not in ("",) and not rest[close + 1:].lstrip().startswith("#"):
+            if close < 0 or rest[close + 1 :].strip() not in ("",) and not rest[close + 1 :].lstrip().startswith("#"):
                 raise LaunchParseError(f"command: at line {li + 1}: a flow list that does not close on its line")
             inner_a, inner_b = a + 1, a + close
             toks = []
@@ -104,8 +114,10 @@ def parse_compose(text: str) -> list[LaunchCommand]:
         if s[:1] in ("'", '"'):
             quote = s[0]
             if len(s) < 2 or s[-1] != quote or quote in s[1:-1] or "\\" in s:
-                raise LaunchParseError(f"command: at line {li + 1}: a quoted YAML string perfscope does not read "
-                                       "exactly (escapes or quotes inside)")
+                raise LaunchParseError(
+                    f"command: at line {li + 1}: a quoted YAML string perfscope does not read "
+                    "exactly (escapes or quotes inside)"
+                )
             a, b = a + 1, b - 1
         elif _YAML_PLAIN_BAD.search(s):
             raise LaunchParseError(f"command: at line {li + 1}: a YAML string perfscope does not read exactly")

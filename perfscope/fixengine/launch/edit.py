@@ -55,7 +55,7 @@ def occurrences(cmd: LaunchCommand, flag: str, takes_value: bool) -> list[Occurr
                 continue
             out.append(Occurrence(i, None, None, False))
         elif v.startswith(flag + "="):
-            out.append(Occurrence(i, v[len(flag) + 1:], None, True))
+            out.append(Occurrence(i, v[len(flag) + 1 :], None, True))
         i += 1
     return out
 
@@ -79,7 +79,8 @@ def _quote_for(cmd: LaunchCommand, value: str) -> str:
     if cmd.kind in ("compose-flow", "compose-block"):
         q = cmd.tokens[-1].quote if cmd.kind == "compose-flow" else ""
         plain = re.fullmatch(r"[A-Za-z0-9_./=+-]+", value) and not re.fullmatch(
-            r"[-+]?[0-9.]+|true|false|null|yes|no|on|off|~", value, re.I)
+            r"[-+]?[0-9.]+|true|false|null|yes|no|on|off|~", value, re.I
+        )
         if plain and not q:
             return value
         q = q or '"'
@@ -119,16 +120,16 @@ def _insert_after_last(text: str, cmd: LaunchCommand, words: list[str]) -> _Spli
     if cmd.kind == "compose-flow":
         sep = ", "
         if len(cmd.tokens) >= 2:
-            sep = text[cmd.tokens[-2].end:last.start] or ", "
+            sep = text[cmd.tokens[-2].end : last.start] or ", "
         return _Splice(last.end, last.end, "".join(sep + w for w in words))
     # shell / systemd / compose-string: keep the file's style of one argument per line
-    region = text[cmd.tokens[0].start:last.end]
+    region = text[cmd.tokens[0].start : last.end]
     if cmd.kind in ("shell", "systemd") and "\\\n" in region:  # one argument per line: add a line
         ls = text.rfind("\n", 0, last.start) + 1
         m = _BLANKS.match(text, ls)
         indent = m.group(0) if m else ""
         before = region[: region.index("\\\n")]
-        cont = before[len(before.rstrip(" \t")):] or " "
+        cont = before[len(before.rstrip(" \t")) :] or " "
         return _Splice(last.end, last.end, "".join(f"{cont}\\\n{indent}{w}" for w in words))
     return _Splice(last.end, last.end, " " + " ".join(words))
 
@@ -177,8 +178,11 @@ def edit_flags(data: bytes, cmd: LaunchCommand, changes: list[FlagChange]) -> tu
                 if cmd.kind == "compose-block":
                     adds.extend([_quote_for(cmd, ch.flag), _quote_for(cmd, value)])
                 else:
-                    adds.append(_quote_for(cmd, ch.flag) + (", " if cmd.kind == "compose-flow" else " ")
-                                + _quote_for(cmd, value))
+                    adds.append(
+                        _quote_for(cmd, ch.flag)
+                        + (", " if cmd.kind == "compose-flow" else " ")
+                        + _quote_for(cmd, value)
+                    )
             notes.append(ch.describe() + (f" (was {occ[0].value})" if occ else "") + (f": {ch.why}" if ch.why else ""))
         else:  # pragma: no cover - programming error
             raise ValueError(ch.op)
@@ -193,7 +197,7 @@ def edit_flags(data: bytes, cmd: LaunchCommand, changes: list[FlagChange]) -> tu
     out = []
     pos = 0
     for s in splices:
-        out.append(text[pos:s.a])
+        out.append(text[pos : s.a])
         out.append(s.text)
         pos = s.b
     out.append(text[pos:])
@@ -203,7 +207,7 @@ def edit_flags(data: bytes, cmd: LaunchCommand, changes: list[FlagChange]) -> tu
 def expected_argv(cmd: LaunchCommand, changes: list[FlagChange]) -> list[str]:
     """What the command's argv must be after ``changes`` (the post-condition of an edit)."""
     argv = cmd.argv[:]
-    head, args = argv[:cmd.args_from], argv[cmd.args_from:]
+    head, args = argv[: cmd.args_from], argv[cmd.args_from :]
     for ch in changes:
         if ch.op == "remove":
             out = []

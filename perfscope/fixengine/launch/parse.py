@@ -35,8 +35,9 @@ def find_command(path: str, data: bytes) -> LaunchCommand:
         raise LaunchParseError(f"{path} ({kind}): no sglang / vllm launch command found")
     if len(cmds) > 1:
         where = ", ".join(str(c.line) for c in cmds)
-        raise LaunchParseError(f"{path} ({kind}): {len(cmds)} launch commands (lines {where}); perfscope edits a "
-                               "file with exactly one")
+        raise LaunchParseError(
+            f"{path} ({kind}): {len(cmds)} launch commands (lines {where}); perfscope edits a file with exactly one"
+        )
     _refuse_expanding_words(cmds[0], text)
     return cmds[0]
 
@@ -51,9 +52,12 @@ def _refuse_expanding_words(cmd: LaunchCommand, text: str) -> None:
         if not t.expands:
             continue
         prev = toks[i - 1].value if i > cmd.args_from else ""
-        if re.match(r"--[A-Za-z0-9][A-Za-z0-9_-]*=[^$]*\$", text[t.start:t.end]) and not t.expands.startswith("$@"):
+        if re.match(r"--[A-Za-z0-9][A-Za-z0-9_-]*=[^$]*\$", text[t.start : t.end]) and not t.expands.startswith("$@"):
             continue  # --model-path=$MODEL: a flag's value
-        if t.expands.startswith(("$@", "${@")) or not (prev.startswith("-") and "=" not in prev
-                                                         and not t.value.startswith("-")):
-            raise LaunchParseError(f"{text[t.start:t.end]} (line {line_of(text, t.start)}): the shell expands it into "
-                                   "words perfscope cannot see (flags, maybe); write the server's flags out in the file")
+        if t.expands.startswith(("$@", "${@")) or not (
+            prev.startswith("-") and "=" not in prev and not t.value.startswith("-")
+        ):
+            raise LaunchParseError(
+                f"{text[t.start : t.end]} (line {line_of(text, t.start)}): the shell expands it into "
+                "words perfscope cannot see (flags, maybe); write the server's flags out in the file"
+            )

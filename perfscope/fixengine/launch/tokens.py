@@ -36,7 +36,7 @@ class LaunchCommand:
 
     @property
     def args(self) -> list[Token]:
-        return self.tokens[self.args_from:]
+        return self.tokens[self.args_from :]
 
     @property
     def argv(self) -> list[str]:
@@ -92,7 +92,7 @@ def tokenize_shell(text: str, a: int, b: int, *, systemd: bool = False) -> tuple
                 j = text.find("'", i + 1, b)
                 if j < 0:
                     raise LaunchParseError(f"an unclosed ' (line {text.count(chr(10), 0, i) + 1})")
-                val.append(text[i + 1:j])
+                val.append(text[i + 1 : j])
                 i = j + 1
                 continue
             if c == '"':
@@ -101,13 +101,13 @@ def tokenize_shell(text: str, a: int, b: int, *, systemd: bool = False) -> tuple
                     if text[j] == "\\" and j + 1 < b:
                         if text[j + 1] == "\n":
                             raise LaunchParseError("a line continuation inside a quoted word")
-                        val.append(text[j + 1] if text[j + 1] in '$`"\\' else text[j:j + 2])
+                        val.append(text[j + 1] if text[j + 1] in '$`"\\' else text[j : j + 2])
                         j += 2
                         continue
                     if text[j] == "`" or text.startswith("$(", j):
                         raise LaunchParseError("command substitution in the launch command")
                     if text.startswith(("$@", "${@"), j):
-                        expands = expands or text[j:j + 2]  # "$@" is one word per argument
+                        expands = expands or text[j : j + 2]  # "$@" is one word per argument
                     val.append(text[j])
                     j += 1
                 if j >= b:
@@ -132,14 +132,15 @@ def check_shlex(text: str, toks: list[Token]) -> None:
     """The tokens must be what shlex reads from the same text (continuations as blanks)."""
     if not toks:
         return
-    region = text[toks[0].start:toks[-1].end].replace("\\\n", "  ")
+    region = text[toks[0].start : toks[-1].end].replace("\\\n", "  ")
     try:
         ref = shlex.split(region, comments=False, posix=True)
     except ValueError as e:
         raise LaunchParseError(f"shlex cannot split the launch command ({e})") from None
     if ref != [t.value for t in toks]:
-        raise LaunchParseError("the launch command does not split into the same words with shlex "
-                               "(quoting perfscope does not read exactly)")
+        raise LaunchParseError(
+            "the launch command does not split into the same words with shlex (quoting perfscope does not read exactly)"
+        )
 
 
 def line_of(text: str, off: int) -> int:

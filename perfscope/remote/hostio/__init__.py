@@ -23,6 +23,20 @@ from perfscope.remote.hostio.traces import (
     trace_file_complete,
 )
 
-__all__ = ["ARGV_BATCH_BYTES", "GZ_OUT_BLOCK", "GZ_READ_BLOCK", "NVSMI_FIELDS", "TRACE_SUFFIXES", "HostIO", "LocalHost",
-           "RemoteFile", "SSHHost", "argv_batches", "gzip_intact_local", "is_trace_name", "kill_group",
-           "parse_nvidia_smi", "trace_file_complete"]
+__all__ = [
+    "ARGV_BATCH_BYTES",
+    "GZ_OUT_BLOCK",
+    "GZ_READ_BLOCK",
+    "NVSMI_FIELDS",
+    "TRACE_SUFFIXES",
+    "HostIO",
+    "LocalHost",
+    "RemoteFile",
+    "SSHHost",
+    "argv_batches",
+    "gzip_intact_local",
+    "is_trace_name",
+    "kill_group",
+    "parse_nvidia_smi",
+    "trace_file_complete",
+]

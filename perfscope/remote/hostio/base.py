@@ -31,8 +31,10 @@ class HostIO:
         r = self.run(["mktemp", "-d", "-p", base, prefix + "XXXXXXXX"])
         path = r.stdout.strip()
         if not r.ok or not path.startswith("/"):
-            raise RemoteError(f"cannot make a folder under {base} on {self.label}: "
-                              f"{(r.stderr.strip() or 'mktemp failed').splitlines()[-1][:200]}")
+            raise RemoteError(
+                f"cannot make a folder under {base} on {self.label}: "
+                f"{(r.stderr.strip() or 'mktemp failed').splitlines()[-1][:200]}"
+            )
         return path
 
     def discard_dir(self, path: str, prefix: str = "perfscope-trace.") -> None:
@@ -82,8 +84,9 @@ class HostIO:
     def sha256(self, path: str) -> str:
         raise NotImplementedError
 
-    def fetch(self, path: str, local: Path, expected_sha256: str,
-              progress: Callable[[int, int], None] | None = None) -> str:
+    def fetch(
+        self, path: str, local: Path, expected_sha256: str, progress: Callable[[int, int], None] | None = None
+    ) -> str:
         raise NotImplementedError
 
     def remove(self, paths: list[str], folder: str | None) -> None:
@@ -105,9 +108,17 @@ class HostIO:
         pid = listen_pid(r.stdout, port) if r.ok else None
         if pid is None:
             # no ss, or no permission to see the owner: look for a launcher naming the port
-            r = self.run(["sh", "-c", 'for p in /proc/[0-9]*; do c=$(tr "\\0" " " < "$p/cmdline" 2>/dev/null) || continue; '
-                          'case "$c" in *"--port $1"*|*"--port=$1"*) echo "${p#/proc/} $c";; esac; done', "sh", str(port)],
-                         timeout=20)
+            r = self.run(
+                [
+                    "sh",
+                    "-c",
+                    'for p in /proc/[0-9]*; do c=$(tr "\\0" " " < "$p/cmdline" 2>/dev/null) || continue; '
+                    'case "$c" in *"--port $1"*|*"--port=$1"*) echo "${p#/proc/} $c";; esac; done',
+                    "sh",
+                    str(port),
+                ],
+                timeout=20,
+            )
             cands = [ln.split(" ", 1) for ln in r.stdout.splitlines() if ln.strip()]
             cands = [c for c in cands if re.search(r"python|sglang|vllm", c[-1])]
             if cands:
@@ -115,9 +126,17 @@ class HostIO:
         if pid is None:
             return info
         info["pid"] = pid
-        r = self.run(["sh", "-c", 'readlink "/proc/$1/exe"; stat -c %u "/proc/$1"; tr "\\0" "\\n" < "/proc/$1/cmdline" | head -n 1; '
-                      'tr "\\0" "\\n" < "/proc/$1/environ" 2>/dev/null | grep -E "^(VIRTUAL_ENV|CONDA_PREFIX)=" || true',
-                      "sh", str(pid)], timeout=20)
+        r = self.run(
+            [
+                "sh",
+                "-c",
+                'readlink "/proc/$1/exe"; stat -c %u "/proc/$1"; tr "\\0" "\\n" < "/proc/$1/cmdline" | head -n 1; '
+                'tr "\\0" "\\n" < "/proc/$1/environ" 2>/dev/null | grep -E "^(VIRTUAL_ENV|CONDA_PREFIX)=" || true',
+                "sh",
+                str(pid),
+            ],
+            timeout=20,
+        )
         lines = r.stdout.splitlines()
         if len(lines) >= 3:
             info["exe"] = lines[0] or None
@@ -151,22 +170,35 @@ class HostIO:
         if chosen:
             me, owners = self._owners(chosen)
             if proc.get("uid") is None or proc["uid"] != me:
-                proc["python_note"] = (f"the server (pid {proc.get('pid')}) runs as uid {proc.get('uid', '?')}, not as "
-                                       f"this user (uid {me}): its interpreter is not run; pass --python to name it")
+                proc["python_note"] = (
+                    f"the server (pid {proc.get('pid')}) runs as uid {proc.get('uid', '?')}, not as "
+                    f"this user (uid {me}): its interpreter is not run; pass --python to name it"
+                )
                 chosen = []
             else:
                 mine = [p for p in chosen if owners.get(p) and all(u in (me, 0) for u in owners[p])]
                 if len(mine) < len(chosen):
-                    proc["python_note"] = ("not run, as another user owns them: " + ", ".join(
-                        p for p in chosen if p not in mine) + " (pass --python to name the interpreter)")
+                    proc["python_note"] = (
+                        "not run, as another user owns them: "
+                        + ", ".join(p for p in chosen if p not in mine)
+                        + " (pass --python to name the interpreter)"
+                    )
                 chosen = mine
         return list(dict.fromkeys(chosen + ["python3"]))
 
     def _owners(self, paths: list[str]) -> tuple[int | None, dict[str, tuple[int, int]]]:
         """(this user's uid, {path: (owner of the path, owner of the file it leads to)}) on the
         host, in one command; a path that cannot be stat'ed is left out."""
-        r = self.run(["sh", "-c", 'id -u; for p; do echo "$(stat -c %u -- "$p" 2>/dev/null):'
-                      '$(stat -L -c %u -- "$p" 2>/dev/null)"; done', "sh", *paths], timeout=20)
+        r = self.run(
+            [
+                "sh",
+                "-c",
+                'id -u; for p; do echo "$(stat -c %u -- "$p" 2>/dev/null):$(stat -L -c %u -- "$p" 2>/dev/null)"; done',
+                "sh",
+                *paths,
+            ],
+            timeout=20,
+        )
         lines = r.stdout.splitlines() if r.ok else []
         me = int(lines[0]) if lines and lines[0].isdigit() else None
         owners = {}

@@ -44,8 +44,13 @@ class LocalHost(HostIO):
         """Run a command in its own process group: a timeout or an interrupt kills the whole group
         (a hung ``--restart-cmd``'s children too), not only the outer process."""
         try:
-            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+            p = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except FileNotFoundError:
             return CommandResult(quote_argv(argv), 127, "", f"{argv[0]}: not found")
         except OSError as e:  # e.g. a PATH entry this user cannot enter
@@ -57,8 +62,9 @@ class LocalHost(HostIO):
             if isinstance(e, subprocess.TimeoutExpired):
                 raise RemoteError(f"local command timed out after {timeout:g}s: {quote_argv(argv)[:120]}") from None
             raise
-        return CommandResult(quote_argv(argv), p.returncode, out.decode("utf-8", "replace"),
-                             err.decode("utf-8", "replace"))
+        return CommandResult(
+            quote_argv(argv), p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        )
 
     def list_traces(self, folder, match=is_trace_name):
         """The regular files in ``folder`` (a symlink there is not the server's trace: it could

@@ -29,7 +29,9 @@ class SSHHost(HostIO):
         out = []
         for e in self.s.listdir(folder):
             if match(e.filename) and stat.S_ISREG(e.st_mode or 0):
-                out.append(RemoteFile(e.filename, f"{folder.rstrip('/')}/{e.filename}", e.st_size or 0, e.st_mtime or 0))
+                out.append(
+                    RemoteFile(e.filename, f"{folder.rstrip('/')}/{e.filename}", e.st_size or 0, e.st_mtime or 0)
+                )
         return sorted(out, key=lambda f: f.name)
 
     def sha256(self, path):

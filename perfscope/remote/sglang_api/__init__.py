@@ -28,5 +28,16 @@ from perfscope.remote.sglang_api.profiling import (
     server_has_gpu,
 )
 
-__all__ = ["GPU_TRACE_AFTER_NOTE", "PROFILE_FIELDS", "HTTPStatusError", "SGLangClient", "ServerDown", "StreamFrame",
-           "Unauthorized", "gpu_trace_after_note", "parse_base_url", "profile_activities", "server_has_gpu"]
+__all__ = [
+    "GPU_TRACE_AFTER_NOTE",
+    "PROFILE_FIELDS",
+    "HTTPStatusError",
+    "SGLangClient",
+    "ServerDown",
+    "StreamFrame",
+    "Unauthorized",
+    "gpu_trace_after_note",
+    "parse_base_url",
+    "profile_activities",
+    "server_has_gpu",
+]

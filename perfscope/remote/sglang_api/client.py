@@ -50,7 +50,6 @@ class StreamFrame:
     data: dict
 
 
-
 class SGLangClient:
     """``SGLangClient("http://127.0.0.1:30000", api_key=...)``. Thread-safe (no shared connection)."""
 
@@ -82,8 +81,7 @@ class SGLangClient:
             h["Authorization"] = f"Bearer {self._api_key}"
         return h
 
-    def _open(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None,
-              stream: bool = False):
+    def _open(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None, stream: bool = False):
         """Send the request; returns (connection, response, deadline). The deadline bounds the whole
         request (``stream``: each line of the stream) at the timeout, however slowly bytes arrive."""
         data = None if body is None else json.dumps(body).encode()
@@ -100,7 +98,9 @@ class SGLangClient:
             ok = True
         except ConnectionRefusedError:
             conn.close()
-            raise ServerDown(f"nothing listens at {self.base_url} (connection refused): is the server running?") from None
+            raise ServerDown(
+                f"nothing listens at {self.base_url} (connection refused): is the server running?"
+            ) from None
         except (socket.timeout, TimeoutError):
             conn.close()
             raise RemoteError(f"{where} timed out after {conn.timeout:g}s") from None
@@ -124,8 +124,11 @@ class SGLangClient:
             msg = message_of(raw) or resp.reason
             cls = Unauthorized if resp.status in (401, 403) else HTTPStatusError
             hint = " (wrong or missing API key)" if cls is Unauthorized else ""
-            raise cls(f"{method} {path} -> HTTP {resp.status}{hint}: {msg}", status=resp.status,
-                      body=raw.decode("utf-8", "replace"))
+            raise cls(
+                f"{method} {path} -> HTTP {resp.status}{hint}: {msg}",
+                status=resp.status,
+                body=raw.decode("utf-8", "replace"),
+            )
         return conn, resp, watch
 
     def request(self, method: str, path: str, body: Any = None, timeout: Optional[float] = None) -> bytes:
@@ -224,51 +227,68 @@ class SGLangClient:
             n += max(sum(r for r in reqs if r is not None), 1 if used else 0)
         return n
 
-    def start_profile(self, output_dir: Optional[str] = None, num_steps: Optional[int] = None,
-                      activities: Optional[list] = None, with_stack: Optional[bool] = None,
-                      record_shapes: Optional[bool] = None, profile_by_stage: Optional[bool] = None,
-                      profile_prefix: Optional[str] = None, request_timeout: Optional[float] = None,
-                      server_has_gpu: bool = False, **extra: Any) -> str:
+    def start_profile(
+        self,
+        output_dir: Optional[str] = None,
+        num_steps: Optional[int] = None,
+        activities: Optional[list] = None,
+        with_stack: Optional[bool] = None,
+        record_shapes: Optional[bool] = None,
+        profile_by_stage: Optional[bool] = None,
+        profile_prefix: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+        server_has_gpu: bool = False,
+        **extra: Any,
+    ) -> str:
         """Arm the profiler. Only the fields given are sent (older servers reject unknown ones).
         Returns the server's reply text; 0.4.7+ replies before any trace is written.
         ``request_timeout``: how long to wait for the reply (default: 120 s or the client's).
         ``MEM`` (CUDA memory history) is refused unless ``server_has_gpu``: on a host without a GPU
         it kills a real SGLang server."""
         if activities and any(str(a).upper() == "MEM" for a in activities) and not server_has_gpu:
-            raise InputError("not sending activities MEM: the server reports no GPU, and recording CUDA "
-                             "memory history there kills an SGLang server")
-        body = {"output_dir": output_dir, "num_steps": num_steps, "activities": activities,
-                "with_stack": with_stack, "record_shapes": record_shapes, "profile_by_stage": profile_by_stage,
-                "profile_prefix": profile_prefix, **extra}
+            raise InputError(
+                "not sending activities MEM: the server reports no GPU, and recording CUDA "
+                "memory history there kills an SGLang server"
+            )
+        body = {
+            "output_dir": output_dir,
+            "num_steps": num_steps,
+            "activities": activities,
+            "with_stack": with_stack,
+            "record_shapes": record_shapes,
+            "profile_by_stage": profile_by_stage,
+            "profile_prefix": profile_prefix,
+            **extra,
+        }
         unknown = sorted(set(body) - set(PROFILE_FIELDS))
         if unknown:
             raise InputError(f"unknown /start_profile fields: {unknown}")
         body = {k: v for k, v in body.items() if v is not None}
         wait = request_timeout if request_timeout is not None else max(self.timeout, 120.0)
-        return self.request("POST", "/start_profile", body or None, timeout=wait) \
-            .decode("utf-8", "replace").strip()
+        return self.request("POST", "/start_profile", body or None, timeout=wait).decode("utf-8", "replace").strip()
 
     def stop_profile(self, request_timeout: Optional[float] = None) -> str:
         """Stop and write the traces (the server may take long to export: generous timeout, or
         ``request_timeout``). An error when no profile runs (SGLang 0.4.10+): :class:`HTTPStatusError`."""
         wait = request_timeout if request_timeout is not None else max(self.timeout, 600.0)
-        return self.request("POST", "/stop_profile", None, timeout=wait) \
-            .decode("utf-8", "replace").strip()
+        return self.request("POST", "/stop_profile", None, timeout=wait).decode("utf-8", "replace").strip()
 
     def generate(self, payload: dict, timeout: Optional[float] = None) -> dict:
         """Non-streamed /generate: the final JSON object."""
         body = dict(payload, stream=False)
         return self.request_json("POST", "/generate", body, timeout=timeout)
 
-    def generate_stream(self, payload: dict, timeout: Optional[float] = None,
-                        stop: Optional[Any] = None) -> Iterator[StreamFrame]:
+    def generate_stream(
+        self, payload: dict, timeout: Optional[float] = None, stop: Optional[Any] = None
+    ) -> Iterator[StreamFrame]:
         """Streamed /generate: yields a :class:`StreamFrame` per ``data:`` frame as it arrives and
         returns at ``data: [DONE]``. ``timeout`` bounds each line of the stream (not the whole stream). ``stop``
         (a ``threading.Event``) abandons the stream between frames, closing the connection."""
         return self.stream_sse("/generate", dict(payload, stream=True), timeout=timeout, stop=stop)
 
-    def stream_sse(self, path: str, body: Any, timeout: Optional[float] = None,
-                   stop: Optional[Any] = None) -> Iterator[StreamFrame]:
+    def stream_sse(
+        self, path: str, body: Any, timeout: Optional[float] = None, stop: Optional[Any] = None
+    ) -> Iterator[StreamFrame]:
         """POST ``body`` to ``path`` and yield its SSE ``data:`` frames until ``data: [DONE]``
         (shared with the vLLM client's /v1/completions)."""
         conn, resp, watch = self._open("POST", path, body, timeout, stream=True)
@@ -293,7 +313,9 @@ class SGLangClient:
                 watch.extend()
                 held += len(line)
                 if held > cap:
-                    raise RemoteError(f"{where}: " + limits.too_big("a stream frame", cap, "PERFSCOPE_MAX_REPLY_MB", "MB"))
+                    raise RemoteError(
+                        f"{where}: " + limits.too_big("a stream frame", cap, "PERFSCOPE_MAX_REPLY_MB", "MB")
+                    )
                 t = time.perf_counter()
                 if not line:
                     raise RemoteError(f"POST {path}: the stream ended without data: [DONE]")

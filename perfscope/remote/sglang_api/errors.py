@@ -27,7 +27,6 @@ class Unauthorized(HTTPStatusError):
     """401/403: the API key is missing or wrong."""
 
 
-
 def message_of(body: bytes) -> str:
     """The message of an error reply's body (its JSON ``message``, ``error`` or ``detail``, else its text), one line."""
     text = body.decode("utf-8", "replace").strip()

@@ -5,8 +5,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-PROFILE_FIELDS = ("output_dir", "num_steps", "activities", "with_stack", "record_shapes", "profile_by_stage",
-                  "profile_prefix", "start_step", "merge_profiles", "profile_id", "profile_stages")
+PROFILE_FIELDS = (
+    "output_dir",
+    "num_steps",
+    "activities",
+    "with_stack",
+    "record_shapes",
+    "profile_by_stage",
+    "profile_prefix",
+    "start_step",
+    "merge_profiles",
+    "profile_id",
+    "profile_stages",
+)
 
 
 def server_has_gpu(info: Optional[dict], gpus: Optional[list] = None) -> bool:
@@ -38,7 +49,8 @@ GPU_TRACE_AFTER_NOTE = (
     "it restarts (real SGLang on an H200, batch 1: TPOT 1.07-1.68 ms before a trace, 1.45-1.92 ms after). "
     "TEARDOWN_CUPTI=1 in the server's environment is no cure there: torch 2.11 / CUDA 13 servers started "
     "with it wrote GPU traces without a single kernel. For a before/after speed comparison, bench before "
-    "tracing (trace --bench does) or after a restart.")
+    "tracing (trace --bench does) or after a restart."
+)
 
 
 def gpu_trace_after_note(activities: Optional[list] = None, gpu_server: bool = False) -> Optional[str]:

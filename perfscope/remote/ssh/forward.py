@@ -17,8 +17,15 @@ class LocalForward:
     """127.0.0.1:<ephemeral> on this machine -> ``remote_host:remote_port`` as the SSH host sees
     it, one ``direct-tcpip`` channel per accepted connection. Use as a context manager."""
 
-    def __init__(self, transport: paramiko.Transport, remote_port: int, remote_host: str = "127.0.0.1",
-                 *, label: str = "", timeout: float = DEFAULT_CONNECT_TIMEOUT):
+    def __init__(
+        self,
+        transport: paramiko.Transport,
+        remote_port: int,
+        remote_host: str = "127.0.0.1",
+        *,
+        label: str = "",
+        timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ):
         self._transport = transport
         self.remote_host = remote_host
         self.remote_port = int(remote_port)

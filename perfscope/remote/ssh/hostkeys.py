@@ -91,7 +91,7 @@ def _blob_type(blob: bytes) -> str:
     """The key type named inside an SSH public-key blob."""
     try:
         (n,) = struct.unpack(">I", blob[:4])
-        return blob[4:4 + n].decode("ascii")
+        return blob[4 : 4 + n].decode("ascii")
     except (struct.error, UnicodeDecodeError):
         return ""
 
@@ -261,23 +261,33 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
                 has = f"{v.line.where} records {', '.join(v.known_types)} for it"
             raise HostKeyChanged(
                 f"host key of {name} CHANGED: it offers {offered}, {has}; this may be an attack "
-                "(someone intercepting the connection), so it is refused", hint=changed_hint)
-        ca = (f" ({v.ca.where} trusts a certificate authority for it, but the host offers a plain key)"
-              if v.ca is not None else "")
+                "(someone intercepting the connection), so it is refused",
+                hint=changed_hint,
+            )
+        ca = (
+            f" ({v.ca.where} trusts a certificate authority for it, but the host offers a plain key)"
+            if v.ca is not None
+            else ""
+        )
         if v.ca is not None:
             # Deliberately stricter than ssh: with accept-new, ssh records a plain key for a host its
             # known_hosts vouches for by a CA. perfscope cannot check host certificates (paramiko offers
             # none), so trust-on-first-use would bypass the CA the user pinned: fail closed, in every mode.
-            raise HostKeyUnknown(f"host key of {name} cannot be checked ({offered}){ca}: refused",
-                                 hint="add the host's plain key to known_hosts yourself, after checking its fingerprint")
+            raise HostKeyUnknown(
+                f"host key of {name} cannot be checked ({offered}){ca}: refused",
+                hint="add the host's plain key to known_hosts yourself, after checking its fingerprint",
+            )
         if not self.accept_new:
             raise HostKeyUnknown(
                 f"host key of {name} is not in {self.write_to} ({offered}){ca}",
-                hint="check the fingerprint, then add it to known_hosts or pass --accept-new-host-key")
+                hint="check the fingerprint, then add it to known_hosts or pass --accept-new-host-key",
+            )
         if any(c in self.target.host for c in _UNRECORDABLE):
             raise HostKeyUnknown(  # ssh's check_host_key will not write such a name either
                 f"host key of {name} is not in {self.write_to} ({offered}), and a host name with any of "
-                f"{_UNRECORDABLE} is never recorded", hint="add the key to known_hosts yourself")
+                f"{_UNRECORDABLE} is never recorded",
+                hint="add the key to known_hosts yourself",
+            )
         _append_known_host(self.write_to, name, key)
 
 

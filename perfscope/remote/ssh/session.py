@@ -32,7 +32,7 @@ def _take_pgid(err: bytearray) -> tuple[int | None, bytearray]:
     if not err.startswith(tag) or b"\n" not in err:
         return None, err
     first, rest = bytes(err).split(b"\n", 1)
-    num = first[len(tag):]
+    num = first[len(tag) :]
     return (int(num) if num.isdigit() else None), bytearray(rest)
 
 
@@ -56,8 +56,9 @@ class SSHSession:
         return t
 
     # commands ------------------------------------------------------------------------------
-    def run(self, argv: Sequence[str] | str, *, timeout: float = 60.0, check: bool = False,
-            input: bytes | None = None) -> CommandResult:
+    def run(
+        self, argv: Sequence[str] | str, *, timeout: float = 60.0, check: bool = False, input: bytes | None = None
+    ) -> CommandResult:
         """Run a command on the host. ``argv`` items are each shlex-quoted (a ``str`` is sent as
         is: only for fixed text). Output is decoded as UTF-8 with replacement."""
         line = quote_argv(argv)
@@ -113,8 +114,10 @@ class SSHSession:
 
     def _kill_group(self, pgid: int) -> None:
         """SIGTERM, then SIGKILL after 2 s, to a process group on the host (best effort)."""
-        script = (f"kill -TERM -- -{pgid} 2>/dev/null || exit 0; i=0; while [ $i -lt 20 ]; do "
-                  f"kill -0 -- -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pgid} 2>/dev/null; exit 0")
+        script = (
+            f"kill -TERM -- -{pgid} 2>/dev/null || exit 0; i=0; while [ $i -lt 20 ]; do "
+            f"kill -0 -- -{pgid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pgid} 2>/dev/null; exit 0"
+        )
         with contextlib.suppress(Exception):
             chan = self.transport.open_session(timeout=5)
             chan.settimeout(10)
@@ -126,8 +129,9 @@ class SSHSession:
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1", *, check: bool = True) -> LocalForward:
         """Start a local forwarder to ``remote_host:remote_port`` as seen from the host (default
         its loopback). With ``check`` it first proves something listens there (:class:`ServerDown`)."""
-        fwd = LocalForward(self.transport, remote_port, remote_host, label=self.target.label,
-                           timeout=self.target.timeout)
+        fwd = LocalForward(
+            self.transport, remote_port, remote_host, label=self.target.label, timeout=self.target.timeout
+        )
         self._forwards.append(fwd)
         if check:
             try:
@@ -171,24 +175,30 @@ class SSHSession:
                     if stat_mod.S_ISDIR(st.st_mode or 0):
                         raise InputError(f"{where}: is a folder, not a file")
                     if not stat_mod.S_ISREG(st.st_mode or 0):
-                        raise InputError(f"{where}: not a regular file (a pipe or device): fix reads and "
-                                         "patches regular files only")
+                        raise InputError(
+                            f"{where}: not a regular file (a pipe or device): fix reads and patches regular files only"
+                        )
                     if (st.st_size or 0) > regular_cap:
-                        raise InputError(f"{where}: " + too_big("the file", regular_cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB"))
+                        raise InputError(
+                            f"{where}: " + too_big("the file", regular_cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB")
+                        )
                 with self.sftp().open(path, "rb") as f:
                     f.prefetch()
                     data = f.read() if regular_cap is None else f.read(regular_cap + 1)
                     if regular_cap is not None and len(data) > regular_cap:
-                        raise InputError(f"{self.target.label}:{path}: "
-                                         + too_big("the file", regular_cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB"))
+                        raise InputError(
+                            f"{self.target.label}:{path}: "
+                            + too_big("the file", regular_cap, "PERFSCOPE_MAX_FIX_FILE_MB", "MB")
+                        )
                     return data
             except FileNotFoundError:
                 raise RemoteError(f"{path} does not exist on {self.target.label}") from None
             except (OSError, paramiko.SSHException) as e:
                 raise RemoteError(f"cannot read {path} on {self.target.label}: {e}") from None
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
-                           tmp_dir: str | None = None, follow_symlinks: bool = True) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: int | None = None, tmp_dir: str | None = None, follow_symlinks: bool = True
+    ) -> None:
         """Write a remote file via a temporary file and an atomic rename; the old file's permission
         bits are kept (or set to ``mode``). The temporary file lives in ``tmp_dir`` when the rename
         from there works (same file system), else in the file's own folder. ``follow_symlinks``
@@ -201,8 +211,10 @@ class SSHSession:
                 try:
                     if stat_mod.S_ISLNK(sftp.lstat(path).st_mode or 0):
                         if not follow_symlinks:
-                            raise FixRefused(f"{self.target.label}:{path} became a symlink since the check: "
-                                             "nothing written; check again")
+                            raise FixRefused(
+                                f"{self.target.label}:{path} became a symlink since the check: "
+                                "nothing written; check again"
+                            )
                         path = sftp.normalize(path)  # write the link's target: the link stays
                     st = sftp.stat(path)
                 except FileNotFoundError:
@@ -263,16 +275,24 @@ class SSHSession:
         r = self.run(["sha256sum", "--", path], timeout=600)
         if r.ok and re.match(r"^[0-9a-f]{64}\b", r.stdout):
             return r.stdout[:64]
-        script = ("import hashlib,sys\nh=hashlib.sha256()\nf=open(sys.argv[1],'rb')\n"
-                  "for b in iter(lambda: f.read(1<<20), b''): h.update(b)\nprint(h.hexdigest())")
+        script = (
+            "import hashlib,sys\nh=hashlib.sha256()\nf=open(sys.argv[1],'rb')\n"
+            "for b in iter(lambda: f.read(1<<20), b''): h.update(b)\nprint(h.hexdigest())"
+        )
         r2 = self.run(["python3", "-c", script, path], timeout=600)
         if r2.ok and re.match(r"^[0-9a-f]{64}$", r2.stdout.strip()):
             return r2.stdout.strip()
         why = (r.stderr.strip() or r2.stderr.strip() or "no sha256sum or python3").splitlines()[-1]
         raise RemoteError(f"cannot hash {path} on {self.target.label}: {why[:200]}")
 
-    def download(self, remote: str, local: str | os.PathLike, *, expected_sha256: str | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> str:
+    def download(
+        self,
+        remote: str,
+        local: str | os.PathLike,
+        *,
+        expected_sha256: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> str:
         """Copy a remote file here atomically (temp file + rename) and return its sha256. With
         ``expected_sha256`` a mismatch deletes the copy and raises :class:`RemoteError`.
         ``progress(done_bytes, total_bytes)`` is called as data arrives."""

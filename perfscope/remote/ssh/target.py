@@ -49,7 +49,7 @@ _SPEC = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s\[\]]+)(?
 def _strip_ssh_url(spec: str) -> str:
     """ProxyJump also takes ``ssh://[user@]host[:port]`` (ssh_config(5))."""
     s = spec.strip()
-    return s[len("ssh://"):].rstrip("/") if s.lower().startswith("ssh://") else s
+    return s[len("ssh://") :].rstrip("/") if s.lower().startswith("ssh://") else s
 
 
 def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
@@ -75,8 +75,10 @@ def _ssh_config(path: str | os.PathLike | None) -> paramiko.SSHConfig | None:
         except OSError:
             return None
         if re.search(r"^\s*proxycommand\b", text, re.I | re.M):  # never connect directly instead
-            raise RemoteError(f"{p} has a ProxyCommand and cannot be read here: perfscope does not run "
-                              "ProxyCommand; use ProxyJump or --jump") from None
+            raise RemoteError(
+                f"{p} has a ProxyCommand and cannot be read here: perfscope does not run "
+                "ProxyCommand; use ProxyJump or --jump"
+            ) from None
         return None
 
 
@@ -106,8 +108,10 @@ def parse_target(
     cfg = _ssh_config(ssh_config) if _use_config else None
     c = cfg.lookup(s_host) if cfg else {}
     if c.get("proxycommand") and c["proxycommand"].strip().lower() != "none" and not jump:
-        raise RemoteError(f"the ssh config gives {s_host} a ProxyCommand ({c['proxycommand'][:80]}), which "
-                          "perfscope does not run; it will not connect directly instead: use ProxyJump or --jump")
+        raise RemoteError(
+            f"the ssh config gives {s_host} a ProxyCommand ({c['proxycommand'][:80]}), which "
+            "perfscope does not run; it will not connect directly instead: use ProxyJump or --jump"
+        )
     host = c.get("hostname", s_host)
     user = user or s_user or c.get("user")
     port = port or s_port or (int(c["port"]) if "port" in c else 22)
@@ -123,7 +127,9 @@ def parse_target(
     elif known_hosts is None and (c.get("userknownhostsfile") or c.get("globalknownhostsfile")):
         # the ssh config's files for this host, as ssh reads them (the first user file is written to)
         users = [f for f in (c.get("userknownhostsfile") or "").split() if f.lower() != "none"]
-        globs = [f for f in (c.get("globalknownhostsfile") or "/etc/ssh/ssh_known_hosts").split() if f.lower() != "none"]
+        globs = [
+            f for f in (c.get("globalknownhostsfile") or "/etc/ssh/ssh_known_hosts").split() if f.lower() != "none"
+        ]
         if not users:
             users = ["~/.ssh/known_hosts"]
         known_hosts, also = users[0], tuple(users[1:] + globs)
@@ -135,8 +141,13 @@ def parse_target(
             part = part.strip()
             if part:
                 hop = parse_target(
-                    part, known_hosts=kh_arg, accept_new=accept_new, timeout=timeout,
-                    ssh_config=ssh_config, _use_config=_use_config, _hops=_hops + 1 + len(hops),
+                    part,
+                    known_hosts=kh_arg,
+                    accept_new=accept_new,
+                    timeout=timeout,
+                    ssh_config=ssh_config,
+                    _use_config=_use_config,
+                    _hops=_hops + 1 + len(hops),
                 )
                 if hop.identity is None and identity:
                     # unlike ssh -J, hops also try --identity (their own IdentityFile wins)
