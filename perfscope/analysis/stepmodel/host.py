@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from itertools import chain
+from itertools import chain, compress, repeat
 from typing import Optional
 
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex
@@ -12,6 +12,7 @@ from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
 _CORR = operator.attrgetter("corr")
+_KIND = operator.attrgetter("kind")
 
 
 def host_wait_us(l, copies) -> float:
@@ -51,8 +52,8 @@ def host_busy(
     if not count:
         return {}
     thread = max(count, key=lambda t: count[t])
-    for k in kern:
-        if k.kind == "memcpy" and k.corr is not None:
+    for k in compress(kern, map(operator.eq, map(_KIND, kern), repeat("memcpy"))):  # the copies, found in C
+        if k.corr is not None:
             copies.setdefault(k.corr, []).append(k)
     ordered = sorted((s for s in steps if s.kernels), key=lambda s: s.cpu_start)
     out = {}

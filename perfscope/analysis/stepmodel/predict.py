@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 import statistics
 from collections import deque
-from itertools import accumulate
+from itertools import accumulate, compress, repeat
 from typing import Callable, Optional
 
 from perfscope.analysis.stepmodel.memo import host_busy_once, indexes, replay_once
@@ -29,8 +29,10 @@ def _mostly_graph(r: StepReplay, kern, s: Step, by_corr: dict) -> bool:
     hit = r._mostly_graph
     if hit is None:
         durs = r._plan()[4]
-        graph_k = sum([d for g, d in zip(r.graph_slots, durs) if g])
-        hit = r._mostly_graph = graph_k >= 0.5 * sum(durs)
+        total = sum(durs)
+        # every slot in a graph launch (a CUDA-graph decode step): the graph kernels' time is the total
+        graph_k = total if 0 not in r.graph_slots else sum([d for g, d in zip(r.graph_slots, durs) if g])
+        hit = r._mostly_graph = graph_k >= 0.5 * total
     return hit
 
 
@@ -39,11 +41,14 @@ def _streams(r: StepReplay) -> list:
     hit = r._streams
     if hit is None:
         kern = r.trace.kernels
-        per: dict = {}
-        for p, i in enumerate(r.step.kernels):
-            per.setdefault(kern[i].stream, []).append(p)
-        hit = r._streams = list(per.values())
+        sl = list(map(_STREAM, map(kern.__getitem__, r.step.kernels)))  # each slot's stream
+        slots = range(len(sl))
+        # each stream's slots in order, the streams in the order of their first slot (a step runs few streams)
+        hit = r._streams = [list(compress(slots, map(operator.eq, sl, repeat(st)))) for st in dict.fromkeys(sl)]
     return hit
+
+
+_STREAM = operator.attrgetter("stream")
 
 
 def _back_to_back_slots(streams: list, nd: list) -> float:
@@ -82,9 +87,14 @@ def predict_after(
             continue
         r, base = replay_once(trace, s, by_corr, index)
         durs = r._plan()[4]
-        # the step's new durations by slot (step.kernels order), asked once per kernel
-        nd = [d if v is None else v for d, v in zip(durs, map(new_duration, s.kernels))]
-        prep = r.prepare(nd)
+        # the step's new durations by slot (step.kernels order), asked once per kernel: the recorded ones
+        # but in the slots the fix changes (found in C: a fix changes few of a step's kernels)
+        vals = list(map(new_duration, s.kernels))
+        changed = list(compress(range(len(vals)), map(operator.is_not, vals, repeat(None))))
+        nd = list(durs)
+        for p in changed:
+            nd[p] = vals[p]
+        prep = r.prepare(nd, changed)
         after = r.run_slots(nd, prepared=prep)
         if id(s) in busy:
             host_left.append(max(0.0, busy[id(s)] - after["removed_cpu_us"]))

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex, is_wait_candidate
 from perfscope.analysis.stepmodel.waits import cross_stream_waits, graph_stream_joins
-from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
+from perfscope.analysis.steps import Step, by_start, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Launch, Trace
 
 
@@ -58,7 +58,7 @@ class StepReplay:
         eager = False  # a kernel of the step has a launch of its own (not a graph replay)
         corr: Optional[int] = None  # the previous kernel's correlation id
         cached: Optional[tuple[Optional[Launch], bool, list[int]]] = None  # and (launch, graph?, its kernels)
-        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
+        for i in by_start(kern, step.kernels):
             k = kern[i]
             if cached is None or k.corr != corr:  # a graph launch's kernels share one id: looked up once
                 corr = k.corr
@@ -174,6 +174,7 @@ class StepReplay:
         self._plan_cache: Optional[tuple] = None
         self._mostly_graph: Optional[bool] = None
         self._streams: Optional[list] = None
+        self._rec_clamped: Optional[list] = None  # the recorded durations clamped at 0 (prepare)
 
     def _plan(self) -> tuple:
         """What every :meth:`run` reads, flattened once per replay. Each kernel of the step has a slot (its
@@ -280,15 +281,28 @@ class StepReplay:
         bound on any run's CPU, the profiled one included. Returns {span_us, last_end_us, last_launch_us}."""
         return self.run_slots(self.durations(duration), timeline)
 
-    def prepare(self, nd: list) -> tuple:
+    def prepare(self, nd: list, changed: Optional[list] = None) -> tuple:
         """What every replay of the new durations ``nd`` (by slot) reads, whichever its timeline: the
         durations clamped at 0, which launches the fix removes (all their kernels go), and which torch
-        ops it keeps (one of their launches stays)."""
+        ops it keeps (one of their launches stays). ``changed``: the slots, in order, where ``nd`` is
+        not the recorded duration, when the caller knows them (the others are the recorded ones)."""
         events, _, _, _, durs, ev_slots = self._plan()
-        new_d = [v if v > 0.0 else 0.0 for v in map(float, nd)]
-        # the kernels the fix removes (0 µs now, not before): a launch all of whose kernels go costs no CPU
-        # time on the launch-api timeline, and a torch op all of whose launches go is removed
-        removed = [n for n, v in enumerate(new_d) if v == 0.0 and durs[n] > 0]
+        if changed is None:
+            new_d = [v if v > 0.0 else 0.0 for v in map(float, nd)]
+            # the kernels the fix removes (0 µs now, not before): a launch all of whose kernels go costs no
+            # CPU time on the launch-api timeline, and a torch op all of whose launches go is removed
+            removed = [n for n, v in enumerate(new_d) if v == 0.0 and durs[n] > 0]
+        else:
+            # the recorded durations clamped (once per replay), the changed slots' own; a slot that keeps
+            # its recorded duration is never removed (0 after the clamp only when it was not above 0)
+            rec = self._rec_clamped
+            if rec is None:
+                rec = self._rec_clamped = [v if v > 0.0 else 0.0 for v in map(float, durs)]
+            new_d = list(rec)
+            for p in changed:
+                v = float(nd[p])
+                new_d[p] = v if v > 0.0 else 0.0
+            removed = [p for p in changed if new_d[p] == 0.0 and durs[p] > 0]
         if removed:
             rset = set(removed)
             gone = [bool(ss) and rset.issuperset(ss) for ss in ev_slots]
