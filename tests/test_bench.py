@@ -264,6 +264,23 @@ def test_a_fix_held_to_a_gain_is_reverted_unless_the_gain_is_shown():
     assert keep_or_revert(noisy[:4], noisy[4:], 0.10)[0] is None
 
 
+def test_the_rounds_after_a_patch_stop_on_the_bar_the_decision_uses():
+    """The rounds after the patch stop once keep_or_revert has a decision that more rounds cannot
+    change: against --max-slowdown for most fixes, against the gain for one held to a gain. On the real
+    H200 rounds (native KV cast, then its paged fix) three requests already show "not 10% slower" but
+    not "2% faster" (the change's interval is about -7%..-0.4%): a fix held to 2% measures on."""
+    from paths import GPU_LOOP
+    from perfscope.bench.store import tpot_samples
+    from perfscope.fixengine.verdict import after_decided, keep_or_revert
+
+    runs = GPU_LOOP / "h200-2026-11-29-pool250k" / "runs"
+    native, pages = tpot_samples(runs / "native"), tpot_samples(runs / "pages")
+    first = pages[:3]
+    assert after_decided(native, 0.10)(first) and keep_or_revert(native, first, 0.10)[0] == "keep"
+    assert not after_decided(native, 0.10, gain=0.02)(first)
+    assert keep_or_revert(native, first, 0.10, gain=0.02)[0] == "revert"  # what stopping there would do
+
+
 def test_blame_tells_the_patch_from_the_host_on_real_rounds():
     """A-B-A after a revert for slowness, on the real H200 rounds: the patched side (here the bug's
     slow rounds standing for a slow patch) against the original measured again. When the original

@@ -26,8 +26,9 @@ The sequence:
    revert) or wholly at or below it (keep), each side at most ``max_requests``. Undecided at the
    bound: the patch stays, the record says so, and the command ends ``Failed`` (exit 1) with the
    interval, for the user to decide (``--revert`` undoes it). A fix kept only when it is faster by
-   more than its ``keep_only_if_faster`` (a fraction: untuned-fused-moe's 2%) is decided against that
-   gain instead, and reverted unless the gain is shown, undecided included (``verdict.keep_or_revert``);
+   more than its ``keep_only_if_faster`` (a fraction: untuned-fused-moe's 2%) is measured and decided
+   against that gain instead (``verdict.bar``), and reverted unless the gain is shown, undecided
+   included (``verdict.keep_or_revert``);
 7. unhealthy, or surely slower than before by more than ``max_slowdown`` (default 10%):
    revert the file byte for byte, run CMD again and wait again (the same bound), and end
    ``Failed`` with one line saying what happened and whether the server answers again;
@@ -60,7 +61,16 @@ from perfscope.fixengine.patch import apply
 from perfscope.fixengine.request import FixRequest, Report
 from perfscope.fixengine.restore import revert
 from perfscope.fixengine.server_restart import restart, server_pid
-from perfscope.fixengine.verdict import before_known, blame, decide, keep_or_revert, measure, samples, store, tpot
+from perfscope.fixengine.verdict import (
+    after_decided,
+    before_known,
+    blame,
+    keep_or_revert,
+    measure,
+    samples,
+    store,
+    tpot,
+)
 from perfscope.util.files import atomic_write_text
 
 __all__ = ["BenchSpec", "RestartOptions", "apply_with_restart"]
@@ -205,8 +215,9 @@ def _restart_and_verify(
         try:
             info2 = client.server_info()
             log("healthy; measuring after the patch (rounds until the change is decided) ...")
-            before = record["before_samples_ms"]
-            res2 = measure(client, info2, spec, host, lambda a: decide(before, a, max_slowdown)[0] is not None)
+            # rounds until decided against the bar the decision below uses (a gain, when the fix has one)
+            enough = after_decided(record["before_samples_ms"], max_slowdown, getattr(fix, "keep_only_if_faster", 0.0))
+            res2 = measure(client, info2, spec, host, enough)
         except PerfscopeError as e:
             ok, why = False, f"healthy, but the benchmark failed: {e}"
         else:

@@ -7,7 +7,7 @@ keep-or-revert decision on the change of the TPOT median and its bootstrap inter
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from perfscope.fixengine.host import FixHost
 from perfscope.fixengine.options import BenchSpec
@@ -61,15 +61,29 @@ def decide(before: list[float], after: list[float], max_slowdown: float) -> tupl
     return None, c
 
 
+def bar(max_slowdown: float, gain: float = 0.0) -> float:
+    """The change of the TPOT median a fix is decided against: ``-gain`` for a fix kept only when it is
+    faster by more than ``gain`` (its ``keep_only_if_faster``), else ``max_slowdown``."""
+    return -gain if gain else max_slowdown
+
+
+def after_decided(before: list[float], max_slowdown: float, gain: float = 0.0) -> Callable[[list[float]], bool]:
+    """The stop test of the rounds after the patch: whether :func:`keep_or_revert` has a decision
+    against the same bar (more rounds cannot change it), so a fix held to a gain is measured until
+    that gain is shown or ruled out, not until --max-slowdown is."""
+    b = bar(max_slowdown, gain)
+    return lambda after: decide(before, after, b)[0] is not None
+
+
 def keep_or_revert(
     before: list[float], after: list[float], max_slowdown: float, gain: float = 0.0
 ) -> tuple[Optional[str], dict]:
-    """``decide`` against what the fix holds itself to: a fix kept only when it is faster by more than
-    ``gain`` (a fraction; its ``keep_only_if_faster``) is reverted unless that gain is shown, an
-    undecided change included (the gain is what it promised, and the noise did not show it); any other
-    fix against ``max_slowdown``, where an undecided change stays undecided (it is neither kept nor
-    reverted on that evidence)."""
-    decision, c = decide(before, after, -gain if gain else max_slowdown)
+    """``decide`` against what the fix holds itself to (:func:`bar`): a fix kept only when it is faster
+    by more than ``gain`` (a fraction; its ``keep_only_if_faster``) is reverted unless that gain is
+    shown, an undecided change included (the gain is what it promised, and the noise did not show it);
+    any other fix against ``max_slowdown``, where an undecided change stays undecided (it is neither
+    kept nor reverted on that evidence)."""
+    decision, c = decide(before, after, bar(max_slowdown, gain))
     if gain and decision is None:
         return "revert", c
     return decision, c
