@@ -178,3 +178,24 @@ def test_a_host_bound_servers_level_is_none_of_the_causes_measured_beside_it():
         assert pinned["tpot_median_ms"] < ph["unpinned"]["tpot_median_ms"]
     a, b = (starts[k]["phases"][1]["tpot_median_ms"] for k in ("start1", "start2"))
     assert max(a, b) / min(a, b) > 1.2  # the same server, pinned alike, another process start
+
+
+def test_a_host_bound_servers_tpot_spread_is_not_the_gpu_clocking_down():
+    """levels_run.py again on another H200 machine, its sampler now reading the GPU too (a read-only
+    ``nvidia-smi -lms 20`` beside it): the GPU never left its top SM clock (1980 MHz) while the batch-1
+    requests decoded, in every phase, with no clock-event reason, though the requests' TPOT spread 1.3x and
+    more within each phase (the GPU busy about half the time: host-bound). A clock that falls in the idle
+    gaps between short steps is not what moves a host-bound server's TPOT; this machine also had steal time,
+    which the first one had not, and a slower median (1.9-2.1 against 1.0-1.6 ms)."""
+    sys.path.insert(0, str(REPO / "examples" / "gpu_loop" / "sglang"))
+    from levels_table import rows as level_rows
+
+    (start,) = level_rows(REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-05-levels")
+    assert start["reverted_byte_identical"] and len(start["phases"]) == 4
+    for p in start["phases"]:
+        assert p["requests"] == 200 and p["sm_mhz_median"] == p["sm_mhz_min"] == 1980.0, p
+        assert p["throttle_reasons"] == ["0x0000000000000000"] and p["sm_tpot_r"] is None  # a constant clock
+        assert p["tpot_p90_ms"] / p["tpot_p10_ms"] > 1.3
+        assert p["steal_jiffies_per_request"] > 1
+    first = level_rows(REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-levels")
+    assert min(p["tpot_median_ms"] for p in start["phases"]) > max(p["tpot_median_ms"] for s in first for p in s["phases"])

@@ -4,7 +4,7 @@ decoded: the CPU steal time of the whole machine, the scheduler's involuntary co
 ran on and that CPU's interrupt time (irq + softirq), and the fixed busy loop's time on a CPU of its own (the machine's speed there); then how well that
 loop time follows the TPOT (Pearson r over the requests). Where the sampler also read the GPU (hostprobe.py's
 ``gpu``; the 2026-12-02 results predate it), each phase adds the SM clock's median while its requests
-decoded, the clock-event reasons seen, and r(SM clock, TPOT): a GPU that clocks down between the short steps
+decoded and its lowest reading, the clock-event reasons seen, and r(SM clock, TPOT): a GPU that clocks down between the short steps
 of a host-bound server would show as a negative r.
 
     python3 examples/gpu_loop/sglang/levels_table.py [RESULTS_DIR] [--json]"""
@@ -39,13 +39,15 @@ def _gpu_columns(reqs: list[dict]) -> dict:
     if not seen:
         return {}
     return {"sm_mhz_median": statistics.median(r["sm_mhz"] for r in seen),
+            "sm_mhz_min": min(r["sm_mhz_min"] for r in seen),
             "throttle_reasons": sorted({x for r in seen for x in r["throttle"]}),
             "sm_tpot_r": _r([r["sm_mhz"] for r in seen], [r["tpot_ms"] for r in seen])}
 
 
 def start_rows(folder: Path) -> dict:
     """One process start: its phases, each with its requests' TPOT and what the sampler saw."""
-    S = json.loads((folder / "summary.json").read_text())
+    plain = folder / "summary.json"
+    S = json.loads(plain.read_text() if plain.is_file() else gzip.decompress((folder / "summary.json.gz").read_bytes()))
     with gzip.open(folder / "samples.jsonl.gz", "rt") as f:
         samples = [json.loads(line) for line in f]
     ts = [s["t"] for s in samples]
@@ -70,6 +72,7 @@ def start_rows(folder: Path) -> dict:
             gpu = [s["gpu"] for s in win if s.get("gpu") and s["gpu"].get("sm_mhz") is not None]
             reqs.append({"tpot_ms": q["tpot_ms"], "loop_us": statistics.median(s["loop_us"] for s in win),
                          "sm_mhz": statistics.median(g["sm_mhz"] for g in gpu) if gpu else None,
+                         "sm_mhz_min": min(g["sm_mhz"] for g in gpu) if gpu else None,
                          "throttle": sorted({g["throttle"] for g in gpu}),
                          "steal_jiffies": sum(v[1] for s in win for v in s["cpus"].values()), "nvcsw": nv,
                          "cpu": cpu, "irq_jiffies": sum(s["cpus"].get(str(cpu), [0, 0, 0])[2] for s in win)})
@@ -113,11 +116,11 @@ def main() -> int:
     gpu = [(s["start"], p) for s in rs for p in s["phases"] if "sm_mhz_median" in p]
     if gpu:
         print()
-        print("| start | phase | SM clock median (MHz) | clock-event reasons | r(SM clock, TPOT) |")
-        print("|---|---|---|---|---|")
+        print("| start | phase | SM clock median (MHz) | SM clock lowest (MHz) | clock-event reasons | r(SM clock, TPOT) |")
+        print("|---|---|---|---|---|---|")
         for start, p in gpu:
             r = "-" if p["sm_tpot_r"] is None else f"{p['sm_tpot_r']:+.2f}"
-            print(f"| {start} | {p['phase']} | {p['sm_mhz_median']:g} | {' '.join(p['throttle_reasons']) or '-'} | {r} |")
+            print(f"| {start} | {p['phase']} | {p['sm_mhz_median']:g} | {p['sm_mhz_min']:g} | {' '.join(p['throttle_reasons']) or '-'} | {r} |")
     print()
     print("r(loop, TPOT) over each start's requests: " + ", ".join(f"{s['start']} {s['loop_tpot_r']:+.2f}" for s in rs))
     return 0
