@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from itertools import islice
-from operator import attrgetter, le, lt
+from operator import itemgetter, le, lt
 
 from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.analysis.step_windows import (
@@ -47,7 +47,7 @@ from perfscope.load.model import Trace
 
 __all__ = ["Step", "StepSet", "by_start", "find_steps", "is_graph_launch", "is_kernel_launch"]
 
-_TS = attrgetter("ts")
+_TS = itemgetter(1)  # Kernel.ts by position (a tuple's item: quicker than its name)
 
 
 def by_start(kern, idx: list[int], then_index: bool = False) -> list[int]:

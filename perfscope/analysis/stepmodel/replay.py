@@ -3,39 +3,19 @@
 from __future__ import annotations
 
 import bisect
+import operator
 from typing import Callable, Optional
 
+from perfscope.analysis.stepmodel import chain
+from perfscope.analysis.stepmodel.chain import Flat4, run_chain, slots
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex, is_wait_candidate
 from perfscope.analysis.stepmodel.waits import cross_stream_waits, graph_stream_joins
 from perfscope.analysis.steps import Step, by_start, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Launch, Trace
 
 
-_SLOTS: list[int] = []  # the slot numbers 0, 1, ...: one int object each, shared by every replay's plan
-
-
-def _slots(n: int) -> list[int]:
-    """The slot numbers 0 .. n-1 (ints above 256 are objects of their own: made once, not per step)."""
-    if len(_SLOTS) < n:
-        _SLOTS.extend(range(len(_SLOTS), n))
-    return _SLOTS[:n]
-
-
-class _Flat4:
-    """A launch's kernel plan as one flat list (slot, anchor, gap, extra, slot, ...), iterated as 4-tuples:
-    a CUDA graph launch plans hundreds of kernels, and a tuple each would take twice the memory."""
-
-    __slots__ = ("flat",)
-
-    def __init__(self, flat: list):
-        self.flat = flat
-
-    def __iter__(self):
-        it = iter(self.flat)
-        return zip(it, it, it, it)
-
-
-_FLAT_FROM = 16  # kernels in one launch from which its plan is kept flat (fewer: a tuple per kernel)
+_TS = operator.itemgetter(1)  # Kernel.ts and Kernel.dur by position (a tuple's item: quicker than its name)
+_DUR = operator.itemgetter(2)
 
 
 class StepReplay:
@@ -193,11 +173,11 @@ class StepReplay:
         ninf = float("-inf")
         delay, first_on_stream, dep, graph_dep = self.delay, self.first_on_stream, self.dep, self.graph_dep
         kidx = self.step.kernels
-        slot = dict(zip(kidx, _slots(len(kidx))))
+        slot = dict(zip(kidx, slots(len(kidx))))
         none = len(kidx)  # the -inf slot
-        ks_ = [kern[i] for i in kidx]
-        rec_end = [k.ts + k.dur for k in ks_] + [ninf]
-        durs = [k.dur for k in ks_]
+        ks_ = list(map(kern.__getitem__, kidx))
+        durs = list(map(_DUR, ks_))
+        rec_end = list(map(operator.add, map(_TS, ks_), durs)) + [ninf]
         # kernels with more than their stream and graph order to keep: a wait, a delay, a first start
         special = set(graph_dep) | set(dep) | set(first_on_stream) | set(delay)
         prev_on: dict = {}  # stream -> (slot, recorded end, event) of the kernel the replay last ran on it
@@ -206,12 +186,16 @@ class StepReplay:
         for n, (l, ks, wait) in enumerate(self.events):
             graph, launch = self.kinds[n]
             o = self.op_of_event[n]
-            ss = [slot[i] for i in ks]  # the event's kernels' slots
+            ss = list(map(slot.__getitem__, ks))  # the event's kernels' slots
+            # a graph launch's kernels on one stream, one after another (perfscope.analysis.stepmodel.chain):
+            # its first kernel planned as any other, the rest replayed in C
+            gaps = chain.chain_gaps(kern, ks, ss, rec_end) if graph and special.isdisjoint(ks[1:]) else None
             # per kernel: its slot, its anchor's slot, the gap after it, its extra anchors (a launch of many
             # kernels: the four flat, one after another)
             kplan: list = []
-            put = kplan.extend if len(ks) >= _FLAT_FROM else kplan.append
-            for i, p in zip(ks, ss):
+            flat = gaps is None and len(ks) >= chain.FLAT_FROM
+            put = kplan.extend if flat else kplan.append
+            for i, p in zip(ks[:1] if gaps is not None else ks, ss):
                 k = kern[i]
                 st, kts, kend = k[3], k[1], rec_end[p]  # Kernel: its stream and start by position (read once each)
                 # the anchor: the kernel before it on its stream (plus its delay); in a graph launch, the
@@ -242,6 +226,10 @@ class StepReplay:
                 prev_on[st] = (p, kend, n)
                 if kend > orig_done:
                     orig_done = kend
+            if gaps is not None:  # the chain's last kernel is the last its stream ran; the latest recorded end
+                last = ss[-1]
+                prev_on[kern[ks[0]][3]] = (last, rec_end[last], n)
+                orig_done = max(orig_done, max(rec_end[ss[0] : last + 1]))
             # a host wait ends when the GPU work before it (its own copy included) is done in the new timeline:
             # how long after that it returned (as recorded), or None when it is no such wait
             wait_extra = None
@@ -260,7 +248,8 @@ class StepReplay:
                     bool(ks) and launch,
                     wait_extra,
                     ss,
-                    _Flat4(kplan) if len(ks) >= _FLAT_FROM else kplan,
+                    Flat4(kplan) if flat else kplan,
+                    None if gaps is None else (ss[0], gaps),
                 )
             )
         ops = list({id(o): o for o in self.op_of_event if o is not None}.values())
@@ -328,7 +317,7 @@ class StepReplay:
         first = inf
         latency = self.latency_us
         api = timeline == "launch-api"
-        for n, (th, lts, ldur, lend, o, oid, _graph, launched, wait_extra, _, kplan) in enumerate(events):
+        for n, (th, lts, ldur, lend, o, oid, _graph, launched, wait_extra, _, kplan, chained) in enumerate(events):
             if api:
                 t = clock.get(th, lts)
                 lo = lts - 1e12
@@ -370,6 +359,9 @@ class StepReplay:
                         last_end = e_new
                 if e_new > new_done:
                     new_done = e_new
+            if chained is not None:
+                s0, gaps = chained
+                first, last_end, new_done = run_chain(ne, new_d, durs, s0, gaps, first, last_end, new_done)
             if wait_extra is not None:
                 a = t + (ldur if WAIT_MIN_US > ldur else WAIT_MIN_US)
                 b = new_done + wait_extra
