@@ -49,7 +49,8 @@ def test_help_teaches(name):
     tail = out[out.rindex("Examples"):]
     examples = re.findall(r"\$ (perfscope [^\n│]*)", tail)
     assert 2 <= len(examples) <= 4, tail
-    known = {o for p in cmd.params for o in getattr(p, "opts", []) if o.startswith("-")} | {"--help"}
+    known = {o for p in cmd.params for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]
+             if o.startswith("-")} | {"--help"}  # --no-X of a --X/--no-X pair included
     for ex in examples:
         argv = shlex.split(ex.split(" > ")[0])
         assert argv[:2] == ["perfscope", name], ex

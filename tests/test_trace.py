@@ -38,8 +38,18 @@ def ssh_args(sshd, known_hosts=None):
 @pytest.fixture(scope="module")
 def repro_server(tmp_path_factory):
     """The real reproduction server on CPU, small enough to profile in seconds."""
+    proc, port = start_repro(tmp_path_factory.mktemp("repro") / "server.log")
+    yield port
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def start_repro(log: Path) -> tuple[subprocess.Popen, int]:
+    """Start a reproduction server (its admin key: s3cret-admin-key); (its process, its port)."""
     need.module("torch")
-    log = tmp_path_factory.mktemp("repro") / "server.log"
     env = {**os.environ, "REPRO_ADMIN_API_KEY": "s3cret-admin-key"}
     proc = subprocess.Popen(
         # a context as long as the pool: one request can stream for the length of a test
@@ -58,12 +68,7 @@ def repro_server(tmp_path_factory):
     if port is None:
         proc.kill()
         pytest.fail(f"repro server did not start: {log.read_text()[-2000:]}")
-    yield port
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    return proc, port
 
 
 def test_trace_end_to_end_through_sshd(sshd, repro_server, tmp_path, monkeypatch):
@@ -137,6 +142,10 @@ def test_trace_bad_options(tmp_path, monkeypatch):
     assert rc == 2 and "NOPE_KEY" in err
     rc, _, err = invoke("trace", "--url", "http://127.0.0.1:1", "--engine", "vllm")
     assert rc == 2 and "--profile-dir" in err
+    for flag in ("--no-stack", "--no-shapes"):  # vLLM's profiler is configured at its launch
+        rc, _, err = invoke("trace", "--url", "http://127.0.0.1:1", "--engine", "vllm", "--profile-dir",
+                            str(tmp_path), flag, "--out", str(tmp_path / "r"))
+        assert rc == 2 and "torch_profiler_with_stack=false" in err and "Traceback" not in err, err
 
 
 # A server that accepts /start_profile and then never writes a trace (a hung scheduler, a full
@@ -321,3 +330,69 @@ def test_the_run_folder_and_the_next_command_are_one_line_each(repro_server, tmp
     lines = stdout.splitlines()
     assert f"next: perfscope diagnose {out}" in lines, stdout
     assert any(ln.startswith(f"run folder: {out}  ") for ln in lines), stdout
+
+
+def test_no_stack_traces_without_python_frames_and_diagnose_says_what_is_lost(repro_server, tmp_path, monkeypatch):
+    """--no-stack: the profile request asks for no Python stacks (the server's profiler records no
+    python_function events), run.json says so, and diagnose of the run works as usual but says that
+    its ops carry no source line."""
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    out = tmp_path / "run"
+    rc, _, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
+                        "--output-len", "24", "--no-stack", "--api-key-env", "REPRO_KEY", "--timeout", "120",
+                        "--out", str(out))
+    assert rc == 0, err
+    info = rundir.read_run(out, verify=True)
+    assert info.profile["with_stack"] is False and info.profile["record_shapes"] is True
+    for f in info.files:
+        events = json.loads(gzip.decompress(f.path.read_bytes()))["traceEvents"]
+        assert any(e.get("cat") == "cpu_op" for e in events)
+        assert not any(e.get("cat") == "python_function" for e in events), f.rel
+    rc, stdout, err = invoke("diagnose", str(out), "--json")
+    assert rc == 0, err
+    d = json.loads(stdout)
+    lost = [n for n in d["notes"] if n.startswith("traced without Python stacks (--no-stack)")]
+    assert len(lost) == 1 and "source line" in lost[0], d["notes"]
+    ops = d["ranks"][0]["ops"]
+    assert ops and all(not (o.get("attribution") or {}).get("source") for o in ops)
+    rc, stdout, err = invoke("diagnose", str(out))
+    assert rc == 0 and "traced without Python stacks" in stdout + err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_during_the_profile_ends_the_trace_in_one_line(tmp_path, monkeypatch):
+    """The server's process dies while it profiles (here a SIGSEGV, as torch's profiler has killed real
+    SGLang servers): trace ends at once with one line saying the server is gone, the likely cause and
+    the retry, exit 3 (a server failure), no traceback, and the run folder marked incomplete."""
+    import signal
+
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    proc, port = start_repro(tmp_path / "server.log")
+    out = tmp_path / "run"
+    try:
+        trace = subprocess.Popen(
+            [sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}", "--steps", "100000",
+             "--input-len", "16", "--output-len", "100000", "--api-key-env", "REPRO_KEY", "--timeout", "300",
+             "--out", str(out)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = []
+        for line in trace.stderr:
+            lines.append(line)
+            if "profiler armed" in line:
+                break
+        assert lines and "profiler armed" in lines[-1], "".join(lines)
+        time.sleep(1.0)  # the load streaming under the profiler
+        os.kill(proc.pid, signal.SIGSEGV)
+        t0 = time.monotonic()
+        _, rest = trace.communicate(timeout=120)
+        assert proc.wait(10) == -signal.SIGSEGV
+    finally:
+        proc.kill()
+    err = "".join(lines) + rest
+    assert trace.returncode == 3, err
+    assert time.monotonic() - t0 < 60  # at once, not at --timeout
+    (last,) = [ln for ln in err.splitlines() if ln.startswith("perfscope: error:")]
+    assert f"the server on 127.0.0.1:{port} stopped during the profile (its process (pid {proc.pid}) is gone)" in last
+    assert "torch profiler" in last and "--no-stack" in last, last
+    assert "Traceback" not in err and "/stop_profile failed" not in err
+    assert json.loads((out / "run.json").read_text())["status"] == "incomplete"

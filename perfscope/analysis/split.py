@@ -93,6 +93,9 @@ def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict, warnings: 
     for path in tset.frontend:
         for r in ranks:
             r.notes.append(f"{path.name} not analysed: {FRONTEND_NOTE}")
+    for note in profiled_without(tset.run_info):
+        for r in ranks:
+            r.notes.append(note)
     out = []
     for dup in tset.duplicates:
         out.append(f"{dup['path']} is {dup['same_as']} again ({dup['how']}): analysed once, not as another rank")
@@ -108,6 +111,29 @@ def reduce(tset: TraceSet, ranks: list[RankAnalysis], parallel: dict, warnings: 
     return Diagnosis(
         ranks=ranks, run=tset.run_info, straggler=strag, warnings=out, parallel=parallel, skipped=tset.skipped
     )
+
+
+def profiled_without(run_info: dict) -> list[str]:
+    """What the run's CPU-op profile left out (``trace --no-stack`` / ``--no-shapes``) and what the
+    diagnosis lacks for it; nothing for a GPU-only profile (no CPU ops to attribute)."""
+    prof = (run_info or {}).get("profile") or {}
+    if "CPU" not in (prof.get("activities") or ["CPU"]):
+        return []
+    out = []
+    if prof.get("with_stack") is False:
+        out.append(
+            "traced without Python stacks (--no-stack): ops are not attributed to the source line that "
+            "launched them (no '@ file.py(line): fn' beside an op), and eager-decode's predicted step is "
+            "the kernel time alone (the host's share is read from the model's forward frame); the rest "
+            "is diagnosed as usual"
+        )
+    if prof.get("record_shapes") is False:
+        out.append(
+            "traced without shapes (--no-shapes): no input dtypes or shapes per op, so no roofline or "
+            "FLOP figures, and the rules that read shapes (fp8-kv-cast on a trace without GPU kernels) "
+            "cannot match"
+        )
+    return out
 
 
 def analyze_file(

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 from typing import Callable, ContextManager, Iterable
 
 from perfscope import rundir
 from perfscope.capture.load import TraceLoad
-from perfscope.errors import Interrupted
+from perfscope.errors import Interrupted, RemoteError
 from perfscope.remote.hostio import HostIO
 from perfscope.remote.sglang_api import HTTPStatusError, SGLangClient
 
@@ -45,6 +46,56 @@ def stop_quietly(api: SGLangClient, say: Say, timeout: float | None = None, warn
         if warn:
             say(f"warning: /stop_profile failed: {e}")
         return str(e) or type(e).__name__
+
+
+def server_gone(io: HostIO, api: SGLangClient, pid: int | None, wait_s: float = 10.0) -> str | None:
+    """Why the server is gone after a profile failed: "its process (pid N) is gone", or "/health fails"
+    when it still does not answer after ``wait_s``; None when it answers /health (or the SSH connection
+    itself is what failed: then nothing is known of the server)."""
+    if not io.alive():
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        if pid is not None and not _running(io, int(pid)):
+            return f"its process (pid {pid}) is gone"
+        if _answers(api):
+            return None
+        if time.monotonic() > deadline:
+            return f"/health fails for {wait_s:g}s"
+        time.sleep(0.5)
+
+
+def _answers(api: SGLangClient) -> bool:
+    """Whether the server answers /health: 2xx, or a 4xx of a server without that endpoint (it is there);
+    not a refused connection, a timeout or a 5xx (SGLang's when its scheduler is gone)."""
+    try:
+        api.request("GET", "/health", timeout=3.0)
+        return True
+    except HTTPStatusError as e:
+        return e.status < 500
+    except Exception:  # noqa: BLE001 - any other failure: it does not answer
+        return False
+
+
+def _running(io: HostIO, pid: int) -> bool:
+    """Whether process ``pid`` runs on the host (a zombie, dead but not yet reaped, does not)."""
+    r = io.run(["cat", f"/proc/{pid}/stat"], timeout=20)
+    return r.ok and r.stdout.rpartition(")")[2].split()[:1] not in ([], ["Z"], ["X"])
+
+
+def died(label: str, why: str, engine: str) -> RemoteError:
+    """The one line ``trace`` ends with when the server died or stopped answering during the profile."""
+    retry = (
+        "restart the server and retry with --no-stack (torch's stack tracer left out of the profile; "
+        "diagnose then names no source lines)"
+        if engine == "sglang"
+        else "restart the server with --profiler-config.torch_profiler_with_stack=false and retry"
+    )
+    return RemoteError(
+        f"the server on {label} stopped during the profile ({why}): its torch profiler most likely crashed it "
+        "(torch's profiler has known segfaults; the server's log shows it); nothing was traced",
+        hint=retry,
+    )
 
 
 def reason(err: BaseException) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from perfscope import rundir
 from perfscope.bench.vocab import is_loopback_url, token_ids
 from perfscope.capture import copyback, engines, prebench
-from perfscope.capture.cleanup import abandon, reason
+from perfscope.capture.cleanup import abandon, died, reason, server_gone
 from perfscope.capture.endpoint import Endpoint, host_io, server_info, url_port
 from perfscope.capture.engines import Engine, RemoteDir, Server
 from perfscope.capture.load import TraceLoad
@@ -261,7 +261,12 @@ def _profile(
         got = wait_complete(run.io, folder.path, expected, folder.baseline, opts, load, run.cancel, label, say)
         complete = True  # the load stops now: requests still streaming are cut, their tokens timed
     except BaseException as e:
-        run.abandon(folder, armed, e, load=load)
+        # the server died or stopped answering under the profiler: that, not the load's failure, is the news
+        why = server_gone(run.io, run.api, server.proc.get("pid")) if armed and isinstance(e, Exception) else None
+        gone = died(label, why, opts.engine) if why else None
+        run.abandon(folder, armed and not (why or "").endswith("is gone"), gone or e, load=load)
+        if gone is not None:
+            raise gone from None
         raise
     finally:
         if load is not None:

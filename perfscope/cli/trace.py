@@ -29,8 +29,9 @@ EXAMPLES = [
         "SSH (known_hosts checked): every rank's trace + run.json in ./run1",
     ),
     (
-        "perfscope trace --host gpu-box --bench 8 --out run1",
-        "the same, plus TTFT/TPOT of 8 requests without the profiler",
+        "perfscope trace --host gpu-box --bench 8 --no-stack --out run1",
+        "the same, plus TTFT/TPOT of 8 requests without the profiler, and no Python stacks in the profile "
+        "(for a server whose profiler crashed; diagnose then names no source lines)",
     ),
     (
         "perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof",
@@ -104,6 +105,22 @@ def command(
         "no CPU ops, stacks or shapes), so the host's timeline carries almost none of "
         "the CPU profiler's per-event cost; diagnose reads such a run for the host's "
         "own time per step.",
+    ),
+    stack: bool = typer.Option(
+        True,
+        "--stack/--no-stack",
+        help="SGLang: record the Python stack of each op (with_stack). --no-stack leaves torch's stack "
+        "tracer out of the server's profiler (it has crashed servers); diagnose then cannot name the "
+        "source line that launched an op, and eager-decode predicts from the kernel time alone. vLLM "
+        "sets this at its launch "
+        "(--profiler-config.torch_profiler_with_stack=false).",
+    ),
+    shapes: bool = typer.Option(
+        True,
+        "--shapes/--no-shapes",
+        help="SGLang: record the input dtypes and shapes of each op (record_shapes). --no-shapes: a "
+        "smaller trace; diagnose then has no roofline or FLOP figures and no rule that reads shapes. "
+        "vLLM sets this at its launch.",
     ),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Parallel request streams while profiling."),
     input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt tokens per request."),
@@ -186,7 +203,8 @@ def command(
     SSH connection (a loopback port forward); nothing is opened to the network. The profiler is
     stopped on any failure or Ctrl-C.
 
-    Exit codes: 0 ok, 2 bad option, 3 host / SSH / server failure."""
+    Exit codes: 0 ok, 2 bad option, 3 host / SSH / server failure (also a server that died or stopped
+    answering during the profile: said in one line, with the retry)."""
     from perfscope import rundir
     from perfscope.capture.trace import TraceOptions, trace
 
@@ -224,6 +242,8 @@ def command(
         by_stage=by_stage,
         profile_prefix=profile_prefix,
         gpu_only=gpu_only,
+        with_stack=stack,
+        record_shapes=shapes,
         python=python,
         host_timing=not no_host_timing,
         http_timeout=http_timeout,

@@ -42,6 +42,11 @@ class VLLM(Engine):
             raise InputError("--gpu-only is for SGLang (vLLM's profiler activities are set at its launch)")
         if opts.profile_prefix:
             raise InputError("--profile-prefix is for SGLang (vLLM names its files itself)")
+        if not (opts.with_stack and opts.record_shapes):
+            raise InputError(
+                "--no-stack and --no-shapes are for SGLang: vLLM's profiler records what its launch set "
+                "(--profiler-config.torch_profiler_with_stack=false, torch_profiler_record_shapes)"
+            )
 
     def profile(self, opts: TraceOptions, server: Server, by_stage: bool) -> dict:
         # configured at server start: what it records is not perfscope's to say
