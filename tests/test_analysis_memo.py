@@ -55,3 +55,17 @@ def test_an_analysis_leaves_nothing_holding_its_trace():
         assert ref() is None  # freed by its reference count alone
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    "path", [H200 / "mla_pool_graph.json.xz", MOE_B300, KERNEL_MIX / "sample_topp.json.gz"], ids=lambda p: p.name
+)
+def test_nothing_holds_the_events_after_the_analysis(path):
+    """Nothing but the trace holds its events once its analysis returns (a module-level cache of the MoE
+    ranges kept a worker's last trace's kernels alive, to be freed only when the process exited)."""
+    t = load_trace(path)
+    ra = analyze_trace(t, {})
+    assert ra.ops  # a real analysis ran
+    for name in ("kernels", "annotations", "launches"):
+        holders = [r for r in gc.get_referrers(getattr(t, name)) if r is not t and r is not vars(t)]
+        assert holders == [], (name, [type(r).__name__ for r in holders])

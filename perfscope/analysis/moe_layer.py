@@ -16,7 +16,6 @@ from __future__ import annotations
 import bisect
 import re
 
-from perfscope.analysis.buckets import classify
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
@@ -25,17 +24,17 @@ MOE_RANGE = re.compile(r"(^|[^a-z])moe([^a-z]|$)|expert", re.I)
 MOE_ROUTING = ("moe", "routing")
 TOPK_ELSEWHERE = ("other", "topk-mid-step")
 _KEEP = ("moe", "communication")  # already the MoE layer's, or its dispatch/combine collectives
-_cache: dict[int, tuple[object, object, list[float], list[float], bool]] = {}
 
 
 def moe_ranges(trace: Trace) -> tuple[list[float], list[float], bool]:
     """(starts, ends) of the trace's GPU-side MoE ranges, merged and sorted, and whether any kernel's
-    name is the MoE layer's (once per trace: a trace with neither costs the steps nothing more)."""
-    key = id(trace)
-    hit = _cache.get(key)
+    name is the MoE layer's (once per trace, in its memo: a trace with neither costs the steps nothing
+    more, and the answer goes with the analysis' memo)."""
+    hit = trace.memo.get("moe_ranges")
     if hit is not None and hit[0] is trace.kernels and hit[1] is trace.annotations:
         return hit[2], hit[3], hit[4]
-    named = any(classify(n, kd)[0] == "moe" for n, kd in {(k.name, k.kind) for k in trace.kernels})
+    table = kernel_table(trace)  # each distinct (name, kind) once: its first kernel's bucket
+    named = any(table.bucket[i] == "moe" for i in table.first)
     spans = sorted((a.ts, a.ts + a.dur) for a in trace.annotations if a.gpu and MOE_RANGE.search(a.name))
     starts: list[float] = []
     ends: list[float] = []
@@ -45,8 +44,7 @@ def moe_ranges(trace: Trace) -> tuple[list[float], list[float], bool]:
         else:
             starts.append(s)
             ends.append(e)
-    _cache.clear()
-    _cache[key] = (trace.kernels, trace.annotations, starts, ends, named)
+    trace.memo["moe_ranges"] = (trace.kernels, trace.annotations, starts, ends, named)
     return starts, ends, named
 
 

@@ -79,7 +79,7 @@ def run_chain(
     seq = [ne[s0]] * (2 * m + 1)
     seq[1::2] = gaps
     seq[2::2] = new_d[lo : lo + m]
-    acc = list(accumulate(seq, operator.add))  # end, start, end, start, end, ...
+    acc = list(accumulate(seq))  # end, start, end, start, end, ... (accumulate's own addition: a + b, in C)
     ne[lo : lo + m] = acc[2::2]
     for j in range(m):  # the first kernel the fix keeps: the chain's earliest start
         p = lo + j

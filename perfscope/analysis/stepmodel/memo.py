@@ -49,5 +49,6 @@ def replay_once(trace: Trace, step: Step, by_corr: dict, index: TraceIndex) -> t
     hit = memo.get(id(step))
     if hit is None or hit[0] is not step:
         r = StepReplay(trace, step, by_corr, index)
-        hit = memo[id(step)] = (step, r, r.run_slots(r._plan()[4]))
+        durs = r._plan()[4]
+        hit = memo[id(step)] = (step, r, r.run_slots(durs, prepared=r.prepare(durs, [])))  # nothing changed
     return hit[1], hit[2]
