@@ -21,6 +21,7 @@ import pytest
 
 from clirun import invoke
 from paths import topen
+from real_engines import revive_sglang
 from perfscope.bench.vocab import SAFE_IDS, token_ids
 from perfscope.errors import InputError
 from perfscope.remote.hostio import LocalHost
@@ -75,22 +76,53 @@ def test_load_ids_come_from_the_models_config_not_a_key_only_the_emulator_has(sg
     assert token_ids({"model_path": "Qwen/Qwen2-7B"}, LocalHost())[0] == SAFE_IDS
 
 
+# what the real SGLang 0.5.23 on CPU dies of, now and then, when a profile of its first few stops: its
+# scheduler's SIGSEGV in torch's kineto (processCpuTrace, as the by-stage DECODE profile started right
+# after the EXTEND one stops). Measured on fresh servers traced as the test below traces: 2 crashes in
+# 7 with Python stacks off, none in 7 with them on, none in 5 without stages; none in 24 profiles of a
+# server that had been profiled before. So it is not the stacks, and it is not perfscope's doing.
+PROFILER_CRASH = re.compile(r"crashed with exit code -11[\s\S]*libkineto|libkineto[\s\S]*crashed with exit code -11")
+
+
+def trace_surviving_profiler_crashes(srv, out: Path, *args, tries: int = 3) -> tuple[int, str, str, Path, int]:
+    """``perfscope trace --url SRV ARGS -o OUT``, again on a revived server (at most ``tries`` in all,
+    OUT-1, OUT-2 then) when the engine died of its profiler's known crash; each such death must be said
+    by trace in its one line (exit 3, the process gone, the retry). Any other failure is returned as it
+    came. Returns (exit code, stdout, stderr, the run folder, /stop_profile calls the last try sent)."""
+    for attempt in range(tries):
+        run = out if attempt == 0 else out.with_name(f"{out.name}-{attempt}")
+        start, stops = len(srv.log.read_text(errors="replace")), stop_profile_calls(srv)
+        rc, stdout, err = invoke("trace", "--url", srv.url, *args, "-o", run)
+        if rc == 0 or attempt == tries - 1:
+            return rc, stdout, err, run, stop_profile_calls(srv) - stops
+        deadline = time.monotonic() + 30  # the engine's own cleanup after its scheduler died
+        while srv.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if srv.alive() or not PROFILER_CRASH.search(srv.log.read_text(errors="replace")[start:]):
+            return rc, stdout, err, run, stop_profile_calls(srv) - stops
+        assert rc == 3 and "stopped during the profile (its process" in err and "is gone" in err, err
+        assert "--no-stack" in err and "Traceback" not in err, err
+        revive_sglang(srv)
+    raise AssertionError("unreachable")
+
+
 def test_trace_url_keeps_a_vocab_4096_server_alive(sglang_server, tmp_path):
     """The first real meeting crashed the server (ids up to 10000 into a 4096-row embedding).
     Now: by-stage files (default for 0.4.7+), the server healthy, no profiler left running, and
-    no /stop_profile sent after a num_steps profile that stopped by itself."""
-    before = stop_profile_calls(sglang_server)
-    rc, out, err = invoke("trace", "--url", sglang_server.url, "--steps", "3", *LOAD, "-o", tmp_path / "run")
+    no /stop_profile sent after a num_steps profile that stopped by itself. A death of the engine
+    in its own profiler (PROFILER_CRASH) is retried on a revived server, once trace said it in one line."""
+    rc, out, err, run_dir, stops = trace_surviving_profiler_crashes(sglang_server, tmp_path / "run", "--steps", "3",
+                                                                     *LOAD)
     assert rc == 0, err
     assert "vocab 4096 from" in err
-    names = files_of(tmp_path / "run")
+    names = files_of(run_dir)
     assert len(names) == 2 and names[0].endswith("-TP-0-DECODE.trace.json.gz") \
         and names[1].endswith("-TP-0-EXTEND.trace.json.gz"), names
     assert [n.split("-TP-")[0] for n in names][0] == [n.split("-TP-")[0] for n in names][1]
-    decode = step_names(tmp_path / "run" / "traces" / names[0])
+    decode = step_names(run_dir / "traces" / names[0])
     assert len(decode) == 3 and all(n.startswith("step[DECODE") for n in decode)
-    assert stop_profile_calls(sglang_server) == before  # SGLang answers 500 to it now: not sent
-    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert stops == 0  # SGLang answers 500 to it now: not sent
+    run = json.loads((run_dir / "run.json").read_text())
     assert run["versions"]["server"] == "0.5.23" and run["server_info"]["device"] == "cpu"
     assert run["profile"]["activities"] == ["CPU"]  # no GPU on the server: no GPU, never MEM
     # no CUPTI on a CPU trace: no note that the trace left it attached (a GPU trace gets one)
