@@ -79,12 +79,12 @@ class Harness:
         return r | {"concurrency": conc}
 
     def trace(self, name: str, py: str, env: dict, url: str, w: dict, conc: int, dest: Path,
-              bench_n: int = 0) -> dict:
+              bench_n: int = 0, extra: tuple = ()) -> dict:
         """``perfscope trace`` of 8 steps into ``dest`` (``bench_n`` > 0: the bench and the GPU-only
-        host-timing profile first)."""
+        host-timing profile first; ``extra``: more options, e.g. ``--no-stack``)."""
         args = ["trace", "--url", url, "--steps", 8, "--input-len", w["input_len"], "--output-len", w["output_len"],
                 "--concurrency", conc, "--out", dest, "--timeout", 90, "--json", "--bench", bench_n] + \
-               ([] if bench_n else ["--no-host-timing"])
+               ([] if bench_n else ["--no-host-timing"]) + list(extra)
         rc, so, se = self.run(name, [py, "-m", "perfscope", *args], timeout=240, env=env)
         return {"rc": rc, "dir": str(dest), "stderr": se[-400:] if rc else ""}
 

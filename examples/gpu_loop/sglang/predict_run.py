@@ -64,6 +64,9 @@ def main() -> int:
     ap.add_argument("--mem-fraction", default="0.38")
     ap.add_argument("--starts", type=int, default=2, help="process starts of the fixed servers, each benched fresh")
     ap.add_argument("--no-server", action="store_true")
+    ap.add_argument("--no-stack-c1", action="store_true",
+                    help="also trace each bug server at batch 1 with --no-stack --no-shapes (RUN-nostack: the bench "
+                         "and the GPU-only profile again, then a full trace without stacks and shapes)")
     a = ap.parse_args()
     t0 = time.monotonic()
     out, work = Path(a.out), Path(a.work)
@@ -87,8 +90,8 @@ def main() -> int:
     def bench(name: str, port: int, w: dict, n: int, conc: int, dest: Path | None = None) -> dict:
         return h.bench(name, py, env, f"http://127.0.0.1:{port}", w, n, conc, dest)
 
-    def trace(name: str, port: int, w: dict, conc: int, dest: Path, bench_n: int = 0) -> dict:
-        return h.trace(name, py, env, f"http://127.0.0.1:{port}", w, conc, dest, bench_n)
+    def trace(name: str, port: int, w: dict, conc: int, dest: Path, bench_n: int = 0, extra: tuple = ()) -> dict:
+        return h.trace(name, py, env, f"http://127.0.0.1:{port}", w, conc, dest, bench_n, extra)
 
     runs = work / "runs"
     try:
@@ -153,6 +156,10 @@ def main() -> int:
                 # (RUN/host-timing), then the full trace: the run folder diagnose reads as it is
                 R[f"trace_c{conc}"] = trace(f"trace-bug-{p}-c{conc}", port, w, conc, runs / f"{p}-bug-c{conc}",
                                             bench_n=n)
+                if a.no_stack_c1 and conc == 1 and h.left() > 200:
+                    R["trace_c1_nostack"] = trace(f"trace-bug-{p}-c1-nostack", port, w, 1,
+                                                  runs / f"{p}-bug-c1-nostack", bench_n=n,
+                                                  extra=("--no-stack", "--no-shapes"))
             h.save()
         # ---------------------------------------------------------------- the fix, restarting every server
         rs = work / "restart-all.sh"
