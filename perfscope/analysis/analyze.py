@@ -6,8 +6,10 @@ The result is a :class:`RankAnalysis`: typed records and plain data, no events.
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections import defaultdict
+from itertools import compress, repeat
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -31,6 +33,10 @@ from perfscope.load.model import Trace
 
 if TYPE_CHECKING:
     from perfscope.analysis.capture_map import CaptureSet
+
+
+_DUR = operator.itemgetter(2)  # Kernel.dur and Kernel.kind by position (quicker than by name)
+_KIND = operator.itemgetter(9)
 
 
 @dataclass
@@ -338,8 +344,9 @@ def analyze_trace(
         # the whole trace alive until the garbage collector finds it (a worker's next rank on top)
         trace.memo.clear()
         st.trace.memo.clear()
-    kernel_total = sum(k.dur for k in trace.kernels if k.kind == "kernel") / 1e3
-    gpu_total = sum(k.dur for k in trace.kernels) / 1e3
+    kern = trace.kernels  # the same sums, the durations and kinds read in C
+    kernel_total = sum(compress(map(_DUR, kern), map(operator.eq, map(_KIND, kern), repeat("kernel")))) / 1e3
+    gpu_total = sum(map(_DUR, kern)) / 1e3
     idle = st.summary.idle_median_ms or 0.0
     return RankAnalysis(
         file=st.file,

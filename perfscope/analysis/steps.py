@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from itertools import islice
-from operator import itemgetter, le, lt
+from itertools import groupby, islice, repeat
+from operator import add, itemgetter, le, lt
 
 from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.analysis.step_windows import (
@@ -47,7 +47,10 @@ from perfscope.load.model import Trace
 
 __all__ = ["Step", "StepSet", "by_start", "find_steps", "is_graph_launch", "is_kernel_launch"]
 
-_TS = itemgetter(1)  # Kernel.ts by position (a tuple's item: quicker than its name)
+_TS = itemgetter(1)  # Kernel.ts, dur, corr and kind by position (a tuple's item: quicker than its name)
+_DUR = itemgetter(2)
+_CORR = itemgetter(5)
+_KIND = itemgetter(9)
 
 
 def by_start(kern, idx: list[int], then_index: bool = False) -> list[int]:
@@ -151,6 +154,30 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
             if kind[1]:
                 st.graph_launches += 1
 
+    kern = trace.kernels
+    if has_corr and method != "whole-trace" and "cpu" not in set(map(_KIND, kern)):
+        # GPU work only, found by correlation id: each kernel's step looked up in C, a step's kernels (in
+        # index order) taken a run of neighbours at a time
+        step_of = list(map(corr_step.get, map(_CORR, kern), repeat(-1)))
+        for i, run in groupby(range(len(kern)), step_of.__getitem__):
+            if i >= 0:
+                steps[i].kernels.extend(run)
+    else:
+        _place_kernels(trace, steps, method, has_corr, corr_step, window_of)
+
+    for s in steps:
+        if s.kernels:
+            ks = list(map(kern.__getitem__, s.kernels))
+            ts = list(map(_TS, ks))
+            s.gpu_start = min(ts)
+            s.gpu_end = max(map(add, ts, map(_DUR, ks)))
+    if method in ("model-runner-frames", "graph-pieces"):
+        note = _runner_phases(steps, note)
+    return StepSet(method, steps, note, taken_as)
+
+
+def _place_kernels(trace: Trace, steps: list[Step], method: str, has_corr: bool, corr_step: dict, window_of) -> None:
+    """Each kernel into the step that launched it (by correlation id, else by time: a CPU-only trace's ops)."""
     for ki, k in enumerate(trace.kernels):
         if has_corr:
             i = corr_step.get(k.corr, -1)
@@ -170,15 +197,6 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
             continue  # a CPU op of another thread: not this step's work (threads overlap in time)
         if i >= 0:
             steps[i].kernels.append(ki)
-
-    kern = trace.kernels
-    for s in steps:
-        if s.kernels:
-            s.gpu_start = min(kern[i].ts for i in s.kernels)
-            s.gpu_end = max(kern[i].ts + kern[i].dur for i in s.kernels)
-    if method in ("model-runner-frames", "graph-pieces"):
-        note = _runner_phases(steps, note)
-    return StepSet(method, steps, note, taken_as)
 
 
 def _runner_phases(steps: list[Step], note: str) -> str:

@@ -25,10 +25,13 @@ trace kind is read first, from what each kind must contain:
 from __future__ import annotations
 
 import itertools
+import operator
 import re
+from itertools import compress, repeat
 from typing import Iterable
 
 from perfscope.analysis.kernel_table import kernel_table
+from perfscope.util.fold import added
 from perfscope.load.model import Annotation, CpuOp, Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
@@ -43,6 +46,9 @@ _HF_MODEL_FRAME = re.compile(r"(^|/)transformers/(models/(\w+)/modeling_\w+\.py|
 _HF_GENERATE_FRAME = re.compile(r"(^|/)transformers/generation/")
 _ENGINE_FRAME = re.compile(r"(^|/)(vllm|sglang)/")
 _SERVING_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)|^execute_\w*context")
+
+_DUR = operator.itemgetter(2)  # Kernel.dur and Kernel.kind by position (quicker than by name)
+_KIND = operator.itemgetter(9)
 
 BACKWARD_OPS_MIN = 3
 BACKWARD_KERNEL_SHARE = 0.10
@@ -60,7 +66,8 @@ def classify_workload(trace: Trace) -> dict:
     bw_ops = sum(n for name, n in op_names.items() if _BACKWARD_OP.search(name))
     optim = len(optimizer_steps(trace))
     serving = sum(1 for a in trace.annotations if _SERVING_STEP.match(a.name))
-    total = sum(k.dur for k in trace.kernels if k.kind == "kernel") or 0.0
+    kern = trace.kernels  # the durations and kinds read in C
+    total = sum(compress(map(_DUR, kern), map(operator.eq, map(_KIND, kern), repeat("kernel")))) or 0.0
     bw_us = conv_us = llm_us = 0.0
     table = kernel_table(trace)
     kern = trace.kernels
@@ -77,16 +84,13 @@ def classify_workload(trace: Trace) -> dict:
             sub == "kv-write" or (b == "sampling" and not table.torch_sort[i]) or "flashinfer::" in k.name,
         )
         flags.append(f if k.kind == "kernel" and any(f) else None)
-    for k, key in zip(kern, table.key):
-        f = flags[key]
-        if f is None:
-            continue
-        if f[0]:
-            bw_us += k.dur
-        if f[1]:
-            conv_us += k.dur
-        if f[2]:
-            llm_us += k.dur
+    # each flag's kernel time: the durations of the kernels whose (name, kind) has it, added in kernel order
+    # (in C; none when no name has it)
+    us = []
+    for n in range(3):
+        keys = {key for key, f in enumerate(flags) if f is not None and f[n]}
+        us.append(added(compress(map(_DUR, kern), map(keys.__contains__, table.key))) if keys else 0.0)
+    bw_us, conv_us, llm_us = us
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}
     diff_frames = sorted(n for n in frame_names if _DIFFUSION_FRAME.search(n))
