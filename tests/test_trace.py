@@ -334,8 +334,9 @@ def test_the_run_folder_and_the_next_command_are_one_line_each(repro_server, tmp
 
 def test_no_stack_traces_without_python_frames_and_diagnose_says_what_is_lost(repro_server, tmp_path, monkeypatch):
     """--no-stack: the profile request asks for no Python stacks (the server's profiler records no
-    python_function events), run.json says so, and diagnose of the run works as usual but says that
-    its ops carry no source line."""
+    python_function events), run.json says so, and diagnose of the run works as usual (its finding
+    included) but says that its ops carry no source line. --no-shapes: no input dims, and diagnose
+    says what that costs (here the cast finding, read from shapes on a trace without GPU kernels)."""
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     out = tmp_path / "run"
     rc, _, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
@@ -355,8 +356,26 @@ def test_no_stack_traces_without_python_frames_and_diagnose_says_what_is_lost(re
     assert len(lost) == 1 and "source line" in lost[0], d["notes"]
     ops = d["ranks"][0]["ops"]
     assert ops and all(not (o.get("attribution") or {}).get("source") for o in ops)
+    assert "fp8-kv-cast" in [f["id"] for f in d["findings"]]  # read from the ops' dtypes and shapes
     rc, stdout, err = invoke("diagnose", str(out))
     assert rc == 0 and "traced without Python stacks" in stdout + err and "Traceback" not in err
+    # --no-shapes: no input dims recorded, so the cast rule cannot read the copy of this CPU-only trace
+    out = tmp_path / "noshapes"
+    rc, _, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
+                        "--output-len", "24", "--no-shapes", "--api-key-env", "REPRO_KEY", "--timeout", "120",
+                        "--out", str(out))
+    assert rc == 0, err
+    info = rundir.read_run(out, verify=True)
+    assert info.profile["with_stack"] is True and info.profile["record_shapes"] is False
+    for f in info.files:
+        events = json.loads(gzip.decompress(f.path.read_bytes()))["traceEvents"]
+        assert not any("Input Dims" in (e.get("args") or {}) for e in events if e.get("cat") == "cpu_op"), f.rel
+    rc, stdout, err = invoke("diagnose", str(out), "--json")
+    assert rc == 0, err
+    d = json.loads(stdout)
+    assert [n for n in d["notes"] if n.startswith("traced without shapes (--no-shapes)")], d["notes"]
+    assert not [n for n in d["notes"] if "without Python stacks" in n]
+    assert "fp8-kv-cast" not in [f["id"] for f in d["findings"]]
 
 
 @pytest.mark.slow
@@ -396,3 +415,37 @@ def test_a_server_that_dies_during_the_profile_ends_the_trace_in_one_line(tmp_pa
     assert "torch profiler" in last and "--no-stack" in last, last
     assert "Traceback" not in err and "/stop_profile failed" not in err
     assert json.loads((out / "run.json").read_text())["status"] == "incomplete"
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_answering_during_the_profile_is_said_in_one_line(tmp_path, monkeypatch):
+    """The server's process still there but answering nothing (here SIGSTOPped mid-profile, as a hung
+    scheduler leaves it): once the load's stream stalls past --http-timeout, trace ends with one line
+    saying /health fails, the likely cause and the retry, exit 3, no traceback."""
+    import signal
+
+    monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
+    proc, port = start_repro(tmp_path / "server.log")
+    try:
+        trace = subprocess.Popen(
+            [sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}", "--steps", "100000",
+             "--input-len", "16", "--output-len", "100000", "--api-key-env", "REPRO_KEY", "--timeout", "20",
+             "--http-timeout", "3", "--out", str(tmp_path / "run")],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = []
+        for line in trace.stderr:
+            lines.append(line)
+            if "profiler armed" in line:
+                break
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGSTOP)
+        _, rest = trace.communicate(timeout=120)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+    err = "".join(lines) + rest
+    assert trace.returncode == 3, err
+    (last,) = [ln for ln in err.splitlines() if ln.startswith("perfscope: error:")]
+    assert f"the server on 127.0.0.1:{port} stopped during the profile (/health fails for 10s)" in last, last
+    assert "--no-stack" in last and "Traceback" not in err
