@@ -1,6 +1,7 @@
 # Shared fixtures live in plugin modules beside this file (tests/ is on sys.path for conftest).
 # browser: one Chromium (session) for every module that uses it; bigtrace: the 120-step eager trace;
 # profileserver: the profile server stand-in of the trace, signal and capture tests.
+import gc
 import re
 
 import pytest
@@ -57,3 +58,19 @@ def pytest_ignore_collect(collection_path, config):
         if _SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")):
             return True
     return None
+
+
+# What a test module leaves alive for the session (tests/realtraces.py's traces and analyses, lru-cached
+# outputs, imported modules: millions of objects) is frozen out of the cyclic collector when the module
+# is done: its full passes would otherwise walk all of it again and again (~12 s of CPU over the fast
+# run). The module's own cyclic garbage is collected first, so nothing is frozen that is already garbage.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        gc.collect()
+        gc.freeze()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # what was frozen is collected as usual when the interpreter exits
