@@ -2,6 +2,7 @@
 with nothing beside it runs the whole suite. tests/traces/corpus/README.md gives each corpus file's
 origin, licence and sha256."""
 
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,8 +37,10 @@ def json_of(path) -> bytes:
         return f.read()
 
 
+@functools.lru_cache(maxsize=None)
 def gz_bytes(path) -> bytes:
-    """A trace file's JSON gzipped, as torch's profiler writes it (for tests of the gzip path)."""
+    """A trace file's JSON gzipped, as torch's profiler writes it (for tests of the gzip path; compressed
+    once per session: bytes, shared)."""
     import gzip
 
     return gzip.compress(json_of(path), mtime=0)

@@ -6,6 +6,7 @@ the fix registry."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -146,7 +147,10 @@ def test_one_default_output_length():
     assert defaults == {"trace": 128, "bench": 128, "fix": 128}, defaults
 
 
+@functools.lru_cache(maxsize=None)
 def _help_at(args: tuple, columns: str | None) -> str:
+    """``perfscope ARGS --help`` at ``columns`` (piped when None): the same text for every test that
+    reads it, drawn once per session."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["TERM"] = "dumb"
     if columns:

@@ -22,6 +22,14 @@ TERMINAL = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;https://evil.example/\x1b\\click\x1b]
 MARKDOWN = "<script>alert(1)</script><img src=x onerror=alert(2)>\n# fake heading | x ` [here](https://evil.example/)"
 
 
+def write_json(path, d) -> None:
+    """``d`` as a trace file at ``path`` (``json.dumps``: the C encoder; ``json.dump`` to a file takes
+    the pure-Python one, seconds for a trace; gzip's fastest level: the tests read names, not sizes)."""
+    text = json.dumps(d)
+    with topen(path, "wt", compresslevel=1) if str(path).endswith(".gz") else topen(path, "wt") as f:
+        f.write(text)
+
+
 def hostile_trace(path, payload, device_payload=None, formula=False):
     """mla_pool_eager with ``payload`` appended to every kernel, cpu_op and Python function name
     (the start kept, so that they still classify) and to the device's name; ``formula``: every
@@ -32,9 +40,14 @@ def hostile_trace(path, payload, device_payload=None, formula=False):
             e["name"] = ("=HYPERLINK(\"https://evil.example\")" if formula and e["cat"] == "kernel" else "") \
                 + e["name"] + payload
     d["deviceProperties"][0]["name"] = "NVIDIA H200" + (device_payload if device_payload is not None else payload)
-    with topen(path, "wt") as f:
-        json.dump(d, f)
+    write_json(path, d)
     return path
+
+
+@pytest.fixture(scope="module")
+def terminal_trace(tmp_path_factory):
+    """The hostile trace with TERMINAL in every name, written once for the tests that only read it."""
+    return hostile_trace(tmp_path_factory.mktemp("hostile") / "t.json.gz", TERMINAL)
 
 
 def run(*args, env=None):
@@ -45,9 +58,8 @@ def no_terminal_controls(text: str) -> bool:
     return not any(c in text for c in ("\x1b", "\x07", "\x9b", "\u202e"))
 
 
-def test_terminal_output_shows_control_characters_escaped(tmp_path):
-    t = hostile_trace(tmp_path / "t.json.gz", TERMINAL)
-    r = run("diagnose", t, "--top", "20")
+def test_terminal_output_shows_control_characters_escaped(terminal_trace):
+    r = run("diagnose", terminal_trace, "--top", "20")
     assert r.returncode == 0, r.stderr
     assert no_terminal_controls(r.stdout) and no_terminal_controls(r.stderr)
     # shown, not dropped: the device's name and the op names carry their escapes visibly
@@ -55,12 +67,11 @@ def test_terminal_output_shows_control_characters_escaped(tmp_path):
     assert "\\x1b]8;;https://evil.example/" in r.stdout and "\\u202e\\x9b31m" in r.stdout
 
 
-def test_terminal_styles_kept_but_no_control_from_the_trace(tmp_path):
+def test_terminal_styles_kept_but_no_control_from_the_trace(terminal_trace):
     """On a colour terminal rich's own styles stay (SGR ``ESC [ … m``); nothing else does."""
     import re
 
-    t = hostile_trace(tmp_path / "t.json.gz", TERMINAL)
-    r = run("diagnose", t, env={"FORCE_COLOR": "1", "TERM": "xterm-256color"})
+    r = run("diagnose", terminal_trace, env={"FORCE_COLOR": "1", "TERM": "xterm-256color"})
     assert r.returncode == 0, r.stderr
     assert "\x1b[" in r.stdout  # the console did style its output
     rest = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
@@ -152,8 +163,7 @@ def sglang_step_trace(path):
             i += 1
         elif e.get("cat") == "kernel":
             e["name"] += PLOTLY
-    with topen(path, "wt") as f:
-        json.dump(d, f)
+    write_json(path, d)
     return path
 
 

@@ -9,11 +9,10 @@ import html
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
+from clirun import invoke
 from paths import GPU_LOOP, KERNEL_MIX
 from perfscope.report.wording import ms
 
@@ -24,9 +23,8 @@ INPUTS = {
 
 
 def cli(*args, columns: int = 240) -> str:
-    env = {**os.environ, "COLUMNS": str(columns)}
-    r = subprocess.run([sys.executable, "-m", "perfscope", *map(str, args)], capture_output=True, text=True,
-                       timeout=300, env=env)
+    """``perfscope ARGS``, piped, ``COLUMNS`` wide (in this process: what is drawn is the subject here)."""
+    r = invoke(*args, env={**os.environ, "COLUMNS": str(columns)})
     assert r.returncode == 0, r.stderr
     return r.stdout
 
