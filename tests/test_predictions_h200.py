@@ -199,3 +199,34 @@ def test_a_host_bound_servers_tpot_spread_is_not_the_gpu_clocking_down():
         assert p["steal_jiffies_per_request"] > 1
     first = level_rows(REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-levels")
     assert min(p["tpot_median_ms"] for p in start["phases"]) > max(p["tpot_median_ms"] for s in first for p in s["phases"])
+
+
+def test_trace_no_stack_on_the_real_sglang_and_the_batch_1_host_spread():
+    """predict_run.py --model dense --pools 495000 --starts 1 --no-stack-c1 on the H200 (2026-12-05): the bug
+    server traced at batch 1 with stacks and shapes, then again with ``trace --no-stack --no-shapes`` 11 s
+    later, and at 16 requests; fixed by ``fix fp8-kv-cast --apply --restart-cmd``. Without the stack tracer
+    the full trace's host work per step is a third shorter (3.44 -> 2.27 ms) and the trace a quarter of the
+    size, with the same kernels (the cast 6.92 ms per step in both) and the same finding; the diagnosis says
+    what it lacks (no source line per op). The batch-1 prediction rests on the GPU-only profile that
+    ``trace --bench`` takes first, and two of them, same server, same options, 11 s apart, measured 1.96 and
+    2.77 ms of host work per step: the prediction inherits the host's own spread (-0.5% and +41% of the
+    fixed server's TPOT, the second outside its range)."""
+    results = REPO / "examples" / "gpu_loop" / "results"
+    with_stack = {r["case"]: r for r in rows(results / "h200-2026-12-05-predict")}
+    no_stack = {r["case"]: r for r in rows(results / "h200-2026-12-05-predict-nostack")}
+    a, b = with_stack["dense-495000-c1"], no_stack["dense-495000-c1"]
+    assert a["measured_ms"] == b["measured_ms"] and a["benches"] == 4  # the same fixed server
+    assert abs(a["error_pct"]) <= 5 and a["within_range"] and with_stack["dense-495000-c16"]["within_range"]
+    assert b["error_pct"] > 30 and not b["within_range"]
+
+    from perfscope.analysis.diagnose import diagnose
+
+    da = diagnose([results / "h200-2026-12-05-predict" / "dense-495000-c1" / "bug"], workers=1).to_dict()
+    db = diagnose([results / "h200-2026-12-05-predict-nostack" / "dense-495000-c1" / "bug"], workers=1).to_dict()
+    pa, pb = (d["findings"][0]["evidence"]["prediction"] for d in (da, db))
+    assert da["findings"][0]["id"] == db["findings"][0]["id"] == "fp8-kv-cast"
+    assert abs(pa["kernel_time_saved_ms"] - pb["kernel_time_saved_ms"]) < 0.01
+    assert pb["host_floor_ms"] < 0.75 * pa["host_floor_ms"]  # the stack tracer's own cost on the host
+    assert pb["host"]["profiled_ms"] / pa["host"]["profiled_ms"] > 1.3  # two GPU-only profiles 11 s apart
+    assert any(o["source"] for o in da["ops"]) and not any(o["source"] for o in db["ops"])
+    assert not da["notes"] and any("--no-stack" in n for n in db["notes"])
