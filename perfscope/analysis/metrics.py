@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 
 from perfscope.analysis.buckets import BUCKETS
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
-from perfscope.util.fold import added
-
-_TS = operator.itemgetter(1)  # Kernel.ts and Kernel.dur by position (a tuple's item: quicker than its name)
-_DUR = operator.itemgetter(2)
 
 
 @dataclass
@@ -57,30 +51,22 @@ def step_metrics(trace: Trace, step: Step, sampler: bool = True) -> StepMetrics:
     """``sampler``: count the step's sampling path (perfscope.analysis.sampling_path) as sampling (LLM traces)."""
     kern = trace.kernels
     buckets = dict.fromkeys(BUCKETS, 0.0)
+    ivs = []
+    other = []  # everything but communication: what can hide a collective
+    ksum = 0.0
     over = step_overrides(trace, step, serving=sampler)  # the sampler's softmax / cumsum; mid-step top-k
     bucket = kernel_table(trace).bucket  # classify(name, kind)[0] of each kernel, once per distinct name
-    idx = step.kernels
-    ks = list(map(kern.__getitem__, idx))  # the step's kernels, their starts, durations and buckets (in C)
-    ts = list(map(_TS, ks))
-    durs = list(map(_DUR, ks))
-    bl = list(map(bucket.__getitem__, idx))
-    if over:
-        pos = dict(zip(idx, range(len(idx))))
-        for i, bs in over.items():
-            p = pos.get(i)
-            if p is not None:
-                bl[p] = bs[0]
-    for b in dict.fromkeys(bl):  # each bucket's kernel time, added in kernel order
-        buckets[b] = added(compress(durs, map(operator.eq, bl, repeat(b))), buckets[b])
-    ksum = added(durs)
-    ivs = list(zip(ts, map(operator.add, ts, durs)))
+    for i in step.kernels:
+        k = kern[i]
+        b = over[i][0] if i in over else bucket[i]
+        buckets[b] += k.dur
+        ksum += k.dur
+        ivs.append((k.ts, k.ts + k.dur))
+        if b != "communication":
+            other.append(ivs[-1])
     busy = union_us(ivs)
-    # exposed communication = busy time - time some non-communication kernel runs (everything but
-    # communication: what can hide a collective)
-    if buckets["communication"]:
-        exposed = busy - union_us(list(compress(ivs, map(operator.ne, bl, repeat("communication")))))
-    else:
-        exposed = 0.0
+    # exposed communication = busy time - time some non-communication kernel runs
+    exposed = busy - union_us(other) if buckets["communication"] else 0.0
     gpu = step.gpu_us
     return StepMetrics(
         index=step.index,

@@ -14,9 +14,7 @@ kernels never do.
 from __future__ import annotations
 
 import functools
-import operator
 import re
-from itertools import compress, repeat
 from typing import Optional
 
 from perfscope.analysis.kernel_table import TORCH_SORT, kernel_table
@@ -25,8 +23,6 @@ from perfscope.analysis.steps import Step
 from perfscope.load.model import Trace
 
 _NEVER = ("gemm", "attention", "communication", "moe")
-_TS = operator.itemgetter(1)  # Kernel.ts and Kernel.dur by position (a tuple's item: quicker than its name)
-_DUR = operator.itemgetter(2)
 _SCAN = re.compile(r"scan_innermost|scan_outer|DeviceScan|cumsum", re.I)
 _SOFTMAX = re.compile(r"softmax", re.I)
 _MULTINOMIAL = re.compile(r"distribution_elementwise|exponential_|multinomial", re.I)
@@ -43,9 +39,8 @@ def _last_gemm(trace: Trace, step: Step) -> Optional[tuple[float, float]]:
         return hit[1]
     kern = trace.kernels
     gemm = kernel_table(trace).gemm
-    ks = list(map(kern.__getitem__, compress(step.kernels, map(gemm.__getitem__, step.kernels))))  # in C
-    ts = list(map(_TS, ks))
-    out = (max(ts), max(map(operator.add, ts, map(_DUR, ks)))) if ks else None
+    ks = [kern[i] for i in step.kernels if gemm[i]]
+    out = (max([k.ts for k in ks]), max([k.ts + k.dur for k in ks])) if ks else None
     memo[id(step)] = (step, out)  # the step held: its id is not reused while the memo lives
     return out
 
@@ -59,9 +54,7 @@ def sampling_tail(trace: Trace, step: Step, last_gemm: Optional[tuple[float, flo
     if last_gemm is None:
         return []
     lo = last_gemm[1] - 0.5
-    # the kernels that start from lo on (found in C), less those of the buckets that are never sampling
-    late = compress(step.kernels, map(operator.le, repeat(lo), map(_TS, map(kern.__getitem__, step.kernels))))
-    tail = [i for i in late if bucket[i] not in _NEVER]
+    tail = [i for i in step.kernels if kern[i].ts >= lo and bucket[i] not in _NEVER]
     if not any(bucket[i] == "sampling" for i in tail):
         return []
     return tail
