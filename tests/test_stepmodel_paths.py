@@ -1,6 +1,6 @@
-"""The step model's quick paths give what its plain paths give, on real traces: steps taken in start
-order without a sort when they come so (steps.by_start), new durations prepared from the slots a fix
-changes (StepReplay.prepare with ``changed``), a step's slots grouped by stream."""
+"""The step model's quick paths give what its plain paths give, on real traces: new durations prepared
+from the slots a fix changes (StepReplay.prepare with ``changed``), a step's slots grouped by stream, a
+CUDA-graph launch replayed as a chain."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from paths import H200, KERNEL_MIX, TRACELENS
-from perfscope.analysis.steps import by_start, find_steps
+from perfscope.analysis.steps import find_steps
 from perfscope.analysis.stepmodel import StepReplay
 from perfscope.analysis.stepmodel import chain as stepmodel_chain
 from perfscope.analysis.stepmodel import predict as stepmodel_predict
@@ -29,21 +29,6 @@ TRACES = [
 def _steps(path, n=6):
     t = real_trace(path)
     return t, [s for s in find_steps(t).steps if s.kernels][:n]
-
-
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
-def test_by_start_is_the_sort_by_start(path):
-    t, steps = _steps(path)
-    kern = t.kernels
-    rng = random.Random(7)
-    for s in steps:
-        shuffled = list(s.kernels)
-        rng.shuffle(shuffled)
-        for idx in (s.kernels, shuffled, s.kernels[::-1]):
-            assert by_start(kern, idx) == sorted(idx, key=lambda j: kern[j].ts)
-            assert by_start(kern, idx, then_index=True) == sorted(idx, key=lambda j: (kern[j].ts, j))
-    # a step's kernels are in start order as found: the quick path is the one taken
-    assert all(by_start(kern, s.kernels) == s.kernels for s in steps)
 
 
 def _fix(kern, step, rng):

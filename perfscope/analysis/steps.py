@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from itertools import groupby, islice, repeat
-from operator import add, itemgetter, le, lt
+from itertools import groupby, repeat
+from operator import add, itemgetter
 
 from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.analysis.step_windows import (
@@ -45,25 +45,12 @@ from perfscope.analysis.step_windows import (
 )
 from perfscope.load.model import Trace
 
-__all__ = ["Step", "StepSet", "by_start", "find_steps", "is_graph_launch", "is_kernel_launch"]
+__all__ = ["Step", "StepSet", "find_steps", "is_graph_launch", "is_kernel_launch"]
 
 _TS = itemgetter(1)  # Kernel.ts, dur, corr and kind by position (a tuple's item: quicker than its name)
 _DUR = itemgetter(2)
 _CORR = itemgetter(5)
 _KIND = itemgetter(9)
-
-
-def by_start(kern, idx: list[int], then_index: bool = False) -> list[int]:
-    """Kernel indices ``idx`` sorted by start (``sorted(idx, key=lambda i: kern[i].ts)``), or by (start,
-    index) with ``then_index``. A step's kernels (and a launch's) come in start order already (the
-    reader sorts the kernels by start, a step holds them in index order): checked in C, then returned
-    as a copy, with no Python call per kernel; sorted as asked otherwise."""
-    ts = list(map(_TS, map(kern.__getitem__, idx)))
-    if all(map(le, ts, islice(ts, 1, None))) and (not then_index or all(map(lt, idx, islice(idx, 1, None)))):
-        return list(idx)  # what the stable sort by start (and by index among equal starts) returns
-    if then_index:
-        return sorted(idx, key=lambda j: (kern[j].ts, j))
-    return sorted(idx, key=lambda j: kern[j].ts)
 
 
 @dataclass

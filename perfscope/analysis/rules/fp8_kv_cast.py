@@ -11,7 +11,6 @@ from typing import Optional
 from perfscope.analysis.buckets import classify
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.analysis.rules.base import Finding, Rule, RuleContext
-from perfscope.analysis.steps import by_start
 
 _EPT = re.compile(r"elementwise_kernel(?:_manual_unroll)?<\d+, (\d+)")  # elementwise_kernel<NT, VT, ...>
 # FlashInfer's MLA kernel reading the FP8 pool itself (the native strategy) instead of a BF16 copy,
@@ -115,7 +114,7 @@ class Fp8KvCast(Rule):
         merge: dict = {}  # signature -> do its back-to-back launches belong to one cast?
         for s in ctx.steps:
             last: dict = {}  # stream -> (signature, run) of its last kernel if that was a cast, else None
-            for i in by_start(kern, s.kernels, then_index=True):
+            for i in sorted(s.kernels, key=lambda j: (kern[j].ts, j)):
                 k = kern[i]
                 if not cand[key[i]]:
                     last[k.stream] = None

@@ -10,7 +10,7 @@ from perfscope.analysis.stepmodel import chain
 from perfscope.analysis.stepmodel.chain import Flat4, run_chain, slots
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex, is_wait_candidate
 from perfscope.analysis.stepmodel.waits import cross_stream_waits, graph_stream_joins
-from perfscope.analysis.steps import Step, by_start, is_graph_launch, is_kernel_launch
+from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
 from perfscope.load.model import Launch, Trace
 
 
@@ -38,7 +38,7 @@ class StepReplay:
         eager = False  # a kernel of the step has a launch of its own (not a graph replay)
         corr: Optional[int] = None  # the previous kernel's correlation id
         cached: Optional[tuple[Optional[Launch], bool, list[int]]] = None  # and (launch, graph?, its kernels)
-        for i in by_start(kern, step.kernels):
+        for i in sorted(step.kernels, key=lambda j: kern[j].ts):
             k = kern[i]
             if cached is None or k.corr != corr:  # a graph launch's kernels share one id: looked up once
                 corr = k.corr

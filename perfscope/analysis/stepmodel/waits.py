@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from perfscope.analysis.steps import by_start, is_graph_launch
+from perfscope.analysis.steps import is_graph_launch
 
 
 def graph_stream_joins(kern, launched) -> dict:
@@ -20,7 +20,7 @@ def graph_stream_joins(kern, launched) -> dict:
     for l, ks in launched.values():
         if not is_graph_launch(l.name) or len({kern[i].stream for i in ks}) < 2:
             continue
-        order = by_start(kern, ks)
+        order = sorted(ks, key=lambda i: kern[i].ts)
         ends: list = []  # (end, index), sorted by end: the launch's kernels seen so far
         prev_on: dict = {}
         for i in order:
