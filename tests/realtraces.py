@@ -4,7 +4,8 @@
 perfscope's reader; ``real_analysis(name, config=None)`` its ``analyze_trace`` (one rank's
 :class:`perfscope.analysis.result.RankAnalysis`: steps, buckets, findings);
 ``real_diagnosis(*names, config=None)`` the ``diagnose`` of one or more inputs (files, folders, run
-folders) with that config. A name is a path, or a path relative to the corpus
+folders) with that config, analysed in this process (``workers=1``: its ``parallel`` says so, and its
+ops keep their ``sample``, as a single file's do). A name is a path, or a path relative to the corpus
 (``tests/traces/corpus``, e.g. ``"h200-mla-fp8-kv/mla_pool_graph.json.xz"``).
 
 Each is computed the first time a test asks and then shared by every test of the session: read
@@ -55,5 +56,8 @@ def real_diagnosis(*names, config: Optional[dict] = None):
     paths = tuple(path_of(n) for n in names)
     key = (paths, json.dumps(config, sort_keys=True, default=str) if config is not None else None)
     if key not in _DIAGNOSES:
-        _DIAGNOSES[key] = diagnose(list(paths), config) if config is not None else diagnose(list(paths))
+        # in this process, file by file: the process pool is tested where it is the subject
+        # (tests/test_parallel.py, test_result_types.py, the CLI's); its workers' start and results'
+        # round trip cost more than they save on a loaded box of two cores
+        _DIAGNOSES[key] = diagnose(list(paths), config, workers=1)
     return _DIAGNOSES[key]

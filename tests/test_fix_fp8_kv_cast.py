@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -48,10 +49,16 @@ def sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(data: bytes) -> ast.Module:
+    """The source's syntax tree, parsed once per session for every test that walks it (read, never changed)."""
+    return ast.parse(data)
+
+
 def cast_line_ranges(data: bytes, cls: str) -> list[tuple[int, int, str]]:
     """(first, last, kind) lines of the whole-pool casts in forward_extend / forward_decode,
     found independently of the fix module with a plain ast walk."""
-    tree = ast.parse(data)
+    tree = _tree(data)
     out = []
     for c in tree.body:
         if isinstance(c, ast.ClassDef) and c.name == cls:
@@ -73,7 +80,7 @@ def cast_line_ranges(data: bytes, cls: str) -> list[tuple[int, int, str]]:
 
 def plan_kv_lines(data: bytes) -> set[int]:
     """Lines of the kv dtype argument of plan() in the MLA indices updaters."""
-    tree = ast.parse(data)
+    tree = _tree(data)
     lines = set()
     for c in tree.body:
         if isinstance(c, ast.ClassDef) and c.name.startswith("FlashInferMLAIndicesUpdater"):

@@ -65,18 +65,19 @@ def test_user_files_follow_the_umask(tmp_path):
     CSV private while the HTML was shared); the umask is the user's: 027 gives 0640."""
     import os
     import stat
-    import subprocess
-    import sys
 
+    from clirun import invoke
     from paths import H200
 
     def run(umask: int, sub: str) -> dict:
         out = tmp_path / sub
         out.mkdir()
-        code = (f"import os, sys; os.umask({umask}); from perfscope.cli import main; "
-                f"sys.argv = ['perfscope', 'diagnose', {str(H200 / 'mla_pool_graph.json.xz')!r}, '--markdown', "
-                f"{str(out / 's.md')!r}, '--csv', {str(out / 'csv')!r}, '--html', {str(out / 'r.html')!r}]; main()")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        saved = os.umask(umask)  # the process's umask for the one call, then the test run's again
+        try:
+            r = invoke("diagnose", H200 / "mla_pool_graph.json.xz", "--markdown", out / "s.md", "--csv", out / "csv",
+                       "--html", out / "r.html")
+        finally:
+            os.umask(saved)
         assert r.returncode == 0, r.stderr
         files = [out / "s.md", out / "r.html", *sorted((out / "csv").glob("*.csv"))]
         assert len(files) >= 4
