@@ -104,4 +104,4 @@ def url_args(port, tmp_path):
     srv = tmp_path / "srv"
     srv.mkdir(exist_ok=True)
     return ["--url", f"http://127.0.0.1:{port}", "--remote-dir", str(srv), "--steps", "2", "--output-len", "4",
-            "--input-len", "4", "--timeout", "20"]
+            "--input-len", "4", "--timeout", "20", "--poll", "0.1"]

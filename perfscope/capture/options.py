@@ -28,7 +28,7 @@ class TraceOptions:
     # SGLang on a GPU: a short GPU-only profile first, in the run folder's host-timing/ (rundir.HOST_TIMING_DIR)
     host_timing: bool = True
     keep_remote: bool = False
-    poll_s: float = 1.0
+    poll_s: float = 1.0  # seconds between two looks at the files being written (trace --poll)
     seed: int = 0
     bench_requests: int = 0  # > 0: measure TPOT without the profiler first, before any profile (perfscope bench)
     python: str | None = None  # the server's interpreter, for its versions (else found, when it may be run)

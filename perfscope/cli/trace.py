@@ -131,6 +131,14 @@ def command(
         help="Generated tokens per request (ignore_eos; 128, as bench and fix --bench-output-len); requests still streaming when the traces are complete are cut.",
     ),
     timeout: float = typer.Option(300.0, "--timeout", min=1, help="Seconds to wait for complete traces, per host."),
+    poll: float = typer.Option(
+        1.0,
+        "--poll",
+        min=0.05,
+        metavar="SECONDS",
+        help="Seconds between two looks at the trace files being written: one is complete when its size held "
+        "over a look and its gzip stream is whole, the set when it stayed so for one more look.",
+    ),
     connect_timeout: float = _options.CONNECT_TIMEOUT,
     http_timeout: float = typer.Option(
         30.0,
@@ -234,6 +242,7 @@ def command(
         input_len=input_len,
         output_len=output_len,
         timeout=timeout,
+        poll_s=poll,
         api_key=api_key,
         remote_dir=remote_dir,
         profile_dir=profile_dir,
