@@ -412,7 +412,7 @@ def test_a_server_that_dies_during_the_profile_ends_the_trace_in_one_line(tmp_pa
     assert time.monotonic() - t0 < 60  # at once, not at --timeout
     (last,) = [ln for ln in err.splitlines() if ln.startswith("perfscope: error:")]
     assert f"the server on 127.0.0.1:{port} stopped during the profile (its process (pid {proc.pid}) is gone)" in last
-    assert "torch profiler" in last and "--no-stack" in last, last
+    assert "torch profiler" in last and "--no-by-stage" in last and "--no-stack" in last, last
     assert "Traceback" not in err and "/stop_profile failed" not in err
     assert json.loads((out / "run.json").read_text())["status"] == "incomplete"
 

@@ -86,10 +86,11 @@ def _running(io: HostIO, pid: int) -> bool:
 def died(label: str, why: str, engine: str) -> RemoteError:
     """The one line ``trace`` ends with when the server died or stopped answering during the profile."""
     retry = (
-        "restart the server and retry with --no-stack (torch's stack tracer left out of the profile; "
-        "diagnose then names no source lines)"
+        "restart the server and retry; if it dies again, retry with --no-by-stage (one profile, not two "
+        "back to back), or with --no-stack where its log shows the crash in torch's Python stack tracer"
         if engine == "sglang"
-        else "restart the server with --profiler-config.torch_profiler_with_stack=false and retry"
+        else "restart the server and retry; if it dies again, with --profiler-config.torch_profiler_with_stack=false "
+        "where its log shows the crash in torch's Python stack tracer"
     )
     return RemoteError(
         f"the server on {label} stopped during the profile ({why}): its torch profiler most likely crashed it "

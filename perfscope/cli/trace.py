@@ -31,7 +31,7 @@ EXAMPLES = [
     (
         "perfscope trace --host gpu-box --bench 8 --no-stack --out run1",
         "the same, plus TTFT/TPOT of 8 requests without the profiler, and no Python stacks in the profile "
-        "(for a server whose profiler crashed; diagnose then names no source lines)",
+        "(for a server whose profiler crashed in its stack tracer; diagnose then names no source lines)",
     ),
     (
         "perfscope trace --url http://127.0.0.1:8000 --engine vllm --profile-dir /tmp/vllm-prof",
