@@ -83,7 +83,9 @@ def test_sglang_asks_what_the_real_h200_runs_were_asked(run):
     recorded = {k: v for k, v in d["profile"].items() if k not in RUNTIME_KEYS}
     by_stage = bool(recorded.get("profile_by_stage"))
     gpu_only = recorded["activities"] == ["GPU"]
-    opts = TraceOptions(steps=recorded["num_steps"], gpu_only=gpu_only, by_stage=by_stage)
+    # a full trace's stacks and shapes as the run was asked (trace --no-stack / --no-shapes record False)
+    full = {k: recorded[k] for k in ("with_stack", "record_shapes") if not gpu_only and k in recorded}
+    opts = TraceOptions(steps=recorded["num_steps"], gpu_only=gpu_only, by_stage=by_stage, **full)
     sglang, server = engines.get("sglang"), _server(d)
     assert server.has_gpu and sglang.host_timing
     profile = {"output_dir": recorded["output_dir"], **sglang.profile(opts, server, by_stage)}
