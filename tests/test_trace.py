@@ -338,17 +338,23 @@ def test_no_stack_traces_without_python_frames_and_diagnose_says_what_is_lost(re
     included) but says that its ops carry no source line. --no-shapes: no input dims, and diagnose
     says what that costs (here the cast finding, read from shapes on a trace without GPU kernels)."""
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
-    out = tmp_path / "run"
-    rc, _, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
-                        "--output-len", "24", "--no-stack", "--api-key-env", "REPRO_KEY", "--timeout", "120",
-                        "--out", str(out))
-    assert rc == 0, err
-    info = rundir.read_run(out, verify=True)
+
+    def traced(flag: str, name: str):
+        """``trace`` of the reproduction server with ``flag`` into tmp_path/name: the run folder and each
+        of its trace files' events."""
+        out = tmp_path / name
+        rc, _, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len",
+                            "16", "--output-len", "24", flag, "--api-key-env", "REPRO_KEY", "--timeout", "120",
+                            "--out", str(out))
+        assert rc == 0, err
+        info = rundir.read_run(out, verify=True)
+        return out, info, [(f.rel, json.loads(gzip.decompress(f.path.read_bytes()))["traceEvents"]) for f in info.files]
+
+    out, info, files = traced("--no-stack", "run")
     assert info.profile["with_stack"] is False and info.profile["record_shapes"] is True
-    for f in info.files:
-        events = json.loads(gzip.decompress(f.path.read_bytes()))["traceEvents"]
+    for rel, events in files:
         assert any(e.get("cat") == "cpu_op" for e in events)
-        assert not any(e.get("cat") == "python_function" for e in events), f.rel
+        assert not any(e.get("cat") == "python_function" for e in events), rel
     rc, stdout, err = invoke("diagnose", str(out), "--json")
     assert rc == 0, err
     d = json.loads(stdout)
@@ -360,22 +366,32 @@ def test_no_stack_traces_without_python_frames_and_diagnose_says_what_is_lost(re
     rc, stdout, err = invoke("diagnose", str(out))
     assert rc == 0 and "traced without Python stacks" in stdout + err and "Traceback" not in err
     # --no-shapes: no input dims recorded, so the cast rule cannot read the copy of this CPU-only trace
-    out = tmp_path / "noshapes"
-    rc, _, err = invoke("trace", "--url", f"http://127.0.0.1:{repro_server}", "--steps", "3", "--input-len", "16",
-                        "--output-len", "24", "--no-shapes", "--api-key-env", "REPRO_KEY", "--timeout", "120",
-                        "--out", str(out))
-    assert rc == 0, err
-    info = rundir.read_run(out, verify=True)
+    out, info, files = traced("--no-shapes", "noshapes")
     assert info.profile["with_stack"] is True and info.profile["record_shapes"] is False
-    for f in info.files:
-        events = json.loads(gzip.decompress(f.path.read_bytes()))["traceEvents"]
-        assert not any("Input Dims" in (e.get("args") or {}) for e in events if e.get("cat") == "cpu_op"), f.rel
+    for rel, events in files:
+        assert not any("Input Dims" in (e.get("args") or {}) for e in events if e.get("cat") == "cpu_op"), rel
     rc, stdout, err = invoke("diagnose", str(out), "--json")
     assert rc == 0, err
     d = json.loads(stdout)
     assert [n for n in d["notes"] if n.startswith("traced without shapes (--no-shapes)")], d["notes"]
     assert not [n for n in d["notes"] if "without Python stacks" in n]
     assert "fp8-kv-cast" not in [f["id"] for f in d["findings"]]
+
+
+def _trace_until_armed(port: int, *args: str) -> tuple[subprocess.Popen, list[str]]:
+    """``perfscope trace`` of an endless load on the reproduction server at ``port`` in a child process,
+    its stderr read up to the line saying the profiler is armed: (the child, the lines read)."""
+    trace = subprocess.Popen(
+        [sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}", "--steps", "100000",
+         "--input-len", "16", "--output-len", "100000", "--api-key-env", "REPRO_KEY", *args],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    assert trace.stderr is not None
+    for line in trace.stderr:
+        lines.append(line)
+        if "profiler armed" in line:
+            break
+    return trace, lines
 
 
 @pytest.mark.slow
@@ -389,16 +405,7 @@ def test_a_server_that_dies_during_the_profile_ends_the_trace_in_one_line(tmp_pa
     proc, port = start_repro(tmp_path / "server.log")
     out = tmp_path / "run"
     try:
-        trace = subprocess.Popen(
-            [sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}", "--steps", "100000",
-             "--input-len", "16", "--output-len", "100000", "--api-key-env", "REPRO_KEY", "--timeout", "300",
-             "--out", str(out)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        lines = []
-        for line in trace.stderr:
-            lines.append(line)
-            if "profiler armed" in line:
-                break
+        trace, lines = _trace_until_armed(port, "--timeout", "300", "--out", str(out))
         assert lines and "profiler armed" in lines[-1], "".join(lines)
         time.sleep(1.0)  # the load streaming under the profiler
         os.kill(proc.pid, signal.SIGSEGV)
@@ -427,16 +434,7 @@ def test_a_server_that_stops_answering_during_the_profile_is_said_in_one_line(tm
     monkeypatch.setenv("REPRO_KEY", "s3cret-admin-key")
     proc, port = start_repro(tmp_path / "server.log")
     try:
-        trace = subprocess.Popen(
-            [sys.executable, "-m", "perfscope", "trace", "--url", f"http://127.0.0.1:{port}", "--steps", "100000",
-             "--input-len", "16", "--output-len", "100000", "--api-key-env", "REPRO_KEY", "--timeout", "20",
-             "--http-timeout", "3", "--out", str(tmp_path / "run")],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        lines = []
-        for line in trace.stderr:
-            lines.append(line)
-            if "profiler armed" in line:
-                break
+        trace, lines = _trace_until_armed(port, "--timeout", "20", "--http-timeout", "3", "--out", str(tmp_path / "run"))
         time.sleep(1.0)
         os.kill(proc.pid, signal.SIGSTOP)
         _, rest = trace.communicate(timeout=120)
