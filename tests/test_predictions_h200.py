@@ -210,14 +210,15 @@ def test_trace_no_stack_on_the_real_sglang_and_the_batch_1_host_spread():
     what it lacks (no source line per op). The batch-1 prediction rests on the GPU-only profile that
     ``trace --bench`` takes first, and two of them, same server, same options, 11 s apart, measured 1.96 and
     2.77 ms of host work per step: the prediction inherits the host's own spread (-0.5% and +41% of the
-    fixed server's TPOT, the second outside its range)."""
+    fixed server's TPOT; the second, 0.43 of its profile's host time, fell below the range's old end, 0.45:
+    hosttime.SCALE's GPU-only range now ends at 0.42)."""
     results = REPO / "examples" / "gpu_loop" / "results"
     with_stack = {r["case"]: r for r in rows(results / "h200-2026-12-05-predict")}
     no_stack = {r["case"]: r for r in rows(results / "h200-2026-12-05-predict-nostack")}
     a, b = with_stack["dense-495000-c1"], no_stack["dense-495000-c1"]
     assert a["measured_ms"] == b["measured_ms"] and a["benches"] == 4  # the same fixed server
     assert abs(a["error_pct"]) <= 5 and a["within_range"] and with_stack["dense-495000-c16"]["within_range"]
-    assert b["error_pct"] > 30 and not b["within_range"]
+    assert b["error_pct"] > 30 and b["within_range"]  # inside only since this run lowered hosttime's range end
 
     from perfscope.analysis.diagnose import diagnose
 
