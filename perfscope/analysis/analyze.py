@@ -29,14 +29,10 @@ from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.step_summary import StepSummary, analysed_window, median_step_timeline, phase_rows, top_cpu_ops
 from perfscope.analysis.steps import Step, StepSet, find_steps
 from perfscope.analysis.workload import classify_workload
-from perfscope.load.model import Trace
+from perfscope.load.model import KERNEL_DUR, KERNEL_KIND, Trace
 
 if TYPE_CHECKING:
     from perfscope.analysis.capture_map import CaptureSet
-
-
-_DUR = operator.itemgetter(2)  # Kernel.dur and Kernel.kind by position (quicker than by name)
-_KIND = operator.itemgetter(9)
 
 
 @dataclass
@@ -345,8 +341,10 @@ def analyze_trace(
         trace.memo.clear()
         st.trace.memo.clear()
     kern = trace.kernels  # the same sums, the durations and kinds read in C
-    kernel_total = sum(compress(map(_DUR, kern), map(operator.eq, map(_KIND, kern), repeat("kernel")))) / 1e3
-    gpu_total = sum(map(_DUR, kern)) / 1e3
+    kernel_total = (
+        sum(compress(map(KERNEL_DUR, kern), map(operator.eq, map(KERNEL_KIND, kern), repeat("kernel")))) / 1e3
+    )
+    gpu_total = sum(map(KERNEL_DUR, kern)) / 1e3
     idle = st.summary.idle_median_ms or 0.0
     return RankAnalysis(
         file=st.file,

@@ -4,7 +4,6 @@ the timeline of the median step and the top CPU ops."""
 
 from __future__ import annotations
 
-import operator
 import statistics
 from collections import Counter, defaultdict
 from itertools import chain
@@ -16,7 +15,7 @@ from perfscope.analysis.metrics import StepMetrics
 from perfscope.analysis.names import short_name
 from perfscope.analysis.sampling_path import step_overrides
 from perfscope.analysis.steps import Step, StepSet
-from perfscope.load.model import Trace
+from perfscope.load.model import KERNEL_DUR, Trace
 
 TIMELINE_MAX_KERNELS = 6000
 
@@ -62,8 +61,6 @@ class StepSummary:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
-_DUR = operator.itemgetter(2)  # Kernel.dur by position (a tuple's item: quicker than its name)
-
 STEPS_MIN_GPU_SHARE = 0.05  # steps holding less of the trace's GPU time than this: the whole trace is analysed
 
 
@@ -71,8 +68,8 @@ def analysed_window(trace: Trace, stepset: StepSet) -> dict:
     """Which window the analysis reads: the steps found, or the whole trace when they hold almost none of
     its GPU work (e.g. profiled steps around a few kernels, the copies outside them)."""
     kern = trace.kernels
-    total = sum(map(_DUR, kern))  # the same sums, the durations read in C
-    held = sum(map(_DUR, map(kern.__getitem__, chain.from_iterable(s.kernels for s in stepset.steps))))
+    total = sum(map(KERNEL_DUR, kern))  # the same sums, the durations read in C
+    held = sum(map(KERNEL_DUR, map(kern.__getitem__, chain.from_iterable(s.kernels for s in stepset.steps))))
     share = held / total if total else 1.0
     out = {"analysed": "steps", "steps_gpu_share": round(share, 4), "gpu_ms_total": round(total / 1e3, 4)}
     if (

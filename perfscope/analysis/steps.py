@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from itertools import groupby, repeat
-from operator import add, itemgetter
+from operator import add
 
 from perfscope.analysis.cpu_ops import is_collective_standin, thread_stream
 from perfscope.analysis.step_windows import (
@@ -43,14 +43,9 @@ from perfscope.analysis.step_windows import (
     whole_trace,
     windows,
 )
-from perfscope.load.model import Trace
+from perfscope.load.model import KERNEL_CORR, KERNEL_DUR, KERNEL_KIND, KERNEL_TS, Trace
 
 __all__ = ["Step", "StepSet", "find_steps", "is_graph_launch", "is_kernel_launch"]
-
-_TS = itemgetter(1)  # Kernel.ts, dur, corr and kind by position (a tuple's item: quicker than its name)
-_DUR = itemgetter(2)
-_CORR = itemgetter(5)
-_KIND = itemgetter(9)
 
 
 @dataclass
@@ -142,10 +137,10 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
                 st.graph_launches += 1
 
     kern = trace.kernels
-    if has_corr and method != "whole-trace" and "cpu" not in set(map(_KIND, kern)):
+    if has_corr and method != "whole-trace" and "cpu" not in set(map(KERNEL_KIND, kern)):
         # GPU work only, found by correlation id: each kernel's step looked up in C, a step's kernels (in
         # index order) taken a run of neighbours at a time
-        step_of = list(map(corr_step.get, map(_CORR, kern), repeat(-1)))
+        step_of = list(map(corr_step.get, map(KERNEL_CORR, kern), repeat(-1)))
         for i, run in groupby(range(len(kern)), step_of.__getitem__):
             if i >= 0:
                 steps[i].kernels.extend(run)
@@ -155,9 +150,9 @@ def find_steps(trace: Trace, whole: bool = False) -> StepSet:
     for s in steps:
         if s.kernels:
             ks = list(map(kern.__getitem__, s.kernels))
-            ts = list(map(_TS, ks))
+            ts = list(map(KERNEL_TS, ks))
             s.gpu_start = min(ts)
-            s.gpu_end = max(map(add, ts, map(_DUR, ks)))
+            s.gpu_end = max(map(add, ts, map(KERNEL_DUR, ks)))
     if method in ("model-runner-frames", "graph-pieces"):
         note = _runner_phases(steps, note)
     return StepSet(method, steps, note, taken_as)

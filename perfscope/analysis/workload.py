@@ -32,7 +32,7 @@ from typing import Iterable
 
 from perfscope.analysis.kernel_table import kernel_table
 from perfscope.util.fold import added
-from perfscope.load.model import Annotation, CpuOp, Trace
+from perfscope.load.model import Annotation, CpuOp, KERNEL_DUR, KERNEL_KIND, Trace
 
 _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
 _OPTIMIZER = "Optimizer.step#"  # a range name's start, one per iteration (zero_grad is another range of the same one)
@@ -47,8 +47,6 @@ _HF_GENERATE_FRAME = re.compile(r"(^|/)transformers/generation/")
 _ENGINE_FRAME = re.compile(r"(^|/)(vllm|sglang)/")
 _SERVING_STEP = re.compile(r"^step\[(DECODE|EXTEND|MIXED|PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)|^execute_\w*context")
 
-_DUR = operator.itemgetter(2)  # Kernel.dur and Kernel.kind by position (quicker than by name)
-_KIND = operator.itemgetter(9)
 
 BACKWARD_OPS_MIN = 3
 BACKWARD_KERNEL_SHARE = 0.10
@@ -67,10 +65,9 @@ def classify_workload(trace: Trace) -> dict:
     optim = len(optimizer_steps(trace))
     serving = sum(1 for a in trace.annotations if _SERVING_STEP.match(a.name))
     kern = trace.kernels  # the durations and kinds read in C
-    total = sum(compress(map(_DUR, kern), map(operator.eq, map(_KIND, kern), repeat("kernel")))) or 0.0
+    total = sum(compress(map(KERNEL_DUR, kern), map(operator.eq, map(KERNEL_KIND, kern), repeat("kernel")))) or 0.0
     bw_us = conv_us = llm_us = 0.0
     table = kernel_table(trace)
-    kern = trace.kernels
     # per distinct (name, kind): (a backward kernel, a convolution, LLM evidence), or None when none or
     # not a kernel; (torch's generic sort / top-k kernels are not evidence of an LLM: MoE routing and
     # other top-k run them)
@@ -89,7 +86,7 @@ def classify_workload(trace: Trace) -> dict:
     us = []
     for n in range(3):
         keys = {key for key, f in enumerate(flags) if f is not None and f[n]}
-        us.append(added(compress(map(_DUR, kern), map(keys.__contains__, table.key))) if keys else 0.0)
+        us.append(added(compress(map(KERNEL_DUR, kern), map(keys.__contains__, table.key))) if keys else 0.0)
     bw_us, conv_us, llm_us = us
     diff_ann = sorted({a.name for a in trace.annotations if _DIFFUSION_ANN.search(a.name)})
     frame_names = {f.name for f in trace.frames}

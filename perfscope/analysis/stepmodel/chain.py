@@ -15,6 +15,8 @@ import operator
 from itertools import accumulate
 from typing import Optional
 
+from perfscope.load.model import KERNEL_STREAM, KERNEL_TS
+
 _SLOTS: list[int] = []  # the slot numbers 0, 1, ...: one int object each, shared by every replay's plan
 
 
@@ -42,9 +44,6 @@ class Flat4:
 FLAT_FROM = 16  # kernels in one launch from which its plan is kept flat (fewer: a tuple per kernel)
 CHAIN_FROM = 16  # kernels in one CUDA-graph launch from which it is replayed as a chain when it is one
 
-_TS = operator.itemgetter(1)  # Kernel.ts, Kernel.stream by position (a tuple's item: quicker than its name)
-_STREAM = operator.itemgetter(3)
-
 
 def chain_gaps(kern, ks: list, ss: list, rec_end: list) -> Optional[list]:
     """The recorded gap before each kernel of a graph launch after its first (``ks``: its kernels in replay
@@ -58,11 +57,11 @@ def chain_gaps(kern, ks: list, ss: list, rec_end: list) -> Optional[list]:
     if ss != list(range(s0, s0 + n)):
         return None
     kk = list(map(kern.__getitem__, ks))
-    streams = list(map(_STREAM, kk))
+    streams = list(map(KERNEL_STREAM, kk))
     if streams.count(streams[0]) != n:
         return None
     # start - the previous kernel's recorded end; one below 0 (kernels of one stream that overlap) is 0
-    gaps = list(map(operator.sub, map(_TS, kk[1:]), rec_end[s0 : s0 + n - 1]))
+    gaps = list(map(operator.sub, map(KERNEL_TS, kk[1:]), rec_end[s0 : s0 + n - 1]))
     if min(gaps) < 0.0:
         gaps = [g if g > 0.0 else 0.0 for g in gaps]
     return gaps

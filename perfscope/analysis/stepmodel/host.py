@@ -9,10 +9,7 @@ from typing import Optional
 
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex
 from perfscope.analysis.steps import Step
-from perfscope.load.model import Trace
-
-_CORR = operator.attrgetter("corr")
-_KIND = operator.itemgetter(9)  # Kernel.kind by position (a tuple's item: quicker than its name)
+from perfscope.load.model import KERNEL_CORR, KERNEL_KIND, Trace
 
 
 def host_wait_us(l, copies) -> float:
@@ -44,7 +41,7 @@ def host_busy(
     count: dict = {}
     copies: dict = {}  # corr -> the memcpy activities of that call
     # kernels per launching thread (counted per correlation id first: one launch, one thread)
-    per_corr = Counter(map(_CORR, map(kern.__getitem__, chain.from_iterable(s.kernels for s in steps))))
+    per_corr = Counter(map(KERNEL_CORR, map(kern.__getitem__, chain.from_iterable(s.kernels for s in steps))))
     for corr, n in per_corr.items():
         l = by_corr.get(corr)
         if l is not None:
@@ -52,7 +49,7 @@ def host_busy(
     if not count:
         return {}
     thread = max(count, key=lambda t: count[t])
-    for k in compress(kern, map(operator.eq, map(_KIND, kern), repeat("memcpy"))):  # the copies, found in C
+    for k in compress(kern, map(operator.eq, map(KERNEL_KIND, kern), repeat("memcpy"))):  # the copies, found in C
         if k.corr is not None:
             copies.setdefault(k.corr, []).append(k)
     ordered = sorted((s for s in steps if s.kernels), key=lambda s: s.cpu_start)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import operator
 import statistics
-from collections import deque
-from itertools import accumulate, compress, repeat
+from itertools import compress, repeat
 from typing import Callable, Optional
 
 from perfscope.analysis.stepmodel.memo import host_busy_once, indexes, replay_once
 from perfscope.analysis.stepmodel.replay import StepReplay
 from perfscope.analysis.steps import Step
-from perfscope.load.model import Trace
+from perfscope.load.model import KERNEL_STREAM, Trace
+from perfscope.util.fold import added
 
 
 def _back_to_back_us(kern, idx, duration) -> float:
@@ -41,7 +41,7 @@ def _streams(r: StepReplay) -> list:
     hit = r._streams
     if hit is None:
         kern = r.trace.kernels
-        sl = list(map(_STREAM, map(kern.__getitem__, r.step.kernels)))  # each slot's stream
+        sl = list(map(KERNEL_STREAM, map(kern.__getitem__, r.step.kernels)))  # each slot's stream
         slots = range(len(sl))
         if sl and sl.count(sl[0]) == len(sl):  # one stream (a CUDA-graph decode step): every slot
             hit = r._streams = [list(slots)]
@@ -50,15 +50,12 @@ def _streams(r: StepReplay) -> list:
     return hit
 
 
-_STREAM = operator.itemgetter(3)  # Kernel.stream by position (quicker than by name)
-
-
 def _back_to_back_slots(streams: list, nd: list) -> float:
     """:func:`_back_to_back_us` with the durations by slot, each at least 0 (``streams``: :func:`_streams`).
-    Each stream's total added up in slot order from 0.0 (itertools.accumulate: one float addition after
-    another, as a loop adds them, with its own a + b in C)."""
+    Each stream's total added up in slot order from 0.0 (perfscope.util.fold.added: one float addition
+    after another, as a loop adds them, in C)."""
     return max(
-        [deque(accumulate(map(nd.__getitem__, slots), initial=0.0), maxlen=1)[0] for slots in streams],
+        [added(map(nd.__getitem__, slots)) for slots in streams],
         default=0.0,
     )
 

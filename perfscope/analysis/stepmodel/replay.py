@@ -11,11 +11,7 @@ from perfscope.analysis.stepmodel.chain import Flat4, run_chain, slots
 from perfscope.analysis.stepmodel.index import WAIT_MIN_US, TraceIndex, is_wait_candidate
 from perfscope.analysis.stepmodel.waits import cross_stream_waits, graph_stream_joins
 from perfscope.analysis.steps import Step, is_graph_launch, is_kernel_launch
-from perfscope.load.model import Launch, Trace
-
-
-_TS = operator.itemgetter(1)  # Kernel.ts and Kernel.dur by position (a tuple's item: quicker than its name)
-_DUR = operator.itemgetter(2)
+from perfscope.load.model import KERNEL_DUR, KERNEL_TS, Launch, Trace
 
 
 class StepReplay:
@@ -176,8 +172,8 @@ class StepReplay:
         slot = dict(zip(kidx, slots(len(kidx))))
         none = len(kidx)  # the -inf slot
         ks_ = list(map(kern.__getitem__, kidx))
-        durs = list(map(_DUR, ks_))
-        rec_end = list(map(operator.add, map(_TS, ks_), durs)) + [ninf]
+        durs = list(map(KERNEL_DUR, ks_))
+        rec_end = list(map(operator.add, map(KERNEL_TS, ks_), durs)) + [ninf]
         # kernels with more than their stream and graph order to keep: a wait, a delay, a first start
         special = set(graph_dep) | set(dep) | set(first_on_stream) | set(delay)
         prev_on: dict = {}  # stream -> (slot, recorded end, event) of the kernel the replay last ran on it
