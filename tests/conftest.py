@@ -77,5 +77,19 @@ def pytest_runtest_teardown(item, nextitem):
         gc.freeze()
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    gc.unfreeze()  # what was frozen is collected as usual when the interpreter exits
+    gc.unfreeze()  # after pytest's own collection: one pass over what the session kept, not two
+
+
+@pytest.fixture(autouse=True)
+def _shared_reads(request):
+    """A test of a module marked ``pytest.mark.shared_reads`` reads committed real traces once per session
+    (tests/realtraces.py's shared_reads: the analysis of a file it has read before reuses the read)."""
+    if request.node.get_closest_marker("shared_reads") is None:
+        yield
+        return
+    from realtraces import shared_reads
+
+    with shared_reads():
+        yield

@@ -18,6 +18,8 @@ from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES, tope
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
 from realtraces import real_diagnosis, real_trace
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 SKIP = ("mla_pool_eager_120steps", "benchmark_simple_add_et", "908_results")  # a duplicate of a smaller file; not Kineto (x2)
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"  # DeepSeek's H800 DualPipe trace
 ALL = sorted(p for p in list(TRACES.rglob("*.json.xz")) + list(KERNEL_MIX.glob("*.json.xz")) + [DEEPSEEK_TRAIN]

@@ -17,6 +17,8 @@ from perfscope.rundir import write_run
 from clirun import invoke
 from paths import TRACES, gz_bytes, topen
 from realtraces import real_diagnosis
+
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
 H200 = TRACES / "h200-mla-fp8-kv"
 QWEN = TRACES / "public" / "TraceLens" / "tests" / "traces"
 

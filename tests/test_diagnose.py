@@ -13,6 +13,8 @@ from paths import H200, HTA, TRACELENS, TRACES, gz_bytes, topen
 from perfscope.analysis.diagnose import diagnose
 from realtraces import real_diagnosis
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 MEASURED = json.loads((H200 / "measured.json").read_text())
 
 

@@ -27,6 +27,8 @@ from clirun import invoke
 from net import free_port
 from paths import H200, REPO
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 SERVER_INFO = json.loads((REPO / "tests" / "data" / "sglang-0.5.23-server_info.json").read_text())
 
 SCRIPT = """#!/usr/bin/env bash

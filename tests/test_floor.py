@@ -25,6 +25,8 @@ from perfscope.analysis.model_config import (
 )
 from perfscope.errors import InputError
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 MEASURED = json.loads((H200 / "measured.json").read_text())
 EXAMPLE = REPO / "examples" / "h200_mla_repro.config.json"
 

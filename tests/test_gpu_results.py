@@ -13,6 +13,8 @@ from perfscope.analysis.compare import compare
 from perfscope.analysis.diagnose import diagnose
 from realtraces import real_diagnosis
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 RESULTS = REPO / "examples" / "gpu_loop" / "results"
 # two pool sizes: 495,000 tokens (the notes' setup) and 250,000 (a size the rule was not tuned on);
 # and the 495,000-token server with SGLang's overlap scheduler (the final loop)

@@ -21,6 +21,8 @@ from perfscope.rundir import write_run
 
 from paths import TRACES  # noqa: E402
 from realtraces import real_diagnosis  # noqa: E402
+
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
 H200 = TRACES / "h200-mla-fp8-kv"
 PUBLIC = TRACES / "public"
 QWEN = PUBLIC / "TraceLens" / "tests" / "traces"

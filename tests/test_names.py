@@ -17,6 +17,8 @@ from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.names import short_name
 from realtraces import real_diagnosis, real_trace
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
 A100 = HTA / "negative_queue_length_values_check/rank0.json.xz"
 SAMPLED = HTA / "trace_filter/sampled_rank-0.json.xz"

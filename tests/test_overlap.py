@@ -17,6 +17,8 @@ from paths import H200, HTA, TRACELENS, topen
 from realtraces import real_trace
 from perfscope.analysis.analyze import analyze_trace
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 V100_NCCL = HTA / "df_index_resolver/df_index_resolver.json.xz"  # NCCL on its own stream, never overlapped
 TWO_STREAMS = HTA / "trace_filter/sampled_rank-0.json.xz"  # NCCL partly under compute
 

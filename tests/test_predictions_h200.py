@@ -24,6 +24,8 @@ from predict_table import rows  # noqa: E402
 
 from realtraces import real_diagnosis
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 
 @pytest.fixture(scope="module")
 def table():

@@ -15,6 +15,8 @@ from perfscope.analysis.ops import Op
 from perfscope.analysis.result import RankAnalysis
 from perfscope.analysis.step_summary import StepSummary
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 INF = TRACELENS / "inference"
 INPUTS = {
     "run-folder": ([GPU_LOOP / "h200-2026-11-29" / "runs" / "bug"], {}),  # a bench: the unprofiled step

@@ -12,6 +12,8 @@ from paths import H200, KERNEL_MIX, REPO
 from realtraces import real_diagnosis
 from perfscope.analysis.floor import with_floor_inputs
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 
 def row(d, pred):
     return next(o for o in d["roofline"]["ops"] if pred(o))

@@ -17,6 +17,8 @@ from clirun import invoke
 from paths import REPO
 from realtraces import real_diagnosis
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 RES = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-01-sglang"
 SPLIT = RES / "split_cast"
 REAL = RES / "pool495000" / "runs" / "495000-bug"

@@ -22,6 +22,8 @@ from perfscope.analysis.steps import find_steps
 from perfscope.analysis.stepmodel import StepReplay
 from realtraces import real_diagnosis, real_trace
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 MEASURED = json.loads((H200 / "measured.json").read_text())
 
 

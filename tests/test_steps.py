@@ -15,6 +15,8 @@ from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.steps import find_steps
 from realtraces import real_trace
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 SGL_DECODE = TRACELENS / "inference/sglang_decode/sglang_Qwen3-8B_decode.json.xz"
 SGL_PREFILL = TRACELENS / "inference/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.xz"
 VLLM_FULL = TRACELENS / "inference/vllm_decode_full/graph_execution.json.xz"

@@ -16,6 +16,8 @@ import pytest
 from clirun import invoke
 from paths import H200, HTA, TRACELENS, gz_bytes
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 
 def screen(*args, columns=80) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}

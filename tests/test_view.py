@@ -16,6 +16,8 @@ from clirun import invoke
 from paths import GPU_LOOP, KERNEL_MIX
 from perfscope.report.wording import ms
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 INPUTS = {
     "run-folder": GPU_LOOP / "h200-2026-11-29" / "runs" / "bug",  # fp8-kv-cast, its bench's host timing
     "trace": KERNEL_MIX / "sample_topk.json.gz",  # torch-sampling, a bare trace: no host recorded

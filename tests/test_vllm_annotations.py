@@ -19,6 +19,8 @@ from paths import VLLM_CPU, topen
 from realtraces import real_diagnosis
 from perfscope.analysis.floor import floor_inputs
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 PLAIN = VLLM_CPU / "plain.json.gz"
 DETAILED = VLLM_CPU / "detailed.json.gz"
 

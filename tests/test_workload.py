@@ -17,6 +17,8 @@ import pytest
 from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS, topen
 from realtraces import real_diagnosis, real_trace
 
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
+
 DEEPSEEK_TRAIN = REPO / "tests/traces/deepseek-profile-data/train.json.gz"
 XDIT = TRACELENS / "inference/xdit_sd_3.5/profile_trace_rank_0.json.xz"  # 62 MB of JSON: diagnosed once
 NOT_KINETO = ("benchmark_simple_add_et", "908_results")  # an execution trace, a rocprofiler JSON
