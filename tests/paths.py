@@ -37,6 +37,21 @@ def json_of(path) -> bytes:
         return f.read()
 
 
+def raw_json(path):
+    """A trace file's JSON as plain Python objects, parsed by orjson: the raw truth tests recount from,
+    independent of perfscope's reader (msgspec). What orjson refuses (a lone surrogate escape, NaN, an
+    integer past 64 bits) is parsed by the standard library's json, as a file opened by hand would be."""
+    import json
+
+    import orjson
+
+    data = json_of(path)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 @functools.lru_cache(maxsize=None)
 def gz_bytes(path) -> bytes:
     """A trace file's JSON gzipped, as torch's profiler writes it (for tests of the gzip path; compressed

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES, topen
+from paths import GPU_LOOP, H200, HTA, KERNEL_MIX, REPO, TRACELENS, TRACES, raw_json
 from perfscope.analysis.buckets import BUCKETS, TABLE, classify, without_params
 from realtraces import real_diagnosis, real_trace
 
@@ -278,10 +278,8 @@ def test_real_sglang_sampling_lands_in_its_step():
 
 
 def _raw_events(path: Path) -> list:
-    import json
 
-    with topen(path) as f:
-        d = json.load(f)
+    d = raw_json(path)
     return d["traceEvents"] if isinstance(d, dict) else d
 
 

@@ -11,7 +11,7 @@ by brute force), and per-step op time against the step."""
 
 from __future__ import annotations
 
-from paths import topen
+from paths import raw_json
 
 from dataclasses import replace
 from pathlib import Path
@@ -102,13 +102,11 @@ def test_one_collective_on_two_backend_threads_is_waited_for_once():
     """HTA's CPU-only rank (a real gloo job): every `gloo:all_reduce` is recorded on two backend
     threads at once (170-380 ms each, overlapping). Summing both made a step's op time 343.7 ms in a
     178.8 ms step (communication 192% of the step); the rank waits for each collective once."""
-    import gzip
-    import json
 
     from paths import HTA
 
     path = next((HTA / "cpu_only").glob("*.json.xz"))
-    raw = json.load(topen(path, "rt"))["traceEvents"]
+    raw = raw_json(path)["traceEvents"]
     step = next(e for e in raw if e.get("name", "").startswith("ProfilerStep#"))
     s0, s1 = step["ts"], step["ts"] + step["dur"]
     gloo = [(max(e["ts"], s0), min(e["ts"] + e["dur"], s1)) for e in raw

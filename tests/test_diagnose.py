@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 
 import pytest
 
 from clirun import error_line, invoke
-from paths import H200, HTA, TRACELENS, TRACES, gz_bytes, topen
+from paths import H200, HTA, TRACELENS, TRACES, gz_bytes, raw_json
 from perfscope.analysis.diagnose import diagnose
 from realtraces import real_diagnosis
 
@@ -80,8 +79,7 @@ def test_fixed_traces_have_no_cast_finding(name):
 
 
 def _plain_kernel_ms(path) -> float:
-    with topen(path) as f:
-        events = json.load(f)["traceEvents"]
+    events = raw_json(path)["traceEvents"]
     return sum(e.get("dur", 0) for e in events if e.get("cat") == "kernel") / 1e3
 
 

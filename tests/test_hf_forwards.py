@@ -8,13 +8,12 @@ recounts from the raw JSON by name what it asserts perfscope found.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-from paths import H200, KERNEL_MIX, REPO, TRACELENS, topen
+from paths import H200, KERNEL_MIX, REPO, TRACELENS, raw_json
 from realtraces import real_diagnosis
 
 HF = REPO / "tests" / "traces" / "tracelens-hf"
@@ -35,8 +34,7 @@ def diag(path: Path) -> dict:
 def recount(path: Path) -> dict:
     """From the raw JSON, by name: the ProfilerStep's kernel launches and the GPU work they launched
     (span, busy union, idle), and the Python functions of transformers' model files."""
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(path)["traceEvents"]
     step = next(e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
     t0, t1 = step["ts"], step["ts"] + step["dur"]
     calls = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and t0 <= e["ts"] <= t1

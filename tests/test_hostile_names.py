@@ -14,7 +14,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from clirun import invoke
-from paths import H200, topen
+from paths import H200, raw_json, topen
 
 # set the window title, clear the screen, an OSC 8 hyperlink, a bidi override, a C1 CSI
 TERMINAL = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\\u202e\x9b31m"
@@ -34,7 +34,7 @@ def hostile_trace(path, payload, device_payload=None, formula=False):
     """mla_pool_eager with ``payload`` appended to every kernel, cpu_op and Python function name
     (the start kept, so that they still classify) and to the device's name; ``formula``: every
     kernel's name starts with a spreadsheet formula too."""
-    d = json.load(topen(H200 / "mla_pool_eager.json.xz"))
+    d = raw_json(H200 / "mla_pool_eager.json.xz")
     for e in d["traceEvents"]:
         if e.get("cat") in ("kernel", "cpu_op", "python_function"):
             e["name"] = ("=HYPERLINK(\"https://evil.example\")" if formula and e["cat"] == "kernel" else "") \
@@ -155,7 +155,7 @@ def sglang_step_trace(path):
     """mla_pool_graph with its ProfilerStep ranges renamed as SGLang step annotations that carry
     Plotly markup (the step's label becomes a category of the buckets chart and its hover text),
     and the same markup in every kernel's name."""
-    d = json.load(topen(H200 / "mla_pool_graph.json.xz"))
+    d = raw_json(H200 / "mla_pool_graph.json.xz")
     i = 0
     for e in d["traceEvents"]:
         if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from clirun import invoke
-from paths import H200, HTA, TRACELENS, topen
+from paths import H200, HTA, TRACELENS, raw_json
 from realtraces import real_trace
 from perfscope.analysis.analyze import analyze_trace
 
@@ -24,7 +24,7 @@ TWO_STREAMS = HTA / "trace_filter/sampled_rank-0.json.xz"  # NCCL partly under c
 
 
 def _oracle_overlapped_share(path) -> float:
-    ev = [e for e in json.load(topen(path))["traceEvents"]
+    ev = [e for e in raw_json(path)["traceEvents"]
           if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     comm = [(e["ts"], e["ts"] + e["dur"]) for e in ev if "nccl" in e["name"].lower()]
     merged: list[list[float]] = []

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from clirun import invoke
-from paths import H200, HTA, TRACELENS, topen
+from paths import H200, HTA, TRACELENS, raw_json
 from perfscope.analysis.analyze import analyze_trace
 from perfscope.analysis.steps import find_steps
 from realtraces import real_trace
@@ -166,8 +166,7 @@ def test_old_kineto_format_profiler_steps_are_steps():
     from paths import REPO
 
     path = REPO / "tests/traces/kineto-2021/resnet50_worker0.pt.trace.json.gz"
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(path)["traceEvents"]
     marks = sorted((e for e in ev if e.get("cat") == "Operator" and e["name"].startswith("ProfilerStep#")),
                    key=lambda e: e["ts"])
     gpu = {}
@@ -198,8 +197,7 @@ def test_vllm_model_runner_frames_are_the_steps_without_annotations(path):
     # eager attention between them in its one step: read as 25 "decode steps" of one graph launch each
     # (graph-replay), its eager kernels in none. Recounted from the raw JSON by name.
 
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(path)["traceEvents"]
     calls = [e for e in ev if e.get("cat") == "python_function" and e["name"].endswith(": execute_model")
              and "vllm/v1/worker/gpu_model_runner.py(" in e["name"]]
     graphs = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "GraphLaunch" in e["name"]]
@@ -243,8 +241,7 @@ def test_piecewise_graph_pieces_are_one_step_without_annotations_or_frames():
     # attention (reshape_and_cache + unified attention) between them. Read as 25 one-launch "decode steps"
     # holding none of the attention. Recounted from the raw JSON by name and correlation.
 
-    with topen(VLLM_PIECE) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(VLLM_PIECE)["traceEvents"]
     launches = sorted((e for e in ev if e.get("cat") == "cuda_runtime" and "Launch" in e["name"]), key=lambda e: e["ts"])
     graphs = [e for e in launches if "GraphLaunch" in e["name"]]
     by_corr = {}
@@ -277,8 +274,7 @@ def test_steps_holding_almost_no_gpu_work_give_way_to_the_whole_trace():
     from paths import REPO
 
     path = REPO / "tests/traces/hta-trace-compare/base.json.gz"
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(path)["traceEvents"]
     gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     total = sum(e["dur"] for e in gpu)
     marks = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
@@ -337,8 +333,7 @@ def test_sglang_piecewise_prefill_among_full_graph_decode(case):
 
     folder = REPO / "examples" / "gpu_loop" / "results" / "h200-2026-12-02-predict" / case / "bug" / "host-timing"
     (path,) = folder.rglob("*.trace.json.xz")
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(path)["traceEvents"]
     kernels = Counter(e["args"]["correlation"] for e in ev if e.get("cat") == "kernel")
     graphs = sorted((e for e in ev if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"),
                     key=lambda e: e["ts"])
@@ -357,8 +352,7 @@ def test_sglang_piecewise_prefill_among_full_graph_decode(case):
 def _piecewise_recount(t0: float, t1: float) -> dict:
     """From the raw JSON of the MI300X piecewise trace, by name and correlation: the GPU work launched
     from t0 to t1 (us), its attention / GEMM / copy shares and its idle (span less the busy union)."""
-    with topen(VLLM_PIECE) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(VLLM_PIECE)["traceEvents"]
     gpu: dict = {}
     for e in ev:
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -394,8 +388,7 @@ def test_vllm_piecewise_step_buckets_and_idle_match_a_recount(drop):
     # attention 0%, GEMM 93%, idle 0.00 ms, the eager attention and the gaps between the pieces in no
     # step. Truth recounted from the raw JSON: the GPU work the execute_model call launched (or the
     # pieces, the eager work between them and the sampler's launches within 2 ms of the last one).
-    with topen(VLLM_PIECE) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(VLLM_PIECE)["traceEvents"]
     if drop == "annotations":
         (fr,) = [e for e in ev if e.get("cat") == "python_function" and e["name"].endswith(": execute_model")
                  and "vllm/v1/worker/gpu_model_runner.py(" in e["name"]]

@@ -8,14 +8,13 @@ steps give the floor its batch and, in the detailed form, its context."""
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from collections import Counter
 
 import pytest
 
-from paths import VLLM_CPU, topen
+from paths import VLLM_CPU, raw_json
 from realtraces import real_diagnosis
 from perfscope.analysis.floor import floor_inputs
 
@@ -27,7 +26,7 @@ DETAILED = VLLM_CPU / "detailed.json.gz"
 
 def raw_annotations(path) -> list[str]:
     """The execute_* annotation names as vLLM wrote them (read from the raw JSON, not by perfscope)."""
-    events = json.load(topen(path))["traceEvents"]
+    events = raw_json(path)["traceEvents"]
     return [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("execute_")]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS, topen
+from paths import H200, HTA, KERNEL_MIX, PUBLIC, REPO, TRACELENS, raw_json
 from realtraces import real_diagnosis, real_trace
 
 pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
@@ -33,10 +33,8 @@ def diag(path: Path) -> dict:
 def raw_marks(path: Path) -> tuple[dict, ...]:
     """The trace's ProfilerStep# and Optimizer.step# events as its raw JSON holds them (the truth the
     step tests recount from; the file read once for both)."""
-    import json
 
-    with topen(path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = raw_json(path)["traceEvents"]
     return tuple(e for e in ev if isinstance(e.get("name"), str)
                  and e["name"].startswith(("ProfilerStep#", "Optimizer.step#")))
 
