@@ -20,7 +20,10 @@ it is on: ``real_diagnosis`` and the tests of a module marked ``pytest.mark.shar
 and parsing it again for every configuration and output they check (the fast tests read one file up
 to 29 times). Only the analysis' reads (``perfscope.analysis.split.load_trace``) go through it, and
 only reads without a progress callback; a module whose tests are about reading (its bounds, errors,
-memory) is not marked and reads afresh. An analysis never changes its trace (``analyze_trace`` clears
+memory) is not marked and reads afresh. While it is on, ``diagnose`` plans its workers as on a box
+of one CPU (several files are analysed one after the other in this process, where the reads are
+shared, not in a pool whose workers would read them again); a call that names its workers gets
+them, and the pool is tested where it is the subject (tests/test_parallel.py, test_result_types.py). An analysis never changes its trace (``analyze_trace`` clears
 ``trace.memo`` before and after), so a shared trace gives the result of a fresh read:
 tests/test_golden.py, which reads every file afresh, compares every real trace's JSON. The store
 keeps at most SHARED_JSON_BYTES of traces' JSON, the oldest read dropped first.
@@ -82,13 +85,16 @@ def _shared_load_trace(path, progress=None):
 @contextlib.contextmanager
 def shared_reads():
     """The analysis reads committed real traces through ``real_trace`` while this is on (the module's doc)."""
+    import perfscope.analysis.diagnose as diagnosis
     import perfscope.analysis.split as split
 
+    plan = diagnosis.plan_workers
     before, split.load_trace = split.load_trace, _shared_load_trace
+    diagnosis.plan_workers = lambda sizes, cpus, available: plan(sizes, 1, available)
     try:
         yield
     finally:
-        split.load_trace = before
+        split.load_trace, diagnosis.plan_workers = before, plan
 
 
 def real_analysis(name, config: Optional[dict] = None):

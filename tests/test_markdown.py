@@ -6,8 +6,12 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from clirun import invoke
 from paths import H200, HTA
+
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
 
 
 def run(*args):

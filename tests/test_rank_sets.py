@@ -11,9 +11,13 @@ import re
 import statistics
 import shutil
 
+import pytest
+
 from paths import HTA, TRACELENS
 from perfscope.analysis.diagnose import diagnose
 from perfscope.analysis.step_summary import StepSummary
+
+pytestmark = pytest.mark.shared_reads  # analyses of committed real traces share their reads (tests/realtraces.py)
 
 SGL_DIR = TRACELENS / "inference/sglang_decode"  # sglang_Qwen3-8B_decode.json.xz + capture_traces/bs_32_rank0.json.xz
 VLLM_DIR = TRACELENS / "inference/vllm_decode_full"
