@@ -106,10 +106,11 @@ def pytest_unconfigure(config):
     gc.unfreeze()  # after pytest's own collection: one pass over what the session kept, not two
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _shared_reads(request):
-    """A test of a module marked ``pytest.mark.shared_reads`` reads committed real traces once per session
-    (tests/realtraces.py's shared_reads: the analysis of a file it has read before reuses the read)."""
+    """A module marked ``pytest.mark.shared_reads`` reads committed real traces once per session
+    (tests/realtraces.py's shared_reads: the analysis of a file it has read before reuses the read), its
+    module-scoped fixtures included (set up after this one: autouse comes first within a scope)."""
     if request.node.get_closest_marker("shared_reads") is None:
         yield
         return

@@ -16,15 +16,16 @@ reader or ``diagnose`` directly.
 ``shared_reads()`` (a context manager) makes the analysis read a committed real trace (under
 tests/traces or examples/gpu_loop/results, files no test writes) through ``real_trace`` too while
 it is on: ``real_diagnosis`` and the tests of a module marked ``pytest.mark.shared_reads``
-(tests/conftest.py turns it on around each of them) share one read of a file instead of inflating
+(tests/conftest.py turns it on for the whole module) share one read of a file instead of inflating
 and parsing it again for every configuration and output they check (the fast tests read one file up
 to 29 times). Only the analysis' reads (``perfscope.analysis.split.load_trace``) go through it, and
 only reads without a progress callback; a module whose tests are about reading (its bounds, errors,
 memory) is not marked and reads afresh. While it is on, ``diagnose`` plans its workers as on a box
 of one CPU (several files are analysed one after the other in this process, where the reads are
 shared, not in a pool whose workers would read them again); a call that names its workers gets
-them, and the pool is tested where it is the subject (tests/test_parallel.py, test_result_types.py). An analysis never changes its trace (``analyze_trace`` clears
-``trace.memo`` before and after), so a shared trace gives the result of a fresh read:
+them, and the pool is tested where it is the subject (tests/test_parallel.py, test_result_types.py).
+An analysis never changes its trace (``analyze_trace`` clears ``trace.memo`` before and after), so
+a shared trace gives the result of a fresh read:
 tests/test_golden.py, which reads every file afresh, compares every real trace's JSON. The store
 keeps at most SHARED_JSON_BYTES of traces' JSON, the oldest read dropped first.
 """
